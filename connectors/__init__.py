@@ -1,0 +1,1 @@
+"""The node: its client, its simulator, and the normalisation of its answers."""

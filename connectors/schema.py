@@ -1,0 +1,114 @@
+"""The typed tables the normaliser produces and every sink stores.
+
+One place for column names and Arrow types, so that the normaliser, the Parquet lake and
+the SQL warehouse cannot drift apart. DataFrames use `pd.ArrowDtype` columns of exactly
+these types; dataset-level facts (mode, method, interval) travel in `DataFrame.attrs`
+under the keys of `HISTORY_ATTRS` and in Parquet schema metadata.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow as pa
+
+TS_TYPE = pa.timestamp("ms", tz="UTC")
+
+# Tag history: one row per sample. `seq` numbers samples that share (tag, ts): 0 for the
+# first, 1 for the next, so that a node storing two events on one millisecond loses none.
+TAG_HISTORY_SCHEMA = pa.schema(
+    [
+        pa.field("node", pa.string(), nullable=False),
+        pa.field("tag", pa.string(), nullable=False),
+        pa.field("ts", TS_TYPE, nullable=False),
+        pa.field("seq", pa.int16(), nullable=False),
+        pa.field("value", pa.float64()),
+        pa.field("value_bool", pa.bool_()),
+        pa.field("value_str", pa.string()),
+        pa.field("quality", pa.int16()),
+        pa.field("extra", pa.int64()),
+    ]
+)
+TAG_HISTORY_KEY = ("node", "tag", "ts", "seq")
+
+# Alarm history: one row per alarm state change. `value`, `ack_info` and `extra` are JSON
+# text: the value's type is the source's, and unknown fields are kept verbatim.
+ALARM_HISTORY_SCHEMA = pa.schema(
+    [
+        pa.field("node", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("ts", TS_TYPE, nullable=False),
+        pa.field("status", pa.int16()),
+        pa.field("priority", pa.int16()),
+        pa.field("value", pa.string()),
+        pa.field("description", pa.string()),
+        pa.field("ack_ts", TS_TYPE),
+        pa.field("ack_user", pa.string()),
+        pa.field("ack_msg", pa.string()),
+        pa.field("ack_info", pa.string()),
+        pa.field("extra", pa.string()),
+    ]
+)
+ALARM_HISTORY_KEY = ("node", "path", "ts", "status")
+
+# Tag metadata from `tag?cmd=details`: the warehouse's tag dimension.
+TAG_METADATA_SCHEMA = pa.schema(
+    [
+        pa.field("node", pa.string(), nullable=False),
+        pa.field("tag", pa.string(), nullable=False),
+        pa.field("description", pa.string()),
+        pa.field("type", pa.string()),
+        pa.field("number_type", pa.string()),
+        pa.field("eng_units", pa.string()),
+        pa.field("format", pa.string()),
+        pa.field("deadband", pa.string()),
+        pa.field("client_access", pa.string()),
+        pa.field("history_enabled", pa.bool_()),
+        pa.field("history_mode", pa.string()),
+        pa.field("history_deadband", pa.string()),
+        pa.field("views", pa.string()),
+        pa.field("config", pa.string()),
+        pa.field("updated_at", TS_TYPE, nullable=False),
+    ]
+)
+TAG_METADATA_KEY = ("node", "tag")
+
+HISTORY_ATTRS = ("kind", "node", "mode", "method", "interval_ms", "deadband", "invalid_as_null")
+
+KIND_TAG_HISTORY = "tag_history"
+KIND_ALARM_HISTORY = "alarm_history"
+KIND_TAG_METADATA = "tag_metadata"
+
+SCHEMAS: dict[str, pa.Schema] = {
+    KIND_TAG_HISTORY: TAG_HISTORY_SCHEMA,
+    KIND_ALARM_HISTORY: ALARM_HISTORY_SCHEMA,
+    KIND_TAG_METADATA: TAG_METADATA_SCHEMA,
+}
+KEYS: dict[str, tuple[str, ...]] = {
+    KIND_TAG_HISTORY: TAG_HISTORY_KEY,
+    KIND_ALARM_HISTORY: ALARM_HISTORY_KEY,
+    KIND_TAG_METADATA: TAG_METADATA_KEY,
+}
+# The column that places a row in a chunk's scope: tags for history, alarm paths for alarms.
+SCOPE_COLUMN: dict[str, str] = {
+    KIND_TAG_HISTORY: "tag",
+    KIND_ALARM_HISTORY: "path",
+    KIND_TAG_METADATA: "tag",
+}
+
+
+def empty_frame(kind: str) -> pd.DataFrame:
+    """A zero-row DataFrame with the kind's exact column types."""
+    return frame_from_table(SCHEMAS[kind].empty_table())
+
+
+def frame_from_table(table: pa.Table) -> pd.DataFrame:
+    """Arrow table to DataFrame with Arrow-backed dtypes (no copies to NumPy objects)."""
+    frame: pd.DataFrame = table.to_pandas(types_mapper=pd.ArrowDtype)
+    return frame
+
+
+def table_from_frame(frame: pd.DataFrame, kind: str) -> pa.Table:
+    """DataFrame to an Arrow table cast to the kind's schema (raises on a column mismatch)."""
+    schema = SCHEMAS[kind]
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    return table.select(schema.names).cast(schema)

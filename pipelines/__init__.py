@@ -1,0 +1,1 @@
+"""Planning, state, Prefect flows and the `historian` command."""

@@ -1,0 +1,141 @@
+"""The sink protocol: what the pipeline asks of a destination, and nothing more.
+
+A chunk is the unit of work and of idempotency: (dataset, the tags or alarm paths it
+covers, a half-open window). Writing a chunk *replaces* whatever the sink held for that
+scope, and records the chunk as complete in the same atomic step (the warehouse: one
+transaction; the lake: the progress marker lands only after the data files are in place).
+A re-run or retried chunk therefore never duplicates and never loses a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+import pandas as pd
+
+from connectors.timewindow import Window
+
+
+class SinkError(Exception):
+    """A sink cannot do what was asked: unreachable, not writable, inconsistent."""
+
+
+class FlowLocked(SinkError):
+    """Another run of the same flow holds the flow's lock."""
+
+
+class CountMismatch(SinkError):
+    """Rows committed differ from rows fetched for a chunk: never a statistic, always an error."""
+
+
+@dataclass(frozen=True)
+class ChunkScope:
+    """What one write covers: `members` are tag paths (history) or alarm paths (alarms).
+
+    For alarm history the scope is the whole alarm path selection, named by `members`
+    holding the single selection key (the flow's alarm path), and rows of any path inside
+    the window are replaced.
+    """
+
+    flow: str
+    dataset: str
+    kind: str
+    members: tuple[str, ...]
+    window: Window
+    chunk_id: str
+    attrs: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """One committed chunk, as kept in a sink's progress log."""
+
+    flow: str
+    chunk_id: str
+    window: Window
+    members: int
+    rows_fetched: int
+    rows_committed: int
+    committed_at: datetime
+
+
+@dataclass
+class Progress:
+    """Completed coverage of a flow: per member, merged, sorted half-open windows."""
+
+    flow: str
+    completed: dict[str, list[Window]] = field(default_factory=dict)
+
+    def windows_of(self, member: str) -> list[Window]:
+        return self.completed.get(member, [])
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """A destination the pipeline drives: open, lock, write chunks, read progress, close."""
+
+    name: str
+
+    def open(self) -> None:
+        """Create or migrate whatever the sink needs; fail early if it is unreachable."""
+
+    def check_writable(self) -> None:
+        """Raise SinkError with a one-line reason when the sink cannot be written."""
+
+    def lock(self, flow: str) -> AbstractContextManager[None]:
+        """Hold the flow's lock for the duration of a run; FlowLocked if someone else has it."""
+
+    def write(self, scope: ChunkScope, frame: pd.DataFrame, rows_fetched: int) -> int:
+        """Replace the scope's rows by `frame` and record the chunk complete, atomically.
+
+        Returns rows committed; raises CountMismatch when it differs from `rows_fetched`.
+        """
+
+    def write_metadata(self, frame: pd.DataFrame) -> int:
+        """Upsert tag metadata (the tag dimension) keyed by (node, tag)."""
+
+    def progress(self, flow: str) -> Progress:
+        """Merged completed windows per member for a flow."""
+
+    def chunk_log(self, flow: str, limit: int = 100) -> list[ChunkRecord]:
+        """The most recent committed chunks of a flow, newest first."""
+
+    def flows(self) -> list[str]:
+        """Flows that have progress in this sink."""
+
+    def reset(self, flow: str, member: str | None = None) -> int:
+        """Forget progress of a flow (or one member of it); data stays. Returns entries removed."""
+
+    def read(self, dataset: str, kind: str) -> pd.DataFrame:
+        """Everything the sink holds for a dataset, with the kind's column types (tests, reports)."""
+
+    def describe(self) -> str:
+        """Where the data went, in one line, without secrets."""
+
+    def close(self) -> None:
+        """Release connections and locks."""
+
+
+def iter_merged(windows: list[Window]) -> Iterator[Window]:
+    """Merge overlapping or touching windows; input in any order."""
+    current: Window | None = None
+    for window in sorted(windows):
+        if current is None:
+            current = window
+        elif window.start <= current.end:
+            if window.end > current.end:
+                current = Window(current.start, window.end)
+        else:
+            yield current
+            current = window
+    if current is not None:
+        yield current
+
+
+def merge_windows(windows: list[Window]) -> list[Window]:
+    """Sorted, disjoint, non-touching windows covering exactly the union of the input."""
+    return list(iter_merged(windows))
