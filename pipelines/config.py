@@ -1,0 +1,498 @@
+"""flows.yaml -> validated, typed configuration, before anything runs.
+
+Every problem becomes one `ConfigError` line naming the file, the key path and what is
+wrong (`flows.yaml: flows.hourly.mode: 'rwa' is not one of raw, filter, delta,
+aggregated`). `${VAR}` references are resolved from the environment while loading;
+secrets themselves are never in the file: nodes name the *environment variables* that
+hold them, and the client reads them when it connects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from connectors.options import METHODS, MODES, AlarmFilter, HistoryOptions
+from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY
+from pipelines.planning import parse_duration
+
+DEFAULT_CONFIG = "flows.yaml"
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_RELATIVE = re.compile(r"^(?:now)?\s*-\s*(.+)$")
+
+
+class ConfigError(Exception):
+    """A flows.yaml problem, as one line: `file: key.path: what is wrong`."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _duration(value: object) -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, str | int | float):
+        return parse_duration(value)
+    raise ValueError(f"{value!r} is not a duration like 15m, 1h or 1d")
+
+
+Duration = Annotated[timedelta, Field()]
+
+
+def parse_moment(value: object, *, now: datetime | None = None) -> datetime:
+    """An absolute ISO 8601 time (UTC when no offset), `now`, or `-2d` / `now-2d` (relative)."""
+    now = now or datetime.now(UTC)
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a time (ISO 8601 like 2024-01-01T00:00:00Z, or -7d)")
+    text = value.strip()
+    if text == "now":
+        return now
+    relative = _RELATIVE.match(text)
+    if relative and not text[:1].isdigit():
+        return now - parse_duration(relative.group(1).strip())
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"{value!r} is not a time (ISO 8601 like 2024-01-01T00:00:00Z, or -7d)"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+class SimulatorNode(_Strict):
+    """Start the built-in simulator in-process on a free loopback port (the demo node)."""
+
+    seed: int = 7
+    tags: int = Field(default=200, ge=10, le=100_000)
+    raw_cap: int = Field(default=10_000, ge=1)
+
+
+class NodeConfig(_Strict):
+    url: str | None = None
+    simulator: SimulatorNode | None = None
+    verify: bool = True
+    ca_bundle: str | None = None
+    token_env: str | None = None
+    username_env: str | None = None
+    password_env: str | None = None
+    connect_timeout: timedelta = timedelta(seconds=5)
+    read_timeout: timedelta = timedelta(seconds=60)
+    max_connections: int = Field(default=4, ge=1, le=64)
+    retries: int = Field(default=5, ge=0, le=50)
+
+    _durations = field_validator("connect_timeout", "read_timeout", mode="before")(_duration)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _one_target(self) -> NodeConfig:
+        if (self.url is None) == (self.simulator is None):
+            raise ValueError("give exactly one of url or simulator")
+        if (self.username_env is None) != (self.password_env is None):
+            raise ValueError("username_env and password_env go together")
+        return self
+
+
+class ParquetSinkConfig(_Strict):
+    type: Literal["parquet"]
+    url: str
+    partition: Literal["date", "month", "none"] = "date"
+    target_file_rows: int = Field(default=1_000_000, ge=1000)
+    compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class SqlSinkConfig(_Strict):
+    type: Literal["sql"]
+    url: str
+    schema_: str | None = Field(default=None, alias="schema")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(NAME_PATTERN, value):
+            raise ValueError(f"{value!r} is not a plain SQL name (letters, digits, _)")
+        return value
+
+
+SinkConfig = Annotated[ParquetSinkConfig | SqlSinkConfig, Field(discriminator="type")]
+
+
+class TagSelectionConfig(_Strict):
+    """Exactly one way to select tags: explicit paths, a group + regex, or browsing."""
+
+    paths: list[str] | None = None
+    group: str | None = None
+    regex: str | None = None
+    recurrent: bool = True
+    browse: str | None = None
+    include: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
+
+    @field_validator("paths")
+    @classmethod
+    def _paths(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("paths is empty")
+            for path in value:
+                if not path.startswith("/"):
+                    raise ValueError(f"tag path {path!r} does not start with /")
+            if len(set(value)) != len(value):
+                raise ValueError("paths lists a tag twice")
+        return value
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_regex(value)
+        return value
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            _check_regex(pattern)
+        return value
+
+    @model_validator(mode="after")
+    def _one_way(self) -> TagSelectionConfig:
+        ways = [self.paths is not None, self.group is not None, self.browse is not None]
+        if sum(ways) != 1:
+            raise ValueError("give exactly one of paths, group (+ regex) or browse")
+        if self.regex is not None and self.group is None:
+            raise ValueError("regex needs group")
+        if (self.include or self.exclude) and self.browse is None:
+            raise ValueError("include/exclude need browse")
+        return self
+
+
+class AlarmSelectionConfig(_Strict):
+    path: str = "/"
+    regex: str | None = None
+    status: int | None = Field(default=None, ge=0, le=3)
+    priority: int | None = Field(default=None, ge=1, le=4)
+    min_priority: int | None = Field(default=None, ge=1, le=4)
+    max_priority: int | None = Field(default=None, ge=1, le=4)
+    recurrent: bool | None = True
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_regex(value)
+        return value
+
+
+class ScheduleConfig(_Strict):
+    cron: str | None = None
+    interval: timedelta | None = None
+    timezone: str = "UTC"
+
+    _durations = field_validator("interval", mode="before")(_duration)
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value is not None and len(value.split()) not in (5, 6):
+            raise ValueError(f"{value!r} is not a cron expression of 5 fields")
+        return value
+
+    @model_validator(mode="after")
+    def _one(self) -> ScheduleConfig:
+        if (self.cron is None) == (self.interval is None):
+            raise ValueError("give exactly one of cron or interval")
+        return self
+
+
+class FlowConfig(_Strict):
+    node: str
+    kind: Literal["tag_history", "alarm_history"] = "tag_history"
+    tags: TagSelectionConfig | None = None
+    alarms: AlarmSelectionConfig | None = None
+    mode: str = "raw"
+    method: str | None = None
+    interval: timedelta | None = None
+    deadband: float | str | None = None
+    invalid_as_null: bool | None = None
+    limit: int | None = Field(default=None, ge=1)
+    remote_node: str | list[str] | None = None
+    window: timedelta | Literal["auto"] = "auto"
+    batch: int = Field(default=200, ge=1, le=10_000)
+    start: datetime
+    lookback: timedelta = timedelta(0)
+    settle: timedelta = timedelta(minutes=1)
+    sinks: list[str] = Field(min_length=1)
+    dataset: str | None = None
+    metadata: bool = True
+    schedule: ScheduleConfig | None = None
+
+    _durations = field_validator("interval", "lookback", "settle", mode="before")(_duration)
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _window(cls, value: object) -> object:
+        return value if value == "auto" else _duration(value)
+
+    @field_validator("start", mode="before")
+    @classmethod
+    def _start(cls, value: object) -> datetime:
+        return parse_moment(value)
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, value: str) -> str:
+        if value not in MODES:
+            raise ValueError(f"{value!r} is not one of {', '.join(MODES)}")
+        return value
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, value: str | None) -> str | None:
+        if value is not None and value not in METHODS:
+            raise ValueError(f"{value!r} is not one of {', '.join(METHODS)}")
+        return value
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(NAME_PATTERN, value):
+            raise ValueError(f"{value!r} is not a plain name (letters, digits, _; max 63)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FlowConfig:
+        if self.kind == KIND_TAG_HISTORY:
+            if self.tags is None:
+                raise ValueError("a tag_history flow needs tags")
+            if self.alarms is not None:
+                raise ValueError("alarms belongs to alarm_history flows")
+            if self.mode == "aggregated" and (
+                self.interval is None or self.interval < timedelta(milliseconds=1)
+            ):
+                raise ValueError("mode aggregated needs interval (e.g. 15m)")
+            if self.interval is not None and self.mode != "aggregated":
+                raise ValueError("interval is only for mode aggregated")
+            if self.limit is not None and self.mode != "raw":
+                raise ValueError("limit is only for mode raw")
+            if (
+                self.mode == "aggregated"
+                and self.interval is not None
+                and isinstance(self.window, timedelta)
+                and self.window % self.interval
+            ):
+                raise ValueError("window must be a multiple of interval")
+        else:
+            if self.tags is not None:
+                raise ValueError("tags belongs to tag_history flows")
+        if isinstance(self.window, timedelta) and self.window < timedelta(seconds=1):
+            raise ValueError("window must be at least 1s")
+        if len(set(self.sinks)) != len(self.sinks):
+            raise ValueError("sinks lists a sink twice")
+        return self
+
+    def history_options(self) -> HistoryOptions:
+        remote = tuple(self.remote_node) if isinstance(self.remote_node, list) else self.remote_node
+        return HistoryOptions(
+            mode=self.mode,  # type: ignore[arg-type]
+            method=self.method,  # type: ignore[arg-type]
+            interval_ms=int(self.interval.total_seconds() * 1000) if self.interval else None,
+            deadband=self.deadband,
+            invalid_as_null=self.invalid_as_null,
+            limit=self.limit,
+            remote_node=remote,
+        )
+
+    def alarm_filter(self) -> AlarmFilter:
+        alarms = self.alarms or AlarmSelectionConfig()
+        remote = tuple(self.remote_node) if isinstance(self.remote_node, list) else self.remote_node
+        return AlarmFilter(
+            path_regex=alarms.regex,
+            status=alarms.status,
+            priority=alarms.priority,
+            min_priority=alarms.min_priority,
+            max_priority=alarms.max_priority,
+            recurrent=alarms.recurrent,
+            remote_node=remote,
+        )
+
+
+class Config(_Strict):
+    nodes: dict[str, NodeConfig] = Field(min_length=1)
+    sinks: dict[str, SinkConfig] = Field(min_length=1)
+    flows: dict[str, FlowConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _references(self) -> Config:
+        datasets: dict[tuple[str, str], str] = {}
+        for name, flow in self.flows.items():
+            if not re.match(NAME_PATTERN, name):
+                raise _KeyedError(("flows", name), "flow names are letters, digits and _")
+            if flow.node not in self.nodes:
+                raise _KeyedError(
+                    ("flows", name, "node"),
+                    f"unknown node {flow.node!r} (nodes: {', '.join(self.nodes)})",
+                )
+            for sink in flow.sinks:
+                if sink not in self.sinks:
+                    raise _KeyedError(
+                        ("flows", name, "sinks"),
+                        f"unknown sink {sink!r} (sinks: {', '.join(self.sinks)})",
+                    )
+                key = (sink, flow.dataset or name)
+                if key in datasets:
+                    raise _KeyedError(
+                        ("flows", name, "dataset"),
+                        f"dataset {key[1]!r} in sink {sink!r} is already written by flow "
+                        f"{datasets[key]!r}",
+                    )
+                datasets[key] = name
+        return self
+
+
+class _KeyedError(ValueError):
+    """A cross-reference error that knows its own key path."""
+
+    def __init__(self, loc: Sequence[str], message: str) -> None:
+        self.loc = tuple(loc)
+        super().__init__(message)
+
+
+def _check_regex(pattern: str) -> None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"invalid regex {pattern!r}: {exc}") from None
+
+
+def _resolve_env(value: Any, loc: tuple[str, ...], env: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+
+        def substitute(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in env:
+                raise _KeyedError(loc, f"environment variable {name} is not set")
+            return env[name]
+
+        return _ENV_REF.sub(substitute, value)
+    if isinstance(value, dict):
+        return {key: _resolve_env(item, (*loc, str(key)), env) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_resolve_env(item, (*loc, str(index)), env) for index, item in enumerate(value)]
+    return value
+
+
+def _format_loc(loc: Sequence[object]) -> str:
+    parts = [str(part) for part in loc if not str(part).startswith("function-")]
+    # pydantic names discriminated-union branches ("parquet", "sql"): not a key the user wrote.
+    cleaned: list[str] = []
+    for part in parts:
+        if len(cleaned) == 2 and cleaned[0] == "sinks" and part in ("parquet", "sql"):
+            continue
+        cleaned.append(part)
+    return ".".join(cleaned)
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    kind = error.get("type", "")
+    text = str(error.get("msg", "invalid"))
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "is required"
+    ctx = error.get("ctx") or {}
+    if isinstance(ctx.get("error"), _KeyedError):
+        return str(ctx["error"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    if kind == "union_tag_invalid":
+        return "type must be parquet or sql"
+    if kind == "union_tag_not_found":
+        return "type is required (parquet or sql)"
+    return text
+
+
+def parse_config(
+    data: object, *, source: str = DEFAULT_CONFIG, env: Mapping[str, str] | None = None
+) -> Config:
+    """Validate an already-loaded YAML document; one-line ConfigError on any problem."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the file must hold a mapping with nodes, sinks and flows")
+    environment = os.environ if env is None else env
+    try:
+        resolved = _resolve_env(data, (), environment)
+        return Config.model_validate(resolved)
+    except _KeyedError as exc:
+        raise ConfigError(f"{source}: {_format_loc(exc.loc)}: {exc}") from None
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        ctx = error.get("ctx") or {}
+        inner = ctx.get("error")
+        loc = list(error["loc"])
+        if isinstance(inner, _KeyedError):
+            loc = list(inner.loc)
+        where = _format_loc(loc)
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        prefix = f"{source}: {where}: " if where else f"{source}: "
+        value = error.get("input")
+        message = _message(error)
+        if error.get("type") == "extra_forbidden":
+            message = "unknown key"
+        elif error.get("type") == "literal_error" and isinstance(value, str | int):
+            message = f"{value!r} is not one of {ctx.get('expected', '')}".replace("'", "'")
+        raise ConfigError(prefix + message + more) from None
+
+
+def load_config(path: str | Path = DEFAULT_CONFIG, env: Mapping[str, str] | None = None) -> Config:
+    """Read and validate flows.yaml; every problem is a one-line ConfigError."""
+    file = Path(path)
+    source = file.name if file.parent == Path() else str(file)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{source}: {where}YAML syntax error: {problem}") from None
+    return parse_config(data, source=source, env=env)
+
+
+def flow_dataset(name: str, flow: FlowConfig) -> str:
+    return flow.dataset or name
+
+
+def flow_kind(flow: FlowConfig) -> str:
+    return KIND_TAG_HISTORY if flow.kind == "tag_history" else KIND_ALARM_HISTORY
