@@ -1,0 +1,57 @@
+"""Query-string encoding exactly as the node documents it.
+
+GET parameters go in the query string with dot keys for nested options
+(`options.filter.path`); list parameters are JSON arrays (a comma can occur inside a tag
+path, so the comma-separated form is unsafe); times are ISO 8601 UTC with `Z`. Every key
+and value is percent-encoded (only RFC 3986 unreserved characters stay as they are), so
+no tag path can change the meaning of a URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from urllib.parse import quote
+
+import orjson
+
+from connectors.timewindow import iso_utc
+
+_SAFE = "-._~"
+
+
+def list_param(values: Iterable[str]) -> str:
+    """A list parameter in its JSON-array form."""
+    return orjson.dumps(list(values)).decode()
+
+
+def encode_value(value: object) -> str:
+    """One parameter value as the node reads it (before percent-encoding)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime):
+        return iso_utc(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, Sequence | set | frozenset | tuple):
+        return list_param(str(item) for item in value)  # type: ignore[union-attr]
+    if isinstance(value, Mapping):
+        return orjson.dumps(value).decode()
+    return str(value)
+
+
+def encode_query(params: Mapping[str, object]) -> str:
+    """`k=v&...` with every key and value percent-encoded; None values are left out."""
+    parts = []
+    for key, value in params.items():
+        if value is None:
+            continue
+        parts.append(f"{quote(key, safe=_SAFE)}={quote(encode_value(value), safe=_SAFE)}")
+    return "&".join(parts)
+
+
+def encoded_query_length(params: Mapping[str, object]) -> int:
+    """Length of the encoded query: what the planner keeps under a safe URL size."""
+    return len(encode_query(params))

@@ -1,0 +1,78 @@
+"""How to reach a node: URL, TLS, credentials by environment variable name, limits.
+
+Settings hold the *names* of the variables with secrets, never the secrets; the client
+reads them when it is built, so nothing printable here ever contains a token.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from connectors.errors import FatalNodeError
+
+DEFAULT_HTTP_PORT = 3003
+DEFAULT_HTTPS_PORT = 3443
+
+
+class SettingsError(FatalNodeError):
+    """The settings cannot work: a malformed URL or a missing environment variable."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("settings", message)
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    url: str
+    name: str = "node"
+    verify: bool = True
+    ca_bundle: str | None = None
+    token_env: str | None = None
+    username_env: str | None = None
+    password_env: str | None = None
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    max_connections: int = 8
+    retries: int = 5
+    backoff_base_s: float = 0.25
+    backoff_max_s: float = 10.0
+    # A 500 from a node under load is often transient; retried unless turned off.
+    retry_server_errors: bool = True
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SettingsError(f"node {self.name}: {self.url!r} is not an http(s) URL")
+        if parts.username or parts.password:
+            raise SettingsError(
+                f"node {self.name}: put credentials in environment variables, not in the URL"
+            )
+        if self.max_connections < 1:
+            raise SettingsError(f"node {self.name}: max_connections must be at least 1")
+
+    @property
+    def base_url(self) -> str:
+        """The URL with the documented default port when none is given."""
+        parts = urlsplit(self.url)
+        port = parts.port or (DEFAULT_HTTPS_PORT if parts.scheme == "https" else DEFAULT_HTTP_PORT)
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        path = parts.path.rstrip("/")
+        return f"{parts.scheme}://{host}:{port}{path}"
+
+    def _env(self, variable: str) -> str:
+        value = os.environ.get(variable)
+        if value is None or value == "":
+            raise SettingsError(f"node {self.name}: environment variable {variable} is not set")
+        return value
+
+    def bearer_token(self) -> str | None:
+        return self._env(self.token_env) if self.token_env else None
+
+    def basic_credentials(self) -> tuple[str, str] | None:
+        if self.username_env and self.password_env:
+            return self._env(self.username_env), self._env(self.password_env)
+        return None

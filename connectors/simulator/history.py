@@ -1,0 +1,258 @@
+"""Deterministic tag history on demand, and the Historian's four modes over it.
+
+Sample k of a tag is stamped `history_start + k*period (+ jitter < period/2 for irregular
+tags)`, so the samples of any range come from a closed form, vectorised with numpy.
+Gaps (blocks of 600 samples missing, about 5%), bad (0) and uncertain (64) quality
+stretches, duplicate events on one millisecond (every 97th sample of some tags) and late
+samples (tags over a link, and samples added with `add_late_sample`) are all part of it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from connectors.simulator.tagtree import STATES, TagSpec, mix
+
+GOOD = 192
+UNCERTAIN = 64
+BAD = 0
+GAP_BLOCK = 600
+QUALITY_BLOCK = 50
+
+
+@dataclass
+class Samples:
+    """Every stored event of one tag in a range, in time order (values as Python objects)."""
+
+    ts: np.ndarray  # int64 epoch ms
+    values: list[Any]  # float | bool | str
+    quality: np.ndarray  # int64
+    extra: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def slice(self, start: int, stop: int) -> Samples:
+        return Samples(
+            self.ts[start:stop],
+            self.values[start:stop],
+            self.quality[start:stop],
+            self.extra[start:stop],
+        )
+
+
+def _values(spec: TagSpec, k: np.ndarray, ts: np.ndarray) -> list[Any]:
+    if spec.type == "number":
+        noise = (mix(k, spec.salt + 5) % np.uint64(1000)).astype(np.float64) / 1000.0 - 0.5
+        wave = np.sin(2 * math.pi * ts.astype(np.float64) / spec.wave_ms)
+        return np.round(spec.offset + spec.amplitude * wave + noise, 3).tolist()
+    if spec.type == "boolean":
+        return ((mix(k // np.int64(30), spec.salt + 6) & np.uint64(1)) == 1).tolist()
+    picks = (mix(k // np.int64(40), spec.salt + 7) % np.uint64(len(STATES))).astype(np.int64)
+    return [STATES[p] for p in picks.tolist()]
+
+
+def generate(
+    spec: TagSpec,
+    start_ms: int,
+    end_ms: int,
+    *,
+    history_start_ms: int,
+    visible_until_ms: int,
+    late: Sequence[tuple[int, Any, int]] = (),
+) -> Samples:
+    """Events with start_ms <= ts <= end_ms (inclusive), visible at `visible_until_ms`."""
+    upper = min(end_ms, visible_until_ms - spec.remote_lag_ms)
+    lower = max(start_ms, history_start_ms)
+    if upper < lower:
+        return _with_late(_empty(), spec, start_ms, end_ms, late, visible_until_ms)
+    period = spec.period_ms
+    k_first = max(0, (lower - history_start_ms) // period - 1)
+    k_last = (upper - history_start_ms) // period + 1
+    k = np.arange(k_first, k_last + 1, dtype=np.int64)
+    ts = history_start_ms + k * period
+    if spec.irregular:
+        ts = ts + (mix(k, spec.salt + 1) % np.uint64(period // 2)).astype(np.int64)
+    keep = (ts >= lower) & (ts <= upper)
+    # Gaps: whole blocks of samples that the node never stored.
+    gap = (mix(k // GAP_BLOCK, spec.salt + 2) % np.uint64(20)) == 0
+    keep &= ~gap
+    k, ts = k[keep], ts[keep]
+    block = mix(k // QUALITY_BLOCK, spec.salt + 3) % np.uint64(40)
+    quality = np.full(len(k), GOOD, dtype=np.int64)
+    quality[block == 0] = BAD
+    quality[block == 1] = UNCERTAIN
+    extra = np.zeros(len(k), dtype=np.int64)
+    values = _values(spec, k, ts)
+    if spec.duplicates and len(k):
+        twice = (k % 97) == 0
+        if twice.any():
+            counts = np.where(twice, 2, 1)
+            ts = np.repeat(ts, counts)
+            quality = np.repeat(quality, counts)
+            extra = np.repeat(extra, counts)
+            dup_index = np.repeat(np.arange(len(k)), counts)
+            second = np.zeros(len(ts), dtype=bool)
+            second[1:] = dup_index[1:] == dup_index[:-1]
+            extra[second] = 1
+            values = [values[i] for i in dup_index.tolist()]
+            if spec.type == "number":
+                for position in np.flatnonzero(second).tolist():
+                    values[position] = round(values[position] + 0.125, 3)
+    samples = Samples(ts, values, quality, extra)
+    return _with_late(samples, spec, start_ms, end_ms, late, visible_until_ms)
+
+
+def _empty() -> Samples:
+    return Samples(np.zeros(0, np.int64), [], np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def _with_late(
+    samples: Samples,
+    spec: TagSpec,
+    start_ms: int,
+    end_ms: int,
+    late: Sequence[tuple[int, Any, int]],
+    visible_until_ms: int,
+) -> Samples:
+    """Merge store-and-forward samples (ts, value, arrived_at) that have arrived by now."""
+    extra = [
+        (ts, value)
+        for ts, value, arrived in late
+        if start_ms <= ts <= end_ms and arrived <= visible_until_ms
+    ]
+    if not extra:
+        return samples
+    ts = np.concatenate([samples.ts, np.array([t for t, _ in extra], dtype=np.int64)])
+    values = samples.values + [v for _, v in extra]
+    quality = np.concatenate([samples.quality, np.full(len(extra), GOOD, dtype=np.int64)])
+    extras = np.concatenate([samples.extra, np.zeros(len(extra), dtype=np.int64)])
+    order = np.argsort(ts, kind="stable")
+    return Samples(ts[order], [values[i] for i in order.tolist()], quality[order], extras[order])
+
+
+# -- modes -------------------------------------------------------------------------------
+
+
+def raw_rows(
+    samples: Samples, *, invalid_as_null: bool, limit: int | None
+) -> list[tuple[Any, ...]]:
+    count = len(samples) if limit is None else min(limit, len(samples))
+    part = samples.slice(0, count)
+    values = list(part.values)
+    if invalid_as_null:
+        for index in np.flatnonzero(part.quality < GOOD).tolist():
+            values[index] = None
+    return list(
+        zip(part.ts.tolist(), values, part.quality.tolist(), part.extra.tolist(), strict=True)
+    )
+
+
+def _changed(previous: Any, value: Any, deadband: float) -> bool:
+    if (
+        isinstance(value, float | int)
+        and not isinstance(value, bool)
+        and isinstance(previous, float | int)
+        and not isinstance(previous, bool)
+    ):
+        return abs(value - previous) > deadband
+    return bool(value != previous)
+
+
+def _reported(samples: Samples, deadband: float) -> list[int]:
+    """Indices `delta` reports: the first event, then each change beyond the deadband."""
+    if not len(samples):
+        return []
+    chosen = [0]
+    last_value = samples.values[0]
+    last_quality = int(samples.quality[0])
+    qualities = samples.quality.tolist()
+    for index in range(1, len(samples)):
+        value = samples.values[index]
+        if qualities[index] != last_quality or _changed(last_value, value, deadband):
+            chosen.append(index)
+            last_value, last_quality = value, qualities[index]
+    return chosen
+
+
+def delta_rows(samples: Samples, deadband: float) -> list[tuple[Any, ...]]:
+    return _rows_at(samples, _reported(samples, deadband))
+
+
+def filter_rows(samples: Samples, deadband: float) -> list[tuple[Any, ...]]:
+    """`filter`: the event before and the event after each change beyond the deadband."""
+    reported = _reported(samples, deadband)
+    chosen = set(reported)
+    chosen.update(index - 1 for index in reported if index > 0)
+    return _rows_at(samples, sorted(chosen))
+
+
+def _rows_at(samples: Samples, indices: list[int]) -> list[tuple[Any, ...]]:
+    ts = samples.ts.tolist()
+    quality = samples.quality.tolist()
+    extra = samples.extra.tolist()
+    return [(ts[i], samples.values[i], quality[i], extra[i]) for i in indices]
+
+
+def aggregated_rows(
+    samples: Samples, start_ms: int, end_ms: int, interval_ms: int, method: str, tag_type: str
+) -> list[tuple[Any, ...]]:
+    """One row per bucket [b, b+interval) with b = start + n*interval and start <= b < end.
+
+    Only good-quality events count. `avg` is time-weighted: each value holds until the next
+    event or the end of the bucket; the part of the bucket before its first event is not
+    counted. An empty bucket is `[b, null, 0, 0]`. Booleans count as 0/1; strings have
+    `first` and `last` only.
+    """
+    rows: list[tuple[Any, ...]] = []
+    good = samples.quality >= GOOD
+    ts_all = samples.ts[good]
+    values_all = [v for v, g in zip(samples.values, good.tolist(), strict=True) if g]
+    if tag_type == "boolean":
+        values_all = [1.0 if v else 0.0 for v in values_all]
+    numeric = tag_type != "string"
+    bucket = start_ms
+    while bucket < end_ms:
+        upper = bucket + interval_ms
+        lo = int(np.searchsorted(ts_all, bucket, side="left"))
+        hi = int(np.searchsorted(ts_all, upper, side="left"))
+        if hi <= lo:
+            rows.append((bucket, None, 0, 0))
+            bucket = upper
+            continue
+        ts = ts_all[lo:hi]
+        values = values_all[lo:hi]
+        result: Any
+        if method == "first":
+            result = values[0]
+        elif method == "last":
+            result = values[-1]
+        elif not numeric:
+            result = None
+        else:
+            array = np.asarray(values, dtype=np.float64)
+            if method == "min":
+                result = float(array.min())
+            elif method == "max":
+                result = float(array.max())
+            elif method == "delta":
+                result = float(array[-1] - array[0])
+            elif method == "stddev":
+                result = float(array.std())
+            else:  # avg, time-weighted
+                ends = np.append(ts[1:], upper)
+                weights = (ends - ts).astype(np.float64)
+                total = float(weights.sum())
+                result = (
+                    float((array * weights).sum() / total) if total > 0 else float(array.mean())
+                )
+        if isinstance(result, float):
+            result = round(result, 6)
+        rows.append((bucket, result, GOOD if result is not None else 0, 0))
+        bucket = upper
+    return rows

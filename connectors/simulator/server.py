@@ -1,0 +1,276 @@
+"""The simulator on the wire: HTTP/1.1 with keep-alive, HTTPS with its own CA, faults.
+
+Standard-library `ThreadingHTTPServer`: one thread per connection, quiet (no request
+log). HTTPS uses a certificate for 127.0.0.1 and localhost signed by a CA that `trustme`
+makes at start; `ca_pem_path` is where a client finds that CA.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hmac
+import socket
+import ssl
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import orjson
+
+from connectors.simulator.config import SimConfig
+from connectors.simulator.node import Answer, SimulatedNode
+
+_HISTORY = {"tag.history", "tag.historyMany", "tag.historyFilter"}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(
+        self, address: tuple[str, int], node: SimulatedNode, tls: ssl.SSLContext | None = None
+    ) -> None:
+        self.node = node
+        self.tls = tls
+        super().__init__(address, _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, address = super().get_request()
+        if self.tls is not None:
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, address
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the simulator does not log requests."""
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):
+            try:
+                self.connection.do_handshake()
+            except (ssl.SSLError, OSError):
+                self.close_connection = True
+                raise ConnectionAbortedError from None
+
+    def handle(self) -> None:
+        with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError, OSError):
+            super().handle()
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    def _authorised(self) -> bool:
+        config = self.server.node.config
+        if config.token is None and config.username is None:
+            return True
+        header = self.headers.get("Authorization") or ""
+        if config.token is not None and header.startswith("Bearer "):
+            return hmac.compare_digest(header[7:].encode(), config.token.encode())
+        if config.username is not None and header.startswith("Basic "):
+            try:
+                user, _, password = base64.b64decode(header[6:]).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                return False
+            return hmac.compare_digest(user, config.username) and hmac.compare_digest(
+                password, config.password or ""
+            )
+        return False
+
+    def _serve(self, method: str) -> None:
+        node = self.server.node
+        parts = urlsplit(self.path)
+        resource = parts.path.strip("/")
+        params = dict(parse_qsl(parts.query, keep_blank_values=True))
+        cmd = params.pop("cmd", "")
+        length = int(self.headers.get("Content-Length") or 0)
+        raw_body = self.rfile.read(length) if length else b""
+        operation = f"{resource}.{cmd}"
+        if not self._authorised():
+            self._send(Answer(401, orjson.dumps({"error": "unauthorised"})))
+            return
+        fault = node.faults.decide(operation)
+        if fault in ("500", "502", "503", "504"):
+            self._send(Answer(int(fault), orjson.dumps({"error": f"injected {fault}"})))
+            return
+        if fault == "429":
+            retry = node.faults.retry_after_s
+            self._send(
+                Answer(
+                    429,
+                    orjson.dumps({"error": "too many requests"}),
+                    headers={"Retry-After": f"{retry:g}"},
+                )
+            )
+            return
+        if fault == "reset":
+            self._reset()
+            return
+        if fault == "slow":
+            time.sleep(node.faults.slow_s)
+        body: Any = None
+        if raw_body:
+            try:
+                body = orjson.loads(raw_body)
+            except orjson.JSONDecodeError:
+                self._send(Answer(400, orjson.dumps({"error": "body is not JSON"})))
+                return
+        if operation in _HISTORY:
+            answer = node.cached(
+                parts.query + method, lambda: node.handle(method, resource, cmd, params, body)
+            )
+        else:
+            answer = node.handle(method, resource, cmd, params, body)
+        if fault == "nonjson" and answer.status == 200:
+            answer = Answer(200, b"<html><body>502 Bad Gateway</body></html>", "text/html")
+        if fault == "truncate" and answer.status == 200 and len(answer.body) > 1:
+            self._send(answer, truncate=True)
+            return
+        self._send(answer)
+
+    def _reset(self) -> None:
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _send(self, answer: Answer, *, truncate: bool = False) -> None:
+        self.send_response(answer.status)
+        self.send_header("Content-Type", answer.content_type)
+        self.send_header("Content-Length", str(len(answer.body)))
+        for key, value in answer.headers.items():
+            self.send_header(key, value)
+        if truncate:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        body = answer.body[: len(answer.body) // 2] if truncate else answer.body
+        with contextlib.suppress(OSError):
+            self.wfile.write(body)
+            self.wfile.flush()
+        if truncate:
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+
+class ServerHandle:
+    """Running HTTP (and HTTPS) servers of one simulated node."""
+
+    def __init__(
+        self, node: SimulatedNode, host: str, http_port: int, https_port: int | None
+    ) -> None:
+        self.node = node
+        self.host = host
+        self._tls: ssl.SSLContext | None = None
+        self.ca_pem_path: str | None = None
+        if https_port is not None:
+            self._tls, self.ca_pem_path = _tls_context(host)
+        self._http = _Server((host, http_port), node)
+        self._https = (
+            _Server((host, https_port), node, self._tls) if https_port is not None else None
+        )
+        self._threads: list[threading.Thread] = []
+        self._start()
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self._http.server_address[1]}"
+
+    @property
+    def https_url(self) -> str | None:
+        if self._https is None:
+            return None
+        return f"https://{self.host}:{self._https.server_address[1]}"
+
+    def _start(self) -> None:
+        self._threads = []
+        for server in (self._http, self._https):
+            if server is None:
+                continue
+            thread = threading.Thread(
+                target=server.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name="simulator",
+                daemon=True,
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        for server in (self._http, self._https):
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Kill the servers and start them again on the same ports (state is kept)."""
+        http_port = self._http.server_address[1]
+        https_port = self._https.server_address[1] if self._https is not None else None
+        self.stop()
+        time.sleep(down_s)
+        self._http = _Server((self.host, http_port), self.node)
+        self._https = _Server((self.host, https_port), self.node, self._tls) if https_port else None
+        self._start()
+
+
+def _tls_context(host: str) -> tuple[ssl.SSLContext, str]:
+    import trustme
+
+    ca = trustme.CA()
+    names = sorted({host, "127.0.0.1", "localhost"})
+    certificate = ca.issue_cert(*names)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    certificate.configure_cert(context)
+    with tempfile.NamedTemporaryFile(
+        "wb", prefix="historian-sim-ca-", suffix=".pem", delete=False
+    ) as handle:
+        handle.write(ca.cert_pem.bytes())
+    return context, handle.name
+
+
+@contextlib.contextmanager
+def run_server(
+    node: SimulatedNode, http_port: int = 0, https_port: int | None = 0, host: str = "127.0.0.1"
+) -> Iterator[ServerHandle]:
+    """Serve `node` in background threads for the duration of the block."""
+    handle = ServerHandle(node, host, http_port, https_port)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def serve_forever(
+    config: SimConfig, http_port: int = 3003, https_port: int | None = 3443, host: str = "127.0.0.1"
+) -> None:
+    """Serve a simulator until interrupted (the `historian simulate` command)."""
+    node = SimulatedNode(config)
+    with run_server(node, http_port, https_port, host) as handle:
+        if handle.ca_pem_path:
+            print(f"HTTPS CA certificate: {handle.ca_pem_path}", flush=True)
+        while True:
+            time.sleep(3600)

@@ -1,0 +1,122 @@
+"""The simulated tag tree: deterministic tags with their sampling and value behaviour.
+
+Everything about tag i follows from (seed, i) through a counter-based hash, so any range
+of any tag can be generated on demand, in any order, without storing history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+PERIODS_MS = (1000, 1000, 2000, 5000, 5000, 10_000, 15_000, 30_000, 60_000)
+GROUPS = (
+    "/Plant A/Line 1",
+    "/Plant A/Line 2",
+    "/Plant A/Utilities/Compressed Air",
+    "/Plant B/Boiler.House",
+    "/Plant B/Pumps, Main",
+    "/Usine Süd/Pompe ß",
+)
+NAMES = ("Temp.", "Pressure", "Flow, Rate", "Level", "Débit", "Speed", "Power kW", "温度")
+UNITS = {
+    "Temp.": "°C",
+    "Pressure": "bar",
+    "Flow, Rate": "m3/h",
+    "Level": "%",
+    "Débit": "l/s",
+    "Speed": "rpm",
+    "Power kW": "kW",
+    "温度": "°C",
+}
+STATES = ("RUN", "STOP", "IDLE", "FAULT", 'Ölwechsel, "bitte"')
+HOSTILE = (
+    "/Hostile/../../etc/passwd",
+    "/Hostile/quote ' and \" double",
+    "/Hostile/'; DROP TABLE tag_history; --",
+    "/Hostile/back\\slash and %2F percent",
+    "/Hostile/emoji 🌡️ temp",
+    "/Hostile/comma, separated, name",
+    "/Hostile/" + "x" * 1000,
+    "/Hostile/tab\tand newline-free ctrl \x01",
+)
+
+
+def mix(values: np.ndarray, salt: int) -> np.ndarray:
+    """splitmix64 of uint64 values with a salt: a fast, vectorised counter hash."""
+    with np.errstate(over="ignore"):
+        z = (values.astype(np.uint64) + np.uint64(salt & 0xFFFFFFFFFFFFFFFF)) * np.uint64(
+            0x9E3779B97F4A7C15
+        )
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def mix1(value: int, salt: int) -> int:
+    return int(mix(np.array([value], dtype=np.uint64), salt)[0])
+
+
+@dataclass(frozen=True)
+class TagSpec:
+    index: int
+    path: str
+    type: str  # number | boolean | string
+    period_ms: int
+    irregular: bool
+    duplicates: bool
+    remote_lag_ms: int  # > 0: a tag over a link whose samples arrive late
+    amplitude: float
+    offset: float
+    wave_ms: int
+    deadband: float
+    default_method: str
+    units: str
+    salt: int
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[1]
+
+    @property
+    def group(self) -> str:
+        return self.path.rsplit("/", 1)[0] + "/"
+
+
+def build_tags(seed: int, count: int, hostile: bool) -> list[TagSpec]:
+    specs: list[TagSpec] = []
+    paths: list[str] = []
+    for i in range(count):
+        group = GROUPS[i % len(GROUPS)]
+        name = NAMES[(i // len(GROUPS)) % len(NAMES)]
+        paths.append(f"{group}/{name} {i:03d}")
+    if hostile:
+        paths[: len(HOSTILE)] = HOSTILE[: min(len(HOSTILE), count)]
+    for i, path in enumerate(paths):
+        h = mix1(i, seed * 7919 + 17)
+        kind_pick = h % 10
+        tag_type = "number" if kind_pick < 8 else ("boolean" if kind_pick == 8 else "string")
+        period = PERIODS_MS[(h >> 8) % len(PERIODS_MS)]
+        name = path.rsplit("/", 1)[1].rsplit(" ", 1)[0]
+        specs.append(
+            TagSpec(
+                index=i,
+                path=path,
+                type=tag_type,
+                period_ms=period,
+                irregular=(h >> 16) % 3 == 0,
+                duplicates=(h >> 20) % 7 == 0,
+                remote_lag_ms=120_000 if (h >> 24) % 9 == 0 else 0,
+                amplitude=float(5 + (h >> 28) % 50),
+                offset=float((h >> 34) % 200),
+                wave_ms=int(600_000 + (h >> 40) % 3_000_000),
+                deadband=float(0.5 + ((h >> 44) % 4) * 0.5),
+                default_method="avg" if tag_type == "number" else "last",
+                units=UNITS.get(name, ""),
+                salt=mix1(i, seed * 104729 + 3),
+            )
+        )
+    return specs
