@@ -1,0 +1,385 @@
+"""Fetch planned chunks from the node and turn them into exactly the node's rows.
+
+One chunk is (tag batch x half-open window). The engine asks the node, normalises the
+answer, continues capped raw answers until every tag's window is complete, keeps only
+rows inside `[start, end)` (the node's bounds are inclusive; a boundary sample belongs to
+exactly one window), and numbers samples that share a millisecond (`seq`).
+
+Window starts and the modes (documented in docs/node-behaviour.md as well):
+
+* raw: the query starts 1 ms before the window so that a node with an exclusive start
+  bound still returns a sample on the boundary; rows outside the window are dropped.
+* aggregated: windows are aligned by the planner to UTC multiples of `interval`, and the
+  query starts exactly on the window start, so buckets land on :00, :15, :30, :45.
+* delta and filter: the node computes them from the first sample of the query, so a
+  result depends on where a window starts. The engine starts every query exactly on a
+  grid-aligned window boundary, so the same window always gives the same rows and a
+  re-run is idempotent; the first sample of every window is reported (as a new reference),
+  which a single long query over the same range would not report. Use raw mode when the
+  exact event set of a long range matters.
+
+Memory stays bounded: `stream` keeps at most `max_in_flight` chunks fetching and yields
+each chunk's frame as soon as it is complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Protocol
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from connectors.normalise import (
+    HistoryPage,
+    assign_seq,
+    history_frame,
+    parse_alarm_history_answer,
+    parse_history_answer,
+)
+
+from connectors.errors import MalformedAnswer
+from connectors.options import AlarmFilter, HistoryOptions
+from connectors.schema import (
+    ALARM_HISTORY_SCHEMA,
+    KIND_ALARM_HISTORY,
+    TAG_HISTORY_SCHEMA,
+    frame_from_table,
+)
+from connectors.timewindow import Window
+from pipelines.planning import Chunk
+
+log = logging.getLogger("historian.engine")
+
+# A raw answer whose busiest tag has at least this many samples may have hit a node cap.
+_MIN_CAP_GUESS = 2
+_ONE_MS = timedelta(milliseconds=1)
+
+
+class HistoryClient(Protocol):
+    """The part of `connectors.client.NodeClient` the engine uses."""
+
+    def tag_history_many_bytes(
+        self, paths: Sequence[str], start: object, end: object, options: HistoryOptions
+    ) -> bytes: ...
+
+    def tag_history_filter_bytes(
+        self,
+        paths: Sequence[str],
+        start: object,
+        end: object,
+        options: HistoryOptions,
+        *,
+        filter_regex: str | None = None,
+        recurrent: bool | None = None,
+    ) -> bytes: ...
+
+    def alarm_history_bytes(
+        self, path: str, start: object, end: object, filt: AlarmFilter | None = None
+    ) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class FilterQuery:
+    """Fetch through `historyFilter`: one group path and a regex instead of a path list."""
+
+    group: str
+    regex: str | None
+    recurrent: bool
+
+
+@dataclass
+class ChunkResult:
+    """A chunk's rows and what it cost to get them."""
+
+    chunk: Chunk
+    frame: pd.DataFrame
+    rows_fetched: int
+    requests: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0
+    continuations: int = 0
+
+
+@dataclass
+class _CapKnowledge:
+    """What the engine has learned about the node's own cap on raw samples per tag."""
+
+    known: int | None = None
+    lower_bound: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def maybe_capped(self, rows: int, busiest: int, limit: int | None) -> bool:
+        if rows <= 0:
+            return False
+        if limit is not None and rows >= limit:
+            return True
+        if self.known is not None:
+            return rows >= self.known
+        return rows == busiest and rows >= max(self.lower_bound, _MIN_CAP_GUESS)
+
+    def learn(self, first_page_rows: int, found_more: bool) -> None:
+        with self.lock:
+            if found_more:
+                if self.known is None or first_page_rows < self.known:
+                    self.known = first_page_rows
+                    log.info("node caps raw answers at %d samples per tag", first_page_rows)
+            else:
+                self.lower_bound = max(self.lower_bound, first_page_rows)
+
+
+class HistoryEngine:
+    """Fetch tag-history chunks; raw answers are continued until complete."""
+
+    def __init__(
+        self,
+        client: HistoryClient,
+        node: str,
+        options: HistoryOptions,
+        *,
+        filter_query: FilterQuery | None = None,
+        raw_cap: int | None = None,
+        max_in_flight: int = 4,
+    ) -> None:
+        self.client = client
+        self.node = node
+        self.options = options
+        self.filter_query = filter_query
+        self.max_in_flight = max(1, max_in_flight)
+        self._cap = _CapKnowledge(known=raw_cap)
+
+    # -- one chunk -------------------------------------------------------------------
+
+    def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
+        """All rows of the chunk's tags in its window, exactly once each."""
+        began = time.perf_counter()
+        result = ChunkResult(chunk=chunk, frame=pd.DataFrame(), rows_fetched=0)
+        members = set(chunk.members)
+        window = chunk.window
+        raw = self.options.mode == "raw"
+        query_start = window.start - _ONE_MS if raw else window.start
+        page = self._query(chunk, chunk.members, Window(query_start, window.end), result)
+        tables = [page.table]
+        if raw:
+            tables.extend(self._continue_capped(chunk, page, result))
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        table = _inside(table, window, members)
+        table = assign_seq(table)
+        result.frame = history_frame(table)
+        result.rows_fetched = table.num_rows
+        result.seconds = time.perf_counter() - began
+        return result
+
+    def _query(
+        self, chunk: Chunk, paths: Sequence[str], window: Window, result: ChunkResult
+    ) -> HistoryPage:
+        if self.filter_query is not None and len(paths) == len(chunk.members):
+            body = self.client.tag_history_filter_bytes(
+                [self.filter_query.group],
+                window.start,
+                window.end,
+                self.options,
+                filter_regex=self.filter_query.regex,
+                recurrent=self.filter_query.recurrent,
+            )
+            operation = "tag.historyFilter"
+        else:
+            body = self.client.tag_history_many_bytes(
+                list(paths), window.start, window.end, self.options
+            )
+            operation = "tag.historyMany"
+        result.requests += 1
+        result.bytes_received += len(body)
+        return parse_history_answer(body, self.node, operation=operation, chunk_label=chunk.label)
+
+    def _continue_capped(
+        self, chunk: Chunk, first: HistoryPage, result: ChunkResult
+    ) -> Iterator[pa.Table]:
+        """Pages after the last timestamp of every tag that may have hit a cap."""
+        window = chunk.window
+        limit = self.options.limit
+        members = set(chunk.members)
+        page = first
+        # tag -> (rows in its first page, last ts, rows already seen at that ts)
+        pending: dict[str, tuple[int, int, int]] = {}
+        first_rows: dict[str, int] = {}
+        self._collect(page, members, window, limit, pending, first_rows)
+        while pending:
+            # Tags that stopped on the same millisecond continue together in one request.
+            by_ts: dict[int, list[str]] = {}
+            for tag, (_, last_ts, _) in pending.items():
+                by_ts.setdefault(last_ts, []).append(tag)
+            next_pending: dict[str, tuple[int, int, int]] = {}
+            for last_ts, tags in sorted(by_ts.items()):
+                # 1 ms early, so that a node with an exclusive start bound still returns
+                # the samples on last_ts that the previous page could not hold.
+                start = Window.from_ms(last_ts - 1, max(last_ts + 1, window.end_ms))
+                result.continuations += 1
+                page = self._query(chunk, tags, start, result)
+                tables: list[pa.Table] = []
+                for tag in tags:
+                    _rows_before, _, seen_at_last = pending[tag]
+                    stats = page.tags.get(tag)
+                    tag_rows = _rows_of(page.table, tag)
+                    fresh = _drop_seen(tag_rows, last_ts, seen_at_last)
+                    found_more = fresh.num_rows > 0
+                    if tag in first_rows:
+                        self._cap.learn(first_rows.pop(tag), found_more)
+                    if not found_more:
+                        continue
+                    tables.append(fresh)
+                    if stats is None or stats.last_ts_ms is None:
+                        continue
+                    busiest = max((s.rows for s in page.tags.values()), default=0)
+                    if stats.last_ts_ms < window.end_ms and self._cap.maybe_capped(
+                        stats.rows, busiest, limit
+                    ):
+                        if stats.last_ts_ms == last_ts:
+                            raise MalformedAnswer(
+                                "tag.historyMany",
+                                f"more samples on {last_ts} ms than the node returns in one "
+                                "answer; cannot page past them",
+                                where=f"{tag} in {chunk.label}",
+                            )
+                        next_pending[tag] = (stats.rows, stats.last_ts_ms, stats.at_last_ts)
+                yield from tables
+            pending = next_pending
+
+    def _collect(
+        self,
+        page: HistoryPage,
+        members: set[str],
+        window: Window,
+        limit: int | None,
+        pending: dict[str, tuple[int, int, int]],
+        first_rows: dict[str, int],
+    ) -> None:
+        busiest = max((s.rows for s in page.tags.values()), default=0)
+        for tag, stats in page.tags.items():
+            if tag not in members or stats.last_ts_ms is None:
+                continue
+            if stats.last_ts_ms >= window.end_ms:
+                continue
+            if self._cap.maybe_capped(stats.rows, busiest, limit):
+                pending[tag] = (stats.rows, stats.last_ts_ms, stats.at_last_ts)
+                if self._cap.known is None and (limit is None or stats.rows < limit):
+                    first_rows[tag] = stats.rows
+
+    # -- many chunks -----------------------------------------------------------------
+
+    def stream(self, chunks: Iterable[Chunk]) -> Iterator[ChunkResult]:
+        """Fetch chunks concurrently, at most `max_in_flight` at once; yield as they finish."""
+        yield from stream_bounded(self.fetch_chunk, chunks, self.max_in_flight)
+
+
+class AlarmEngine:
+    """Fetch alarm-history chunks: one request per window, rows kept in `[start, end)`."""
+
+    def __init__(
+        self, client: HistoryClient, node: str, path: str, filt: AlarmFilter, *, max_in_flight=2
+    ) -> None:
+        self.client = client
+        self.node = node
+        self.path = path
+        self.filt = filt
+        self.max_in_flight = max(1, max_in_flight)
+
+    def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
+        began = time.perf_counter()
+        window = chunk.window
+        body = self.client.alarm_history_bytes(self.path, window.start, window.end, self.filt)
+        table = parse_alarm_history_answer(body, self.node, chunk_label=chunk.label)
+        ts = table.column("ts").cast(pa.int64())
+        keep = pc.and_(pc.greater_equal(ts, window.start_ms), pc.less(ts, window.end_ms))
+        table = table.filter(keep).sort_by([("ts", "ascending"), ("path", "ascending")])
+        # The natural key is (node, path, ts, status): a repeated event is one event.
+        table = _distinct(table, ["path", "ts", "status"])
+        frame = frame_from_table(table.cast(ALARM_HISTORY_SCHEMA))
+        return ChunkResult(
+            chunk=chunk,
+            frame=frame,
+            rows_fetched=table.num_rows,
+            requests=1,
+            bytes_received=len(body),
+            seconds=time.perf_counter() - began,
+        )
+
+    def stream(self, chunks: Iterable[Chunk]) -> Iterator[ChunkResult]:
+        yield from stream_bounded(self.fetch_chunk, chunks, self.max_in_flight)
+
+
+def stream_bounded(
+    fetch: Callable[[Chunk], ChunkResult], chunks: Iterable[Chunk], max_in_flight: int
+) -> Iterator[ChunkResult]:
+    """Run `fetch` over chunks in a thread pool, never more than `max_in_flight` pending.
+
+    The first failure cancels what has not started and is raised after running fetches end;
+    results already yielded stay yielded (the caller has written them).
+    """
+    iterator = iter(chunks)
+    with ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="fetch") as pool:
+        in_flight: set[Future[ChunkResult]] = set()
+
+        def refill() -> None:
+            while len(in_flight) < max_in_flight:
+                chunk = next(iterator, None)
+                if chunk is None:
+                    return
+                in_flight.add(pool.submit(fetch, chunk))
+
+        try:
+            refill()
+            while in_flight:
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in done:
+                    in_flight.discard(future)
+                    yield future.result()
+                refill()
+        finally:
+            for future in in_flight:
+                future.cancel()
+
+
+def _rows_of(table: pa.Table, tag: str) -> pa.Table:
+    return table.filter(pc.equal(table.column("tag"), tag))
+
+
+def _drop_seen(rows: pa.Table, last_ts: int, seen_at_last: int) -> pa.Table:
+    """Drop what the previous page already had: earlier samples and the first `seen` at last_ts."""
+    ts = rows.column("ts").cast(pa.int64())
+    after = rows.filter(pc.greater(ts, last_ts))
+    at = rows.filter(pc.equal(ts, last_ts))
+    if at.num_rows > seen_at_last:
+        return pa.concat_tables([at.slice(seen_at_last), after])
+    return after
+
+
+def _inside(table: pa.Table, window: Window, members: set[str]) -> pa.Table:
+    ts = table.column("ts").cast(pa.int64())
+    keep = pc.and_(pc.greater_equal(ts, window.start_ms), pc.less(ts, window.end_ms))
+    keep = pc.and_(keep, pc.is_in(table.column("tag"), value_set=pa.array(sorted(members))))
+    return table.filter(keep).cast(TAG_HISTORY_SCHEMA)
+
+
+def _distinct(table: pa.Table, keys: list[str]) -> pa.Table:
+    if table.num_rows < 2:
+        return table
+    index = pa.array(range(table.num_rows), type=pa.int64())
+    with_index = table.select(keys).append_column("__i", index)
+    first = with_index.group_by(keys, use_threads=False).aggregate([("__i", "min")])
+    chosen = pc.sort_indices(first.column("__i_min"))
+    rows = pc.take(first.column("__i_min"), chosen)
+    return table.take(rows)
+
+
+def empty_history_frame() -> pd.DataFrame:
+    return frame_from_table(TAG_HISTORY_SCHEMA.empty_table())
+
+
+KIND_ENGINES = {KIND_ALARM_HISTORY: AlarmEngine}
