@@ -146,8 +146,10 @@ class HistoryEngine:
         filter_query: FilterQuery | None = None,
         raw_cap: int | None = None,
         max_in_flight: int = 4,
+        malformed_retries: int = 3,
     ) -> None:
         self.client = client
+        self.malformed_retries = malformed_retries
         self.node = node
         self.options = options
         self.filter_query = filter_query
@@ -179,24 +181,37 @@ class HistoryEngine:
     def _query(
         self, chunk: Chunk, paths: Sequence[str], window: Window, result: ChunkResult
     ) -> HistoryPage:
-        if self.filter_query is not None and len(paths) == len(chunk.members):
-            body = self.client.tag_history_filter_bytes(
-                [self.filter_query.group],
-                window.start,
-                window.end,
-                self.options,
-                filter_regex=self.filter_query.regex,
-                recurrent=self.filter_query.recurrent,
-            )
-            operation = "tag.historyFilter"
-        else:
-            body = self.client.tag_history_many_bytes(
-                list(paths), window.start, window.end, self.options
-            )
-            operation = "tag.historyMany"
-        result.requests += 1
-        result.bytes_received += len(body)
-        return parse_history_answer(body, self.node, operation=operation, chunk_label=chunk.label)
+        """One request, re-asked when the answer is malformed (an HTML page from a proxy, a
+        body cut short): such answers are usually transient, and a chunk is only written
+        from a complete answer. A malformed answer that persists is an error."""
+        for attempt in range(self.malformed_retries + 1):
+            if self.filter_query is not None and len(paths) == len(chunk.members):
+                body = self.client.tag_history_filter_bytes(
+                    [self.filter_query.group],
+                    window.start,
+                    window.end,
+                    self.options,
+                    filter_regex=self.filter_query.regex,
+                    recurrent=self.filter_query.recurrent,
+                )
+                operation = "tag.historyFilter"
+            else:
+                body = self.client.tag_history_many_bytes(
+                    list(paths), window.start, window.end, self.options
+                )
+                operation = "tag.historyMany"
+            result.requests += 1
+            result.bytes_received += len(body)
+            try:
+                return parse_history_answer(
+                    body, self.node, operation=operation, chunk_label=chunk.label
+                )
+            except MalformedAnswer as exc:
+                if attempt >= self.malformed_retries:
+                    raise
+                log.warning("%s; asking again (%d of %d)", exc, attempt + 1, self.malformed_retries)
+                time.sleep(min(2.0, 0.1 * 2**attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _continue_capped(
         self, chunk: Chunk, first: HistoryPage, result: ChunkResult
@@ -282,9 +297,17 @@ class AlarmEngine:
     """Fetch alarm-history chunks: one request per window, rows kept in `[start, end)`."""
 
     def __init__(
-        self, client: HistoryClient, node: str, path: str, filt: AlarmFilter, *, max_in_flight=2
+        self,
+        client: HistoryClient,
+        node: str,
+        path: str,
+        filt: AlarmFilter,
+        *,
+        max_in_flight: int = 2,
+        malformed_retries: int = 3,
     ) -> None:
         self.client = client
+        self.malformed_retries = malformed_retries
         self.node = node
         self.path = path
         self.filt = filt
@@ -293,8 +316,18 @@ class AlarmEngine:
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
         began = time.perf_counter()
         window = chunk.window
-        body = self.client.alarm_history_bytes(self.path, window.start, window.end, self.filt)
-        table = parse_alarm_history_answer(body, self.node, chunk_label=chunk.label)
+        requests = 0
+        for attempt in range(self.malformed_retries + 1):
+            body = self.client.alarm_history_bytes(self.path, window.start, window.end, self.filt)
+            requests += 1
+            try:
+                table = parse_alarm_history_answer(body, self.node, chunk_label=chunk.label)
+                break
+            except MalformedAnswer as exc:
+                if attempt >= self.malformed_retries:
+                    raise
+                log.warning("%s; asking again (%d of %d)", exc, attempt + 1, self.malformed_retries)
+                time.sleep(min(2.0, 0.1 * 2**attempt))
         ts = table.column("ts").cast(pa.int64())
         keep = pc.and_(pc.greater_equal(ts, window.start_ms), pc.less(ts, window.end_ms))
         table = table.filter(keep).sort_by([("ts", "ascending"), ("path", "ascending")])
@@ -305,7 +338,7 @@ class AlarmEngine:
             chunk=chunk,
             frame=frame,
             rows_fetched=table.num_rows,
-            requests=1,
+            requests=requests,
             bytes_received=len(body),
             seconds=time.perf_counter() - began,
         )

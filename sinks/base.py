@@ -24,6 +24,10 @@ class SinkError(Exception):
     """A sink cannot do what was asked: unreachable, not writable, inconsistent."""
 
 
+class SinkUnavailable(SinkError):
+    """The sink is unreachable for now (server restarting, connection lost): retry later."""
+
+
 class FlowLocked(SinkError):
     """Another run of the same flow holds the flow's lock."""
 

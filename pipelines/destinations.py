@@ -1,0 +1,76 @@
+"""Open the sinks a config names, with relative paths taken from the config's directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+
+from pipelines.config import Config, ParquetSinkConfig, SqlSinkConfig
+from sinks.base import Sink
+
+
+def _local_path(url: str, base: Path) -> str:
+    if "://" in url:
+        return url
+    path = Path(url).expanduser()
+    return str(path if path.is_absolute() else base / path)
+
+
+def _sql_url(url: str, base: Path) -> str:
+    """Relative DuckDB/SQLite file URLs are relative to the config file, like lake paths."""
+    for prefix in ("duckdb:///", "sqlite:///"):
+        if url.startswith(prefix):
+            rest = url[len(prefix) :]
+            if rest and not rest.startswith("/") and not rest.startswith(":memory:"):
+                return prefix + str(base / rest)
+    return url
+
+
+def make_sink(name: str, config: ParquetSinkConfig | SqlSinkConfig, base: Path) -> Sink:
+    """A sink object for one configured sink (not opened yet)."""
+    if isinstance(config, ParquetSinkConfig):
+        from sinks.parquet import ParquetLake
+
+        return ParquetLake(
+            _local_path(config.url, base),
+            name=name,
+            partition=config.partition,
+            storage_options=config.storage_options or None,
+            target_file_rows=config.target_file_rows,
+            compression=config.compression,
+        )
+    from sinks.sql import SqlWarehouse
+
+    return SqlWarehouse(_sql_url(config.url, base), name=name, schema=config.schema_)
+
+
+class SinkSet:
+    """Sinks by name, opened on first use and closed together."""
+
+    def __init__(self, config: Config, base: Path) -> None:
+        self.config = config
+        self.base = base
+        self._open: dict[str, Sink] = {}
+
+    def get(self, name: str) -> Sink:
+        if name not in self._open:
+            sink = make_sink(name, self.config.sinks[name], self.base)
+            sink.open()
+            self._open[name] = sink
+        return self._open[name]
+
+    def close(self) -> None:
+        for sink in self._open.values():
+            sink.close()
+        self._open.clear()
+
+    def __enter__(self) -> SinkSet:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,95 @@
+"""Connect the nodes a config names: a real node by URL, or the built-in simulator.
+
+A `simulator:` node is started in-process on a free loopback port for as long as the
+command runs, so the embedded default needs nothing else on the machine.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from connectors.client import NodeClient
+from connectors.settings import NodeSettings
+
+from pipelines.config import Config, NodeConfig
+
+
+@dataclass
+class ConnectedNode:
+    name: str
+    client: NodeClient
+    settings: NodeSettings
+    simulated: bool
+
+
+def node_settings(name: str, node: NodeConfig, url: str | None = None) -> NodeSettings:
+    """Client settings of a configured node (`url` overrides, for a started simulator)."""
+    target = url or node.url
+    assert target is not None
+    return NodeSettings(
+        name=name,
+        url=target,
+        verify=node.verify,
+        ca_bundle=node.ca_bundle,
+        token_env=node.token_env,
+        username_env=node.username_env,
+        password_env=node.password_env,
+        connect_timeout_s=node.connect_timeout.total_seconds(),
+        read_timeout_s=node.read_timeout.total_seconds(),
+        max_connections=node.max_connections,
+        retries=node.retries,
+    )
+
+
+class NodePool:
+    """Connected nodes by name, opened on first use, closed together."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._nodes: dict[str, ConnectedNode] = {}
+        self._stack = ExitStack()
+
+    def get(self, name: str) -> ConnectedNode:
+        if name not in self._nodes:
+            self._nodes[name] = self._connect(name, self.config.nodes[name])
+        return self._nodes[name]
+
+    def _connect(self, name: str, node: NodeConfig) -> ConnectedNode:
+        url = None
+        if node.simulator is not None:
+            from connectors.simulator import SimConfig, SimulatedNode, run_server
+
+            simulated = SimulatedNode(
+                SimConfig(
+                    seed=node.simulator.seed,
+                    tags=node.simulator.tags,
+                    raw_cap=node.simulator.raw_cap,
+                )
+            )
+            server = self._stack.enter_context(run_server(simulated, http_port=0, https_port=None))
+            url = server.http_url
+        settings = node_settings(name, node, url)
+        client = self._stack.enter_context(NodeClient(settings))
+        return ConnectedNode(name, client, settings, node.simulator is not None)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> NodePool:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def describe_node(node: ConnectedNode) -> str:
+    where: Any = "built-in simulator" if node.simulated else node.settings.url
+    return f"{node.name} ({where})"

@@ -1,0 +1,556 @@
+"""Drive one flow: resolve tags, plan what is left, fetch, write every sink, summarise.
+
+The runner is the whole pipeline without Prefect: the CLI's `--direct` path, the Prefect
+tasks (`pipelines/flows.py`) and the benchmarks all call it. A run:
+
+1. takes the flow's lock in every sink (a second run of the same flow stops at once);
+2. resolves the tag selection on the node and upserts the tag dimension;
+3. computes the span: incremental (from the watermark minus look-back, up to now minus
+   settle), or an explicit range (`--start/--end`);
+4. plans (tag batch x window) chunks on a UTC grid and drops those every sink already
+   holds (a backfill resumes at chunk granularity; the look-back span is always re-read);
+5. fetches chunks concurrently (bounded) and writes each to every sink as it arrives;
+   each write replaces its scope and records the chunk atomically, so a retried or re-run
+   chunk never duplicates or loses a row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+
+import orjson
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from connectors.normalise import parse_history_answer
+
+from connectors.options import HistoryOptions
+from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY, KIND_TAG_METADATA
+from connectors.timewindow import Window, iso_utc
+from pipelines.config import Config, FlowConfig, flow_dataset, flow_kind
+from pipelines.destinations import SinkSet
+from pipelines.engine import AlarmEngine, ChunkResult, HistoryEngine
+from pipelines.nodes import ConnectedNode, NodePool
+from pipelines.planning import (
+    Chunk,
+    align_down,
+    batch_members,
+    plan_chunks,
+    window_for_density,
+)
+from pipelines.selection import resolve_tags
+from pipelines.state import flow_watermark, incremental_span, pending_chunks
+from sinks.base import ChunkScope, Progress, Sink
+
+log = logging.getLogger("historian.runner")
+
+GOOD_QUALITY = 192
+
+
+class RunFailed(Exception):
+    """A run stopped; what was committed stays committed and the next run continues."""
+
+    def __init__(self, message: str, summary: RunSummary) -> None:
+        self.summary = summary
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What to extract: incremental by default, or an explicit [start, end) range.
+
+    `backfill` skips chunks every sink already holds (resume); a plain explicit range
+    re-extracts everything in it (replacing, never duplicating).
+    """
+
+    start: datetime | None = None
+    end: datetime | None = None
+    backfill: bool = False
+
+
+@dataclass
+class ChunkOutcome:
+    chunk_id: str
+    label: str
+    window: Window
+    members: int
+    rows_fetched: int
+    rows_committed: dict[str, int]
+    requests: int
+    bytes_received: int
+    seconds: float
+    rows_per_tag: Counter[str] = field(default_factory=Counter)
+    bad_quality_per_tag: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class Plan:
+    flow: str
+    dataset: str
+    kind: str
+    members: tuple[str, ...]
+    span: Window | None
+    window_size: timedelta
+    chunks_planned: int
+    pending: list[Chunk]
+    watermark_before: datetime | None
+
+
+@dataclass
+class RunSummary:
+    flow: str
+    dataset: str
+    kind: str
+    node: str
+    span: Window | None = None
+    chunks_planned: int = 0
+    chunks_skipped: int = 0
+    chunks_done: int = 0
+    rows: int = 0
+    requests: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0
+    tags: int = 0
+    sinks: dict[str, str] = field(default_factory=dict)
+    rows_per_tag: Counter[str] = field(default_factory=Counter)
+    bad_quality_per_tag: Counter[str] = field(default_factory=Counter)
+    watermark_before: datetime | None = None
+    watermark_after: datetime | None = None
+    error: str | None = None
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tags_without_rows(self) -> int:
+        return max(0, self.tags - len(self.rows_per_tag)) if self.kind == KIND_TAG_HISTORY else 0
+
+    def add(self, outcome: ChunkOutcome) -> None:
+        self.chunks_done += 1
+        self.rows += outcome.rows_fetched
+        self.requests += outcome.requests
+        self.bytes_received += outcome.bytes_received
+        self.rows_per_tag.update(outcome.rows_per_tag)
+        self.bad_quality_per_tag.update(outcome.bad_quality_per_tag)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "flow": self.flow,
+            "dataset": self.dataset,
+            "kind": self.kind,
+            "node": self.node,
+            "span": str(self.span) if self.span else None,
+            "chunks_planned": self.chunks_planned,
+            "chunks_skipped": self.chunks_skipped,
+            "chunks_done": self.chunks_done,
+            "rows": self.rows,
+            "requests": self.requests,
+            "seconds": round(self.seconds, 3),
+            "rows_per_second": round(self.rows_per_second),
+            "tags": self.tags,
+            "tags_without_rows": self.tags_without_rows,
+            "bad_quality_rows": sum(self.bad_quality_per_tag.values()),
+            "sinks": self.sinks,
+            "watermark_before": iso_utc(self.watermark_before) if self.watermark_before else None,
+            "watermark_after": iso_utc(self.watermark_after) if self.watermark_after else None,
+            "error": self.error,
+        }
+
+
+ProgressCallback = Callable[[ChunkOutcome, "RunSummary"], None]
+
+
+def options_key(flow: FlowConfig) -> str:
+    """The mode options that make two chunks different work (part of the chunk id)."""
+    if flow.kind == "alarm_history":
+        filt = flow.alarm_filter()
+        return orjson.dumps(filt.query_params(), option=orjson.OPT_SORT_KEYS).decode()
+    return orjson.dumps(flow.history_options().query_params(), option=orjson.OPT_SORT_KEYS).decode()
+
+
+def dataset_attrs(name: str, flow: FlowConfig, node: str) -> dict[str, object]:
+    if flow.kind == "alarm_history":
+        return {"kind": KIND_ALARM_HISTORY, "node": node}
+    options = flow.history_options()
+    return {
+        "kind": KIND_TAG_HISTORY,
+        "node": node,
+        "mode": options.mode,
+        "method": options.method,
+        "interval_ms": options.interval_ms,
+        "deadband": None if options.deadband is None else str(options.deadband),
+        "invalid_as_null": options.invalid_as_null,
+    }
+
+
+def combined_pending(
+    chunks: Sequence[Chunk], progresses: Sequence[Progress], always: Window | None
+) -> list[Chunk]:
+    """Chunks that at least one sink still lacks, in plan order."""
+    wanted: set[str] = set()
+    for progress in progresses:
+        wanted.update(c.chunk_id for c in pending_chunks(chunks, progress, always=always))
+    return [chunk for chunk in chunks if chunk.chunk_id in wanted]
+
+
+class FlowRun:
+    """One run of one flow; a context manager that holds the flow's lock in every sink."""
+
+    def __init__(
+        self,
+        config: Config,
+        name: str,
+        *,
+        nodes: NodePool,
+        sinks: SinkSet,
+        request: RunRequest | None = None,
+        now: datetime | None = None,
+        max_in_flight: int | None = None,
+    ) -> None:
+        if name not in config.flows:
+            raise KeyError(name)
+        self.config = config
+        self.name = name
+        self.flow = config.flows[name]
+        self.kind = flow_kind(self.flow)
+        self.dataset = flow_dataset(name, self.flow)
+        self.request = request or RunRequest()
+        self.now = now or datetime.now(UTC)
+        self._nodes = nodes
+        self._sinks = sinks
+        self._stack = ExitStack()
+        self._node: ConnectedNode | None = None
+        self._max_in_flight = max_in_flight
+        self._engine: HistoryEngine | AlarmEngine | None = None
+        self.plan_: Plan | None = None
+        self.summary = RunSummary(self.name, self.dataset, self.kind, self.flow.node)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    @property
+    def sinks(self) -> list[Sink]:
+        return [self._sinks.get(name) for name in self.flow.sinks]
+
+    @property
+    def node(self) -> ConnectedNode:
+        if self._node is None:
+            self._node = self._nodes.get(self.flow.node)
+        return self._node
+
+    def __enter__(self) -> FlowRun:
+        try:
+            for sink in self.sinks:
+                self._stack.enter_context(sink.lock(self.name))
+        except BaseException:
+            self._stack.close()
+            raise
+        self.summary.sinks = {sink.name: sink.describe() for sink in self.sinks}
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stack.close()
+
+    # -- planning --------------------------------------------------------------------
+
+    def plan(self) -> Plan:
+        """Resolve the selection, write tag metadata, and work out the pending chunks."""
+        flow = self.flow
+        node = self.node
+        if self.kind == KIND_TAG_HISTORY:
+            assert flow.tags is not None
+            resolved = resolve_tags(
+                node.client, node.name, flow.tags, where=f"flows.{self.name}.tags"
+            )
+            members = resolved.members
+            if flow.metadata and resolved.metadata.num_rows:
+                frame = resolved.metadata.to_pandas(types_mapper=pd.ArrowDtype)
+                for sink in self.sinks:
+                    sink.write_metadata(frame)
+            engine: HistoryEngine | AlarmEngine = HistoryEngine(
+                node.client,
+                node.name,
+                flow.history_options(),
+                filter_query=resolved.filter_query,
+                max_in_flight=self._in_flight(),
+            )
+        else:
+            alarms = flow.alarms
+            path = alarms.path if alarms else "/"
+            members = (path,)
+            engine = AlarmEngine(
+                node.client, node.name, path, flow.alarm_filter(), max_in_flight=self._in_flight()
+            )
+        self._engine = engine
+        self.summary.tags = len(members)
+        progresses = [sink.progress(self.name) for sink in self.sinks]
+        watermark = _min_watermark(progresses, members, flow.start)
+        self.summary.watermark_before = watermark
+        span, always = self._span(watermark)
+        interval = (
+            flow.interval if flow.mode == "aggregated" and self.kind == KIND_TAG_HISTORY else None
+        )
+        if span is not None and interval is not None:
+            span = _align_span(span, interval)
+        size = self._window_size(members, span, interval)
+        if span is None:
+            plan = Plan(self.name, self.dataset, self.kind, members, None, size, 0, [], watermark)
+            self.plan_ = plan
+            return plan
+        if self.kind == KIND_TAG_HISTORY and isinstance(engine, HistoryEngine):
+            if engine.filter_query is not None:
+                batches = [members]
+            else:
+                batches = batch_members(members, max_batch=flow.batch)
+        else:
+            batches = [members]
+        chunks = plan_chunks(
+            self.name, self.dataset, self.kind, batches, span, size, options_key(flow)
+        )
+        if self.request.start is not None and not self.request.backfill:
+            pending = list(chunks)
+        else:
+            pending = combined_pending(chunks, progresses, always)
+        plan = Plan(
+            self.name, self.dataset, self.kind, members, span, size, len(chunks), pending, watermark
+        )
+        self.summary.span = span
+        self.summary.chunks_planned = len(chunks)
+        self.summary.chunks_skipped = len(chunks) - len(pending)
+        self.plan_ = plan
+        return plan
+
+    def _in_flight(self) -> int:
+        if self._max_in_flight is not None:
+            return self._max_in_flight
+        return self.config.nodes[self.flow.node].max_connections
+
+    def _span(self, watermark: datetime | None) -> tuple[Window | None, Window | None]:
+        """The span to plan, and the look-back part of it that is always re-read."""
+        flow = self.flow
+        if self.request.start is not None:
+            end = self.request.end or (self.now - flow.settle)
+            if end <= self.request.start:
+                return None, None
+            return Window(self.request.start, end), None
+        end_limit = self.request.end or (self.now - flow.settle)
+        span = incremental_span(
+            history_start=flow.start,
+            watermark=watermark,
+            now=end_limit + flow.settle,
+            lookback=flow.lookback,
+            settle=flow.settle,
+        )
+        if span is None:
+            return None, None
+        always = None
+        if watermark is not None and flow.lookback > timedelta(0):
+            start = max(span.start, watermark - flow.lookback)
+            if start < span.end:
+                always = Window(start, span.end)
+        return span, always
+
+    def _window_size(
+        self, members: Sequence[str], span: Window | None, interval: timedelta | None
+    ) -> timedelta:
+        flow = self.flow
+        if isinstance(flow.window, timedelta):
+            return flow.window
+        if self.kind == KIND_ALARM_HISTORY:
+            return timedelta(days=1)
+        tags_per_batch = len(members) if self._filter_mode() else min(flow.batch, len(members))
+        if interval is not None:
+            per_hour = timedelta(hours=1) / interval
+        else:
+            per_hour = self._probe_density(members, span)
+        return window_for_density(per_hour, max(1, tags_per_batch), interval=interval)
+
+    def _filter_mode(self) -> bool:
+        return isinstance(self._engine, HistoryEngine) and self._engine.filter_query is not None
+
+    def _probe_density(self, members: Sequence[str], span: Window | None) -> float:
+        """Samples per tag and hour, from one raw query of up to 50 tags over the last hour."""
+        end = span.end if span is not None else self.now
+        probe = list(members[:50])
+        options = HistoryOptions(mode="raw", remote_node=self.flow.history_options().remote_node)
+        body = self.node.client.tag_history_many_bytes(
+            probe, end - timedelta(hours=1), end, options
+        )
+        page = parse_history_answer(body, self.node.name, chunk_label="density probe")
+        rows = sum(stats.rows for stats in page.tags.values())
+        return max(1.0, rows / max(1, len(probe)))
+
+    # -- execution -------------------------------------------------------------------
+
+    def scope(self, chunk: Chunk) -> ChunkScope:
+        return ChunkScope(
+            flow=self.name,
+            dataset=self.dataset,
+            kind=self.kind,
+            members=chunk.members,
+            window=chunk.window,
+            chunk_id=chunk.chunk_id,
+            attrs=dataset_attrs(self.name, self.flow, self.node.name),
+        )
+
+    def fetch(self, chunk: Chunk) -> ChunkResult:
+        assert self._engine is not None, "plan() first"
+        return self._engine.fetch_chunk(chunk)
+
+    def write(self, result: ChunkResult) -> ChunkOutcome:
+        """Write a fetched chunk to every sink; each write is atomic and idempotent."""
+        committed: dict[str, int] = {}
+        scope = self.scope(result.chunk)
+        for sink in self.sinks:
+            committed[sink.name] = sink.write(scope, result.frame, result.rows_fetched)
+        rows_per_tag, bad_per_tag = _tag_counts(result.frame, self.kind)
+        return ChunkOutcome(
+            chunk_id=result.chunk.chunk_id,
+            label=result.chunk.label,
+            window=result.chunk.window,
+            members=len(result.chunk.members),
+            rows_fetched=result.rows_fetched,
+            rows_committed=committed,
+            requests=result.requests,
+            bytes_received=result.bytes_received,
+            seconds=result.seconds,
+            rows_per_tag=rows_per_tag,
+            bad_quality_per_tag=bad_per_tag,
+        )
+
+    def run_chunk(self, chunk: Chunk) -> ChunkOutcome:
+        return self.write(self.fetch(chunk))
+
+    def results(self) -> Iterator[ChunkResult]:
+        """Fetched chunks, concurrently and bounded, in completion order."""
+        if self._engine is None or self.plan_ is None:
+            raise RuntimeError("plan() first")
+        yield from self._engine.stream(self.plan_.pending)
+
+    def execute(self, on_chunk: ProgressCallback | None = None) -> RunSummary:
+        """Plan (unless done), fetch and write every pending chunk; return the summary."""
+        began = time.perf_counter()
+        try:
+            if self.plan_ is None:
+                self.plan()
+            for result in self.results():
+                outcome = self.write(result)
+                self.summary.add(outcome)
+                if on_chunk is not None:
+                    on_chunk(outcome, self.summary)
+            self.finish()
+        except Exception as exc:
+            self.summary.seconds = time.perf_counter() - began
+            self.summary.error = _one_line(exc)
+            raise
+        self.summary.seconds = time.perf_counter() - began
+        return self.summary
+
+    def finish(self) -> None:
+        """After the last chunk: compact small lake files and record the new watermark."""
+        for sink in self.sinks:
+            compact = getattr(sink, "compact", None)
+            if compact is not None and self.summary.chunks_done:
+                compact(self.dataset)
+        if self.plan_ is not None:
+            progresses = [sink.progress(self.name) for sink in self.sinks]
+            self.summary.watermark_after = _min_watermark(
+                progresses, self.plan_.members, self.flow.start
+            )
+
+
+def run_flow(
+    config: Config,
+    name: str,
+    *,
+    nodes: NodePool,
+    sinks: SinkSet,
+    request: RunRequest | None = None,
+    on_chunk: ProgressCallback | None = None,
+    on_plan: Callable[[Plan], None] | None = None,
+    now: datetime | None = None,
+) -> RunSummary:
+    """Run one flow start to end (the direct path, without Prefect).
+
+    Node and sink failures come out as `RunFailed` carrying the partial summary; the
+    original error is its `__cause__`.
+    """
+    from connectors.errors import NodeError
+    from sinks.base import SinkError
+
+    run = FlowRun(config, name, nodes=nodes, sinks=sinks, request=request, now=now)
+    try:
+        with run:
+            plan = run.plan()
+            if on_plan is not None:
+                on_plan(plan)
+            return run.execute(on_chunk)
+    except (NodeError, SinkError) as exc:
+        run.summary.error = _one_line(exc)
+        raise RunFailed(_one_line(exc), run.summary) from exc
+
+
+def _min_watermark(
+    progresses: Sequence[Progress], members: Sequence[str], origin: datetime
+) -> datetime | None:
+    marks = [flow_watermark(progress, members, origin) for progress in progresses]
+    if any(mark is None for mark in marks) or not marks:
+        return None
+    return min(mark for mark in marks if mark is not None)
+
+
+def _align_span(span: Window, interval: timedelta) -> Window | None:
+    """Whole buckets only: both ends down to multiples of interval (no partial last bucket)."""
+    start = align_down(span.start, interval)
+    end = align_down(span.end, interval)
+    return Window(start, end) if end > start else None
+
+
+def _tag_counts(frame: pd.DataFrame, kind: str) -> tuple[Counter[str], Counter[str]]:
+    if frame.empty or kind == KIND_TAG_METADATA:
+        return Counter(), Counter()
+    column = "tag" if kind == KIND_TAG_HISTORY else "path"
+    table = pa.Table.from_pandas(frame[[column]], preserve_index=False)
+    counts = table.group_by(column).aggregate([([], "count_all")])
+    rows = Counter(
+        dict(
+            zip(
+                counts.column(column).to_pylist(),
+                counts.column("count_all").to_pylist(),
+                strict=True,
+            )
+        )
+    )
+    bad: Counter[str] = Counter()
+    if kind == KIND_TAG_HISTORY:
+        quality = pa.array(frame["quality"].array).cast(pa.int32())
+        mask = pc.fill_null(pc.less(quality, GOOD_QUALITY), True)
+        bad_table = pa.Table.from_pandas(frame[[column]], preserve_index=False).filter(mask)
+        if bad_table.num_rows:
+            grouped = bad_table.group_by(column).aggregate([([], "count_all")])
+            bad = Counter(
+                dict(
+                    zip(
+                        grouped.column(column).to_pylist(),
+                        grouped.column("count_all").to_pylist(),
+                        strict=True,
+                    )
+                )
+            )
+    return rows, bad
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
