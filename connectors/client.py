@@ -17,10 +17,11 @@ import base64
 import contextlib
 import email.utils
 import logging
+import random
 import ssl
 import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -30,7 +31,7 @@ from pydantic import BaseModel, ValidationError
 from tenacity import (
     RetryCallState,
     Retrying,
-    retry_if_exception,
+    retry_if_exception_type,
     stop_after_attempt,
 )
 
@@ -57,14 +58,41 @@ from connectors.settings import NodeSettings
 log = logging.getLogger("historian.client")
 M = TypeVar("M", bound=BaseModel)
 
+# Retry-After is honoured up to this many seconds per wait, so that a node asking for an
+# hour cannot park a worker thread; the retry budget still bounds the attempts.
+MAX_RETRY_AFTER_S = 120.0
+
 _warned_unverified: set[str] = set()
 
 
 class _ServerErrorRetryable(NodeServerError, TransientNodeError):
-    """A 500 treated as transient (settings.retry_server_errors)."""
+    """A 500 treated as transient (settings.retry_server_errors, on by default).
+
+    The spec says nothing about 500; a node under load answers it and then succeeds on
+    the next try, so retrying it (bounded) loses less than failing the chunk. A 500 that
+    is deterministic costs only the retry budget. Other 5xx (501, 505, ...) are not retried.
+    """
+
+
+def _log_retry(operation: str, state: RetryCallState, attempts: int) -> None:
+    """One WARNING per retry: operation, status, attempt; never headers, URL or body."""
+    exc = state.outcome.exception() if state.outcome else None
+    status = getattr(exc, "status", None)
+    message = exc.message if isinstance(exc, NodeError) else type(exc).__name__
+    sleep_s = state.next_action.sleep if state.next_action else 0.0
+    log.warning(
+        "%s: %s%s; attempt %d of %d failed, retrying in %.2fs",
+        operation,
+        f"HTTP {status} " if status is not None else "",
+        message,
+        state.attempt_number,
+        attempts,
+        sleep_s,
+    )
 
 
 def _retry_after_seconds(value: str | None) -> float | None:
+    """Retry-After as seconds: a number of seconds or an HTTP date (RFC 9110 10.2.3)."""
     if not value:
         return None
     try:
@@ -75,6 +103,8 @@ def _retry_after_seconds(value: str | None) -> float | None:
         moment = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    if moment.tzinfo is None:  # "-0000": UTC without a stated offset
+        moment = moment.replace(tzinfo=UTC)
     return max(0.0, moment.timestamp() - time.time())
 
 
@@ -156,37 +186,21 @@ class NodeClient:
         params: Mapping[str, Any] | None = None,
         body: object | None = None,
     ) -> httpx.Response:
-        """One operation, retried while transient; a 200 response or a typed error."""
+        """One operation, retried while transient; a 200 response or a typed error.
+
+        `settings.retries` is the number of retries after the first attempt (0: no retry).
+        Only `TransientNodeError`s are retried (500 too, unless `retry_server_errors` is
+        off); after the last attempt the failure is wrapped in `RetriesExhausted`.
+        """
         query = encode_query({"cmd": cmd, **(params or {})})
         url = f"/{resource}?{query}"
         content = None if body is None else orjson.dumps(body)
         attempts = max(1, self.settings.retries + 1)
-
-        def wait(state: RetryCallState) -> float:
-            import random
-
-            exc = state.outcome.exception() if state.outcome else None
-            ceiling = min(
-                self.settings.backoff_max_s,
-                self.settings.backoff_base_s * (2 ** (state.attempt_number - 1)),
-            )
-            delay = random.uniform(0, ceiling)
-            if isinstance(exc, RateLimited) and exc.retry_after_s is not None:
-                delay = max(delay, min(exc.retry_after_s, 120.0))
-            log.warning(
-                "%s: %s; retry %d of %d in %.2fs",
-                operation,
-                exc.message if isinstance(exc, NodeError) else type(exc).__name__,
-                state.attempt_number,
-                attempts - 1,
-                delay,
-            )
-            return delay
-
         retrying = Retrying(
             stop=stop_after_attempt(attempts),
-            wait=wait,
-            retry=retry_if_exception(lambda exc: isinstance(exc, TransientNodeError)),
+            wait=self._backoff_s,
+            retry=retry_if_exception_type(TransientNodeError),
+            before_sleep=lambda state: _log_retry(operation, state, attempts),
             reraise=True,
         )
         try:
@@ -198,6 +212,18 @@ class NodeClient:
                 raise RetriesExhausted(exc, attempts) from None
             raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _backoff_s(self, state: RetryCallState) -> float:
+        """Exponential backoff with full jitter; a 429 waits at least its Retry-After."""
+        ceiling = min(
+            self.settings.backoff_max_s,
+            self.settings.backoff_base_s * (2 ** (state.attempt_number - 1)),
+        )
+        delay = random.uniform(0, ceiling)
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, RateLimited) and exc.retry_after_s is not None:
+            delay = max(delay, min(exc.retry_after_s, MAX_RETRY_AFTER_S))
+        return delay
 
     def _send(self, operation: str, method: str, url: str, content: bytes | None) -> httpx.Response:
         headers = {"Content-Type": "application/json"} if content is not None else None
@@ -219,6 +245,9 @@ class NodeClient:
             raise NodeConnectionError(
                 operation, f"connection broke: {type(exc).__name__}"
             ) from None
+        except httpx.DecodingError:
+            # A compressed body that ends early: a network artefact, like a short read.
+            raise NodeConnectionError(operation, "answer body could not be decoded") from None
         except httpx.TransportError as exc:
             raise NodeConnectionError(operation, f"transport error: {type(exc).__name__}") from None
         status = response.status_code
@@ -242,7 +271,7 @@ class NodeClient:
             raise UnknownTag(operation, "not found", status=status, body=body)
         if 400 <= status < 500:
             raise NodeRequestError(operation, "request refused", status=status, body=body)
-        if status >= 500 and self.settings.retry_server_errors:
+        if status == 500 and self.settings.retry_server_errors:
             raise _ServerErrorRetryable(operation, "server error", status=status, body=body)
         raise NodeServerError(operation, f"unexpected status {status}", status=status, body=body)
 

@@ -2,21 +2,24 @@
 
 History rows are `[ts_ms, value, quality, extra]` (node-facts.md); 2 to 4 elements are
 accepted, the value may be null, a number, a boolean or a string, and a tag whose type
-changes over time keeps every value in its own column (`value`, `value_bool`,
-`value_str`). Anything of another shape raises `MalformedAnswer` naming the tag and the
-chunk.
+changes over time keeps every value in its own column (`value` for numbers, never
+booleans; `value_bool`; `value_str`). The timestamp must be an integer (an integral
+float is accepted), quality and the fourth element integers or null. Anything of another
+shape raises `MalformedAnswer` naming the tag, the row and the chunk; nothing is dropped.
 
-Speed: the answer is parsed with orjson while the cyclic garbage collector is paused
-(millions of small lists would trigger it again and again), and each tag's rows are
-columnised with `zip(*rows)` and one type census per column (`set(map(type, column))`),
-so the common case never runs Python code per row. Rows of mixed shapes or types take a
-careful per-row path.
+Speed (bench/bench_normalise.py): orjson parses the answer while the cyclic garbage
+collector is paused (millions of fresh lists would trigger it again and again). Each
+tag's rows are columnised by one list comprehension per column, and pyarrow converts and
+type-checks each column in C; only the value column needs a Python type census, because
+pyarrow would read `true` as 1.0 after a float. Whatever the fast path does not accept
+goes to a careful path that handles short rows and mixed types, and that names the first
+offending row when the answer is wrong.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -32,12 +35,17 @@ from connectors.schema import (
     ALARM_HISTORY_SCHEMA,
     TAG_HISTORY_SCHEMA,
     TAG_METADATA_SCHEMA,
+    TS_TYPE,
     frame_from_table,
 )
 
 _NONE = type(None)
-_NUMBER_TYPES = frozenset({int, float, _NONE})
-_INT16_MAX = 32767
+_INT16_MIN, _INT16_MAX = -32768, 32767
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# pyarrow's conversion errors; TypeError and ValueError cover its Python-side checks.
+_CONVERSION_ERRORS = (pa.ArrowException, OverflowError, TypeError, ValueError)
+
+_Columns6 = tuple[pa.Array, pa.Array, pa.Array, pa.Array, pa.Array, pa.Array]
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,11 @@ class TagStats:
 
 @dataclass(frozen=True)
 class HistoryPage:
-    """One history answer: rows of every tag (TAG_HISTORY_SCHEMA) and per-tag stats."""
+    """One history answer: rows of every tag (TAG_HISTORY_SCHEMA) and per-tag stats.
+
+    `seq` numbers the rows of one (tag, ts) in answer order, within this answer only;
+    `assign_seq` renumbers after pages are combined.
+    """
 
     table: pa.Table
     tags: dict[str, TagStats]
@@ -70,29 +82,45 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _where(subject: str | None, chunk_label: str) -> str | None:
+    if subject is None:
+        return chunk_label or None
+    return subject + (f" in {chunk_label}" if chunk_label else "")
+
+
 def _loads(body: bytes | str, operation: str, chunk_label: str) -> Any:
+    """orjson.loads that reports a non-JSON or truncated body as MalformedAnswer."""
     try:
-        with gc_paused():
-            return orjson.loads(body)
+        return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise MalformedAnswer(
-            operation, f"answer is not JSON ({exc.msg})", where=chunk_label or None, body=body
+            operation,
+            f"answer is not JSON ({exc.msg})",
+            where=_where(None, chunk_label),
+            body=body,
         ) from None
 
 
-class _Columns:
+# -- tag history ----------------------------------------------------------------------------
+
+
+class _Pieces:
     """Per-tag column pieces, concatenated once at the end."""
 
     def __init__(self) -> None:
         self.tags: list[str] = []
         self.counts: list[int] = []
-        self.ts: list[pa.Array] = []
+        self.columns: list[_Columns6] = []
         self.seq: list[np.ndarray[Any, np.dtype[np.int16]]] = []
-        self.value: list[pa.Array] = []
-        self.value_bool: list[pa.Array] = []
-        self.value_str: list[pa.Array] = []
-        self.quality: list[pa.Array] = []
-        self.extra: list[pa.Array] = []
+
+    def add(self, tag: str, columns: _Columns6 | None, seq: Any) -> None:
+        self.tags.append(tag)
+        if columns is None:
+            self.counts.append(0)
+            return
+        self.counts.append(len(columns[0]))
+        self.columns.append(columns)
+        self.seq.append(seq)
 
     def table(self, node: str) -> pa.Table:
         total = sum(self.counts)
@@ -105,161 +133,167 @@ class _Columns:
         node_column = pa.DictionaryArray.from_arrays(
             pa.array(np.zeros(total, dtype=np.int32)), pa.array([node], type=pa.string())
         ).cast(pa.string())
-        ts = pa.concat_arrays(self.ts).cast(pa.timestamp("ms", tz="UTC"))
+        ts, value, value_bool, value_str, quality, extra = (
+            pa.concat_arrays([piece[i] for piece in self.columns]) for i in range(6)
+        )
         return pa.Table.from_arrays(
             [
                 node_column,
                 tag,
-                ts,
+                ts.cast(TS_TYPE),
                 pa.array(np.concatenate(self.seq), type=pa.int16()),
-                pa.concat_arrays(self.value),
-                pa.concat_arrays(self.value_bool),
-                pa.concat_arrays(self.value_str),
-                pa.concat_arrays(self.quality),
-                pa.concat_arrays(self.extra),
+                value,
+                value_bool,
+                value_str,
+                quality,
+                extra,
             ],
             schema=TAG_HISTORY_SCHEMA,
         )
 
 
-def _seq_of(ts: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, np.dtype[np.int16]]:
-    """0, 1, ... for samples sharing a timestamp, in answer order."""
+def _seq_of(ts: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """0, 1, ... for samples sharing a timestamp, in answer order (any row order)."""
     n = len(ts)
     if n == 0:
-        return np.zeros(0, dtype=np.int16)
+        return np.zeros(0, dtype=np.int64)
     if n > 1 and bool(np.any(ts[1:] < ts[:-1])):
         order = np.argsort(ts, kind="stable")
-        seq_sorted = _seq_of(ts[order])
-        seq = np.empty(n, dtype=np.int16)
-        seq[order] = seq_sorted
-        return seq
+        unsorted = np.empty(n, dtype=np.int64)
+        unsorted[order] = _seq_of(ts[order])
+        return unsorted
     starts = np.empty(n, dtype=bool)
     starts[0] = True
     np.not_equal(ts[1:], ts[:-1], out=starts[1:])
     run_start = np.flatnonzero(starts)
     run_index = np.cumsum(starts) - 1
-    seq = np.arange(n) - run_start[run_index]
-    if seq.max(initial=0) > _INT16_MAX:
-        raise ValueError("more than 32767 samples on one millisecond")
-    return seq.astype(np.int16)
+    seq: np.ndarray[Any, np.dtype[np.int64]] = np.arange(n) - run_start[run_index]
+    return seq
 
 
-def _bad(operation: str, message: str, tag: str, chunk_label: str) -> MalformedAnswer:
-    where = f"tag {tag!r}" + (f" in {chunk_label}" if chunk_label else "")
-    return MalformedAnswer(operation, message, where=where)
+def _integral(array: pa.Array) -> bool:
+    """True when every non-null double of `array` has an integral value."""
+    return pc.all(pc.equal(pc.floor(array), array)).as_py() is not False
 
 
-def _int_column(
-    values: Sequence[Any], arrow_type: pa.DataType, what: str, nullable: bool
-) -> pa.Array | None:
-    """An integer column when every element is an int (or an integral float); else None."""
+def _fast_int(values: list[Any], arrow_type: pa.DataType, nullable: bool) -> pa.Array | None:
+    """An integer column converted and checked in C; None when it needs the careful path."""
+    try:
+        array = pa.array(values)
+    except _CONVERSION_ERRORS:
+        return None
+    kind = array.type
+    if kind == pa.null():
+        return pa.nulls(len(values), arrow_type) if nullable else None
+    if kind == pa.float64():
+        # A float first makes pyarrow read `true` as 1.0: look for booleans explicitly.
+        if bool in set(map(type, values)) or not _integral(array):
+            return None
+    elif kind != pa.int64():
+        return None
+    if not nullable and array.null_count:
+        return None
+    try:
+        return array.cast(arrow_type)
+    except _CONVERSION_ERRORS:
+        return None
+
+
+def _fast_values(values: list[Any]) -> tuple[pa.Array, pa.Array, pa.Array] | None:
+    """Value columns of a tag whose values are all numbers, all booleans or all strings."""
+    n = len(values)
     kinds = set(map(type, values))
-    if kinds <= {int} or (nullable and kinds <= {int, _NONE}):
-        try:
-            return pa.array(values, type=arrow_type)
-        except (OverflowError, pa.ArrowInvalid):
-            return None
-    if kinds <= {int, float} or (nullable and kinds <= {int, float, _NONE}):
-        floats = pa.array(values, type=pa.float64())
-        if pc.all(pc.equal(pc.floor(floats), floats)).as_py() is False:
-            return None
-        try:
-            return floats.cast(arrow_type)
-        except (pa.ArrowInvalid, OverflowError):
-            return None
+    kinds.discard(_NONE)
+    try:
+        if kinds <= {int, float}:
+            return pa.array(values, type=pa.float64()), _nulls_bool(n), _nulls_str(n)
+        if kinds == {bool}:
+            return _nulls_float(n), pa.array(values, type=pa.bool_()), _nulls_str(n)
+        if kinds == {str}:
+            return _nulls_float(n), _nulls_bool(n), pa.array(values, type=pa.string())
+    except _CONVERSION_ERRORS:
+        return None
     return None
 
 
-def _add_tag(columns: _Columns, tag: str, data: Any, operation: str, chunk_label: str) -> TagStats:
-    if data is None:
-        data = []
-    if not isinstance(data, list):
-        raise _bad(operation, "data is not a list of rows", tag, chunk_label)
-    n = len(data)
-    if n == 0:
-        columns.tags.append(tag)
-        columns.counts.append(0)
-        return TagStats(0, None, None, 0)
-    if set(map(type, data)) != {list}:
-        raise _bad(operation, "a history row is not an array", tag, chunk_label)
-    lengths = set(map(len, data))
-    if lengths == {4}:
-        ts_raw, values, quality_raw, extra_raw = zip(*data, strict=True)
-    elif lengths <= {2, 3, 4} and lengths:
-        ts_raw, values, quality_raw, extra_raw = _pad_rows(data)
-    else:
-        bad_len = sorted(lengths - {2, 3, 4})[0]
-        raise _bad(
-            operation, f"a history row has {bad_len} elements (2 to 4 expected)", tag, chunk_label
-        )
+def _nulls_float(n: int) -> pa.Array:
+    return pa.nulls(n, pa.float64())
 
-    ts = _int_column(ts_raw, pa.int64(), "timestamp", nullable=False)
-    if ts is None:
-        raise _bad(
-            operation, "a history row's timestamp is not an integer (epoch ms)", tag, chunk_label
-        )
-    quality = _int_column(quality_raw, pa.int16(), "quality", nullable=True)
-    if quality is None:
-        raise _bad(operation, "a history row's quality is not a small integer", tag, chunk_label)
-    extra = _int_column(extra_raw, pa.int64(), "extra", nullable=True)
-    if extra is None:
-        raise _bad(operation, "a history row's fourth element is not an integer", tag, chunk_label)
 
-    value, value_bool, value_str = _value_columns(values, tag, operation, chunk_label)
-    ts_np = ts.to_numpy(zero_copy_only=False)
+def _nulls_bool(n: int) -> pa.Array:
+    return pa.nulls(n, pa.bool_())
+
+
+def _nulls_str(n: int) -> pa.Array:
+    return pa.nulls(n, pa.string())
+
+
+def _fast_tag(data: list[Any]) -> _Columns6 | None:
+    """The common case: every row a 4-element list of well-typed values; else None."""
     try:
-        seq = _seq_of(ts_np)
-    except ValueError as exc:
-        raise _bad(operation, str(exc), tag, chunk_label) from None
-    last = int(ts_np.max())
-    columns.tags.append(tag)
-    columns.counts.append(n)
-    columns.ts.append(ts)
-    columns.seq.append(seq)
-    columns.value.append(value)
-    columns.value_bool.append(value_bool)
-    columns.value_str.append(value_str)
-    columns.quality.append(quality)
-    columns.extra.append(extra)
-    return TagStats(n, int(ts_np.min()), last, int(np.count_nonzero(ts_np == last)))
+        if set(map(len, data)) != {4}:
+            return None
+        ts_raw = [row[0] for row in data]
+        values = [row[1] for row in data]
+        quality_raw = [row[2] for row in data]
+        extra_raw = [row[3] for row in data]
+    except (TypeError, KeyError):  # a row without len(), or an object row
+        return None
+    ts = _fast_int(ts_raw, pa.int64(), nullable=False)
+    if ts is None:
+        return None
+    split = _fast_values(values)
+    if split is None:
+        return None
+    quality = _fast_int(quality_raw, pa.int16(), nullable=True)
+    if quality is None:
+        return None
+    extra = _fast_int(extra_raw, pa.int64(), nullable=True)
+    if extra is None:
+        return None
+    return ts, split[0], split[1], split[2], quality, extra
 
 
-def _pad_rows(data: list[list[Any]]) -> tuple[tuple[Any, ...], ...]:
-    padded = [row + [None] * (4 - len(row)) for row in data]
-    return tuple(zip(*padded, strict=True))  # type: ignore[return-value]
+class _RowError(Exception):
+    """A wrong row found by the careful path: its index and what is wrong with it."""
+
+    def __init__(self, index: int, message: str) -> None:
+        self.index = index
+        self.message = message
+        super().__init__(message)
 
 
-def _value_columns(
-    values: Sequence[Any], tag: str, operation: str, chunk_label: str
-) -> tuple[pa.Array, pa.Array, pa.Array]:
-    n = len(values)
-    kinds = set(map(type, values))
-    if kinds <= _NUMBER_TYPES:
-        try:
-            return (
-                pa.array(values, type=pa.float64()),
-                pa.nulls(n, pa.bool_()),
-                pa.nulls(n, pa.string()),
-            )
-        except OverflowError:
-            pass
-    elif kinds <= {bool, _NONE}:
-        return (
-            pa.nulls(n, pa.float64()),
-            pa.array(values, type=pa.bool_()),
-            pa.nulls(n, pa.string()),
-        )
-    elif kinds <= {str, _NONE}:
-        return (
-            pa.nulls(n, pa.float64()),
-            pa.nulls(n, pa.bool_()),
-            pa.array(values, type=pa.string()),
-        )
-    # The slow path: a tag whose type changed over time, or odd values.
+def _careful_int(item: Any, index: int, what: str, low: int, high: int, nullable: bool) -> Any:
+    if item is None and nullable:
+        return None
+    kind = type(item)
+    if kind is float and item.is_integer():
+        item = int(item)
+        kind = int
+    if kind is not int:
+        expected = "an integer or null" if nullable else "an integer (epoch ms)"
+        raise _RowError(index, f"{what} {_short(item)} is not {expected}")
+    if not low <= item <= high:
+        raise _RowError(index, f"{what} {item} is out of range {low}..{high}")
+    return item
+
+
+def _careful_tag(data: list[Any]) -> _Columns6:
+    """Row by row: rows of 2 to 4 elements, values of changing types, exact errors."""
+    n = len(data)
+    ts: list[int] = [0] * n
     numbers: list[float | None] = [None] * n
     flags: list[bool | None] = [None] * n
     texts: list[str | None] = [None] * n
-    for index, item in enumerate(values):
+    quality: list[int | None] = [None] * n
+    extra: list[int | None] = [None] * n
+    for index, row in enumerate(data):
+        if type(row) is not list:
+            raise _RowError(index, f"row is {_json_type(row)}, not an array")
+        if not 2 <= len(row) <= 4:
+            raise _RowError(index, f"row has {len(row)} elements (2 to 4 expected)")
+        ts[index] = _careful_int(row[0], index, "timestamp", _INT64_MIN, _INT64_MAX, False)
+        item = row[1]
         kind = type(item)
         if kind is bool:
             flags[index] = item
@@ -268,32 +302,86 @@ def _value_columns(
         elif kind is str:
             texts[index] = item
         elif item is not None:
-            raise _bad(
-                operation,
-                f"a history value is a {'object' if kind is dict else 'array'}, not a number, "
-                "boolean or string",
-                tag,
-                chunk_label,
+            raise _RowError(
+                index, f"value is {_json_type(item)}, not a number, boolean or string"
             )
+        if len(row) > 2:
+            quality[index] = _careful_int(row[2], index, "quality", _INT16_MIN, _INT16_MAX, True)
+        if len(row) > 3:
+            extra[index] = _careful_int(row[3], index, "extra", _INT64_MIN, _INT64_MAX, True)
     return (
+        pa.array(ts, type=pa.int64()),
         pa.array(numbers, type=pa.float64()),
         pa.array(flags, type=pa.bool_()),
         pa.array(texts, type=pa.string()),
+        pa.array(quality, type=pa.int16()),
+        pa.array(extra, type=pa.int64()),
     )
+
+
+def _json_type(item: Any) -> str:
+    """The JSON type of a parsed item with its article, for messages: "an array"."""
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+    return names.get(type(item), "null" if item is None else "a number")
+
+
+def _short(item: Any) -> str:
+    text = orjson.dumps(item).decode() if item is not None else "null"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _add_tag(pieces: _Pieces, tag: str, data: Any, operation: str, chunk_label: str) -> TagStats:
+    """Columnise one tag's rows into `pieces`; its stats for continuation."""
+    if data is None or (type(data) is list and not data):
+        pieces.add(tag, None, None)
+        return TagStats(0, None, None, 0)
+    if type(data) is not list:
+        raise MalformedAnswer(
+            operation,
+            f"data is {_json_type(data)}, not a list of rows",
+            where=_where(f"tag {tag!r}", chunk_label),
+        )
+    columns = _fast_tag(data)
+    if columns is None:
+        try:
+            columns = _careful_tag(data)
+        except _RowError as exc:
+            raise MalformedAnswer(
+                operation,
+                f"row {exc.index}: {exc.message}",
+                where=_where(f"tag {tag!r}", chunk_label),
+            ) from None
+    ts_np = columns[0].to_numpy(zero_copy_only=False)
+    seq = _seq_of(ts_np)
+    if len(seq) and int(seq.max()) > _INT16_MAX:
+        raise MalformedAnswer(
+            operation,
+            f"more than {_INT16_MAX + 1} samples on one millisecond",
+            where=_where(f"tag {tag!r}", chunk_label),
+        )
+    pieces.add(tag, columns, seq.astype(np.int16))
+    last = int(ts_np.max())
+    return TagStats(len(ts_np), int(ts_np.min()), last, int(np.count_nonzero(ts_np == last)))
 
 
 def _history_entries(answer: Any, operation: str, chunk_label: str) -> Iterator[tuple[str, Any]]:
     if not isinstance(answer, dict):
         raise MalformedAnswer(
             operation,
-            f"answer is a {type(answer).__name__}, not an object keyed by tag path",
-            where=chunk_label or None,
+            f"answer is {_json_type(answer)}, not an object keyed by tag path",
+            where=_where(None, chunk_label),
         )
     for tag, entry in answer.items():
         if not isinstance(entry, dict):
-            raise _bad(operation, "entry is not an object with request and data", tag, chunk_label)
+            raise MalformedAnswer(
+                operation,
+                f"entry is {_json_type(entry)}, not an object with request and data",
+                where=_where(f"tag {tag!r}", chunk_label),
+            )
         if "data" not in entry:
-            raise _bad(operation, "entry has no data", tag, chunk_label)
+            raise MalformedAnswer(
+                operation, "entry has no data", where=_where(f"tag {tag!r}", chunk_label)
+            )
         yield tag, entry["data"]
 
 
@@ -304,14 +392,19 @@ def parse_history_answer(
     operation: str = "tag.historyMany",
     chunk_label: str = "",
 ) -> HistoryPage:
-    """A historyMany / historyFilter answer `{path: {request, data}}` as one typed table."""
-    answer = _loads(body, operation, chunk_label)
-    columns = _Columns()
+    """A historyMany / historyFilter answer `{path: {request, data}}` as one typed table.
+
+    Rows keep the answer's order (tags in answer order, rows as sent); every tag key of the
+    answer is in `tags`, also those with no rows.
+    """
+    pieces = _Pieces()
     stats: dict[str, TagStats] = {}
     with gc_paused():
+        answer = _loads(body, operation, chunk_label)
         for tag, data in _history_entries(answer, operation, chunk_label):
-            stats[tag] = _add_tag(columns, tag, data, operation, chunk_label)
-        table = columns.table(node)
+            stats[tag] = _add_tag(pieces, tag, data, operation, chunk_label)
+        del answer
+        table = pieces.table(node)
     return HistoryPage(table, stats)
 
 
@@ -323,36 +416,49 @@ def parse_single_history_answer(
     operation: str = "tag.history",
     chunk_label: str = "",
 ) -> HistoryPage:
-    """A `tag?cmd=history` answer `{request, data}` for one tag."""
-    answer = _loads(body, operation, chunk_label)
-    if not isinstance(answer, dict) or "data" not in answer:
-        raise _bad(operation, "answer is not an object with request and data", path, chunk_label)
-    columns = _Columns()
+    """A `tag?cmd=history` answer `{request, data}` for the one tag `path`."""
+    pieces = _Pieces()
     with gc_paused():
-        stats = {path: _add_tag(columns, path, answer["data"], operation, chunk_label)}
-        table = columns.table(node)
+        answer = _loads(body, operation, chunk_label)
+        if not isinstance(answer, dict) or "data" not in answer:
+            raise MalformedAnswer(
+                operation,
+                "answer is not an object with request and data",
+                where=_where(f"tag {path!r}", chunk_label),
+            )
+        stats = {path: _add_tag(pieces, path, answer["data"], operation, chunk_label)}
+        del answer
+        table = pieces.table(node)
     return HistoryPage(table, stats)
 
 
 def assign_seq(table: pa.Table) -> pa.Table:
-    """Sort by (tag, ts) keeping answer order among ties, and renumber `seq` within ties."""
+    """Sort by (tag, ts), keeping the input order among ties, and renumber `seq` within ties.
+
+    Used after pages of one chunk are combined: `seq` of a page counts only that page.
+    """
     if table.num_rows == 0:
         return table
+    # sort_indices is a stable sort: rows of one (tag, ts) keep their input order.
     order = pc.sort_indices(table, sort_keys=[("tag", "ascending"), ("ts", "ascending")])
     table = table.take(order)
     tags = table.column("tag").combine_chunks()
     ts = table.column("ts").combine_chunks().cast(pa.int64()).to_numpy(zero_copy_only=False)
     n = table.num_rows
-    same_tag = np.zeros(n, dtype=bool)
+    continues = np.zeros(n, dtype=bool)
     if n > 1:
-        equal = pc.equal(tags.slice(1), tags.slice(0, n - 1)).to_numpy(zero_copy_only=False)
-        same_tag[1:] = equal & (ts[1:] == ts[:-1])
-    starts = ~same_tag
+        same_tag = pc.equal(tags.slice(1), tags.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+        continues[1:] = same_tag & (ts[1:] == ts[:-1])
+    starts = ~continues
     run_start = np.flatnonzero(starts)
     run_index = np.cumsum(starts) - 1
-    seq = (np.arange(n) - run_start[run_index]).astype(np.int16)
+    seq = np.arange(n) - run_start[run_index]
+    if int(seq.max()) > _INT16_MAX:
+        raise ValueError(f"more than {_INT16_MAX + 1} samples of one tag on one millisecond")
     index = table.schema.get_field_index("seq")
-    return table.set_column(index, table.schema.field("seq"), pa.array(seq, type=pa.int16()))
+    return table.set_column(
+        index, table.schema.field("seq"), pa.array(seq.astype(np.int16), type=pa.int16())
+    )
 
 
 def history_frame(table: pa.Table) -> pd.DataFrame:
@@ -360,26 +466,99 @@ def history_frame(table: pa.Table) -> pd.DataFrame:
     return frame_from_table(table.cast(TAG_HISTORY_SCHEMA))
 
 
-# -- alarm history ------------------------------------------------------------------------
+# -- alarm history --------------------------------------------------------------------------
 
-_ALARM_KNOWN = ("path", "ts", "status", "priority", "value", "description", "ackInfo")
-# Positional alarm rows (documented choice): [ts, path, status, priority, value, description,
-# ackInfo, ...]; further elements are kept in `extra` as a JSON array.
-_ALARM_POSITIONS = ("ts", "path", "status", "priority", "value", "description", "ackInfo")
+_ALARM_KNOWN = frozenset({"path", "ts", "status", "priority", "value", "description", "ackInfo"})
+# Positional alarm events (the spec does not show `data` elements; node-facts.md says accept
+# arrays): [ts, path, status, priority, value, description, ackInfo, ...]. Elements after
+# the seventh are kept in `extra` as {"_rest": [...]}.
+ALARM_POSITIONS = ("ts", "path", "status", "priority", "value", "description", "ackInfo")
 
 
 def _json_text(value: Any) -> str | None:
+    """JSON text with sorted keys (stable across runs), or None for null."""
     if value is None:
         return None
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def _small_int(value: Any, what: str, where: str, operation: str) -> int | None:
+def _text(value: Any) -> str | None:
+    """Strings as they are, other values as JSON text."""
+    if value is None or isinstance(value, str):
+        return value
+    return _json_text(value)
+
+
+def _alarm_int(value: Any, what: str, low: int, high: int) -> int | None:
     if value is None:
         return None
-    if type(value) is int and -_INT16_MAX <= value <= _INT16_MAX:
-        return value
-    raise MalformedAnswer(operation, f"alarm {what} {value!r} is not a small integer", where=where)
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{what} {_short(value)} is not an integer in {low}..{high}")
+    return int(value)
+
+
+def _alarm_record(element: Any, index: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The known fields of one alarm event and its unknown ones (None when there are none)."""
+    if isinstance(element, dict):
+        unknown = {key: value for key, value in element.items() if key not in _ALARM_KNOWN}
+        return element, unknown or None
+    if isinstance(element, list):
+        record = dict(zip(ALARM_POSITIONS, element, strict=False))
+        rest = element[len(ALARM_POSITIONS) :]
+        return record, ({"_rest": rest} if rest else None)
+    raise ValueError(f"alarm event {index} is {_json_type(element)}, not an object or array")
+
+
+def _alarm_row(node: str, element: Any, index: int) -> list[Any]:
+    """One ALARM_HISTORY_SCHEMA row; ValueError says what is wrong."""
+    record, unknown = _alarm_record(element, index)
+    path = record.get("path")
+    if not isinstance(path, str):
+        raise ValueError(f"alarm event {index} has no string path")
+    try:
+        ts = _alarm_int(record.get("ts"), "ts", _INT64_MIN, _INT64_MAX)
+        if ts is None:
+            raise ValueError("ts is missing")
+        status = _alarm_int(record.get("status"), "status", _INT16_MIN, _INT16_MAX)
+        priority = _alarm_int(record.get("priority"), "priority", _INT16_MIN, _INT16_MAX)
+    except ValueError as exc:
+        raise ValueError(f"alarm event {index} ({path!r}): {exc}") from None
+    ack = record.get("ackInfo")
+    ack_ts = ack_user = ack_msg = None
+    if isinstance(ack, dict):
+        try:
+            ack_ts = _alarm_int(ack.get("ts"), "ack ts", _INT64_MIN, _INT64_MAX)
+        except ValueError:
+            ack_ts = None  # kept verbatim in ack_info
+        ack_user = _text(ack.get("user"))
+        ack_msg = _text(ack.get("msg"))
+    return [
+        node,
+        path,
+        ts,
+        status,
+        priority,
+        _json_text(record.get("value")),
+        _text(record.get("description")),
+        ack_ts,
+        ack_user,
+        ack_msg,
+        _json_text(ack),
+        _json_text(unknown),
+    ]
+
+
+def _table_of_rows(rows: list[list[Any]], schema: pa.Schema) -> pa.Table:
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
+    arrays = []
+    for field, values in zip(schema, columns, strict=True):
+        if pa.types.is_timestamp(field.type):
+            arrays.append(pa.array(values, type=pa.int64()).cast(field.type))
+        else:
+            arrays.append(pa.array(values, type=field.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def parse_alarm_history_answer(
@@ -389,151 +568,103 @@ def parse_alarm_history_answer(
     operation: str = "alarm.history",
     chunk_label: str = "",
 ) -> pa.Table:
-    """An alarm history answer `{request, data: [...]}` as ALARM_HISTORY_SCHEMA rows."""
-    answer = _loads(body, operation, chunk_label)
-    where = chunk_label or "alarm history"
+    """An `alarm?cmd=history` answer `{request, data: [...]}` as ALARM_HISTORY_SCHEMA rows.
+
+    Events are objects shaped like the alarm record or positional arrays (ALARM_POSITIONS);
+    `value` and `ack_info` are JSON text, unknown fields go to `extra` (JSON, sorted keys).
+    """
+    with gc_paused():
+        answer = _loads(body, operation, chunk_label)
     if isinstance(answer, dict) and "data" in answer:
         data = answer["data"]
     elif isinstance(answer, list):
         data = answer
     else:
         raise MalformedAnswer(
-            operation, "answer is not an object with request and data", where=where
+            operation,
+            f"answer is {_json_type(answer)} without data, not an object with request and data",
+            where=_where("alarm history", chunk_label),
         )
     if data is None:
         data = []
     if not isinstance(data, list):
-        raise MalformedAnswer(operation, "data is not a list of alarm events", where=where)
-    columns: dict[str, list[Any]] = {name: [] for name in ALARM_HISTORY_SCHEMA.names}
-    for index, element in enumerate(data):
-        if isinstance(element, list):
-            record: dict[str, Any] = dict(zip(_ALARM_POSITIONS, element, strict=False))
-            rest = element[len(_ALARM_POSITIONS) :]
-            unknown: Any = {"_rest": rest} if rest else None
-        elif isinstance(element, dict):
-            record = element
-            extras = {k: v for k, v in element.items() if k not in _ALARM_KNOWN}
-            unknown = extras or None
-        else:
-            raise MalformedAnswer(
-                operation, f"alarm event {index} is neither an object nor an array", where=where
-            )
-        path = record.get("path")
-        ts = record.get("ts")
-        if not isinstance(path, str):
-            raise MalformedAnswer(operation, f"alarm event {index} has no path", where=where)
-        if type(ts) is float and ts.is_integer():
-            ts = int(ts)
-        if type(ts) is not int:
-            raise MalformedAnswer(
-                operation, f"alarm event {index} has no integer ts", where=f"{path!r} in {where}"
-            )
-        ack = record.get("ackInfo")
-        if ack is not None and not isinstance(ack, dict):
-            ack = {"info": ack}
-        ack_ts = ack.get("ts") if ack else None
-        if ack_ts is not None and type(ack_ts) is not int:
-            ack_ts = None
-        description = record.get("description")
-        columns["node"].append(node)
-        columns["path"].append(path)
-        columns["ts"].append(ts)
-        columns["status"].append(_small_int(record.get("status"), "status", path, operation))
-        columns["priority"].append(_small_int(record.get("priority"), "priority", path, operation))
-        columns["value"].append(_json_text(record.get("value")))
-        columns["description"].append(
-            description
-            if isinstance(description, str) or description is None
-            else _json_text(description)
+        raise MalformedAnswer(
+            operation,
+            f"data is {_json_type(data)}, not a list of alarm events",
+            where=_where("alarm history", chunk_label),
         )
-        columns["ack_ts"].append(ack_ts)
-        columns["ack_user"].append(_text_or_none(ack.get("user")) if ack else None)
-        columns["ack_msg"].append(_text_or_none(ack.get("msg")) if ack else None)
-        columns["ack_info"].append(_json_text(record.get("ackInfo")))
-        columns["extra"].append(_json_text(unknown))
-    arrays = []
-    for field in ALARM_HISTORY_SCHEMA:
-        values = columns[field.name]
-        if pa.types.is_timestamp(field.type):
-            arrays.append(pa.array(values, type=pa.int64()).cast(field.type))
-        else:
-            arrays.append(pa.array(values, type=field.type))
-    return pa.Table.from_arrays(arrays, schema=ALARM_HISTORY_SCHEMA)
+    try:
+        rows = [_alarm_row(node, element, index) for index, element in enumerate(data)]
+    except ValueError as exc:
+        raise MalformedAnswer(
+            operation, str(exc), where=_where("alarm history", chunk_label)
+        ) from None
+    return _table_of_rows(rows, ALARM_HISTORY_SCHEMA)
 
 
-def _text_or_none(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    return _json_text(value)
+# -- tag details -> tag dimension -----------------------------------------------------------
 
 
-# -- tag details -> tag dimension ----------------------------------------------------------
+def _dig(obj: Any, *keys: str) -> Any:
+    """obj[k1][k2]... or None when any level is missing or not an object."""
+    for key in keys:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _bool_or_none(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
 
 
 def parse_tag_details(
     body_or_obj: bytes | str | Mapping[str, Any], node: str, updated_at_ms: int
 ) -> pa.Table:
-    """A `tag?cmd=details` answer as TAG_METADATA_SCHEMA rows (one per tag, by fullPath)."""
+    """A `tag?cmd=details` answer as TAG_METADATA_SCHEMA rows, one per tag (by fullPath).
+
+    `tags` is keyed by tag name; the row's tag is `fullPath` (the name when it is missing).
+    `config` keeps the whole tag configuration as JSON text (sorted keys).
+    """
     operation = "tag.details"
-    answer = (
-        _loads(body_or_obj, operation, "") if isinstance(body_or_obj, bytes | str) else body_or_obj
-    )
+    if isinstance(body_or_obj, bytes | str):
+        with gc_paused():
+            answer: Any = _loads(body_or_obj, operation, "")
+    else:
+        answer = body_or_obj
     if not isinstance(answer, Mapping):
         raise MalformedAnswer(operation, "answer is not an object", where="tag details")
-    tags = answer.get("tags") or {}
+    tags = answer.get("tags")
+    if tags is None:
+        tags = {}
     if not isinstance(tags, Mapping):
         raise MalformedAnswer(operation, "tags is not an object", where="tag details")
-    rows: dict[str, list[Any]] = {name: [] for name in TAG_METADATA_SCHEMA.names}
+    rows: list[list[Any]] = []
     for name, entry in tags.items():
         if not isinstance(entry, Mapping):
             raise MalformedAnswer(operation, "a tag entry is not an object", where=f"tag {name!r}")
         path = entry.get("fullPath") or name
         if not isinstance(path, str):
             raise MalformedAnswer(operation, "fullPath is not a string", where=f"tag {name!r}")
-        config = entry.get("config") or {}
-        if not isinstance(config, Mapping):
-            config = {}
-        history = (config.get("extensions") or {}).get("history") or {}
-        history_config = history.get("config") or {} if isinstance(history, Mapping) else {}
-        rows["node"].append(node)
-        rows["tag"].append(path)
-        rows["description"].append(_text_or_none(config.get("description")))
-        rows["type"].append(_text_or_none(config.get("type")))
-        rows["number_type"].append(_text_or_none(config.get("numberType")))
-        rows["eng_units"].append(_text_or_none(config.get("engUnits")))
-        rows["format"].append(_text_or_none(config.get("format")))
-        rows["deadband"].append(_scalar_text(config.get("deadband")))
-        rows["client_access"].append(_text_or_none(config.get("clientAccess")))
-        enabled = history.get("enabled") if isinstance(history, Mapping) else None
-        rows["history_enabled"].append(enabled if isinstance(enabled, bool) else None)
-        rows["history_mode"].append(
-            _scalar_text(history_config.get("mode"))
-            if isinstance(history_config, Mapping)
-            else None
+        config = entry.get("config")
+        history = _dig(config, "extensions", "history")
+        rows.append(
+            [
+                node,
+                path,
+                _text(_dig(config, "description")),
+                _text(_dig(config, "type")),
+                _text(_dig(config, "numberType")),
+                _text(_dig(config, "engUnits")),
+                _text(_dig(config, "format")),
+                _text(_dig(config, "deadband")),
+                _text(_dig(config, "clientAccess")),
+                _bool_or_none(_dig(history, "enabled")),
+                _text(_dig(history, "config", "mode")),
+                _text(_dig(history, "config", "deadband")),
+                _json_text(_dig(config, "views")),
+                _json_text(config) if config else None,
+                updated_at_ms,
+            ]
         )
-        rows["history_deadband"].append(
-            _scalar_text(history_config.get("deadband"))
-            if isinstance(history_config, Mapping)
-            else None
-        )
-        rows["views"].append(_json_text(config.get("views")))
-        rows["config"].append(_json_text(dict(config)) if config else None)
-        rows["updated_at"].append(updated_at_ms)
-    arrays = []
-    for field in TAG_METADATA_SCHEMA:
-        values = rows[field.name]
-        if pa.types.is_timestamp(field.type):
-            arrays.append(pa.array(values, type=pa.int64()).cast(field.type))
-        else:
-            arrays.append(pa.array(values, type=field.type))
-    return pa.Table.from_arrays(arrays, schema=TAG_METADATA_SCHEMA)
-
-
-def _scalar_text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool | int | float):
-        return orjson.dumps(value).decode()
-    return _json_text(value)
+    return _table_of_rows(rows, TAG_METADATA_SCHEMA)

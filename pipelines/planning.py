@@ -3,12 +3,14 @@
 Windows sit on a UTC grid of their size (epoch multiples), so a re-run, a resumed
 backfill and an incremental run all cut time the same way and produce the same chunk
 ids. Aggregated spans are widened to whole buckets of `interval`, so 15-minute averages
-land on :00, :15, :30, :45 whatever the run's start time.
+land on :00, :15, :30, :45 whatever the run's start time. All arithmetic is in integer
+epoch milliseconds, the node's unit, so no boundary drifts by a rounding error.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,8 +19,9 @@ from urllib.parse import quote
 
 import orjson
 
-from connectors.timewindow import EPOCH, Window, iso_utc
+from connectors.timewindow import EPOCH, Window, iso_utc, to_ms
 
+_ONE_MS = timedelta(milliseconds=1)
 _UNITS = {
     "ms": timedelta(milliseconds=1),
     "s": timedelta(seconds=1),
@@ -27,8 +30,12 @@ _UNITS = {
     "d": timedelta(days=1),
     "w": timedelta(weeks=1),
 }
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
-NICE_SIZES = [
+_PART = r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)"
+_DURATION = re.compile(rf"^\s*(?:{_PART}\s*)+$")
+_PARTS = re.compile(_PART)
+DURATION_EXAMPLES = "500ms, 90s, 15m, 1h, 1h30m, 1d or 2w"
+
+NICE_SIZES = (
     timedelta(minutes=1),
     timedelta(minutes=5),
     timedelta(minutes=15),
@@ -40,51 +47,74 @@ NICE_SIZES = [
     timedelta(days=1),
     timedelta(days=7),
     timedelta(days=31),
-]
+)
 
 
 def parse_duration(text: str | int | float | timedelta) -> timedelta:
-    """`15m`, `1h`, `1d`, `90s`, `2w`, `500ms`, or a number of seconds."""
+    """`15m`, `1h`, `1d`, `90s`, `2w`, `500ms`, `1h30m`, or a number of seconds.
+
+    Negative, infinite and unreadable durations raise ValueError with an example.
+    """
     if isinstance(text, timedelta):
-        return text
-    if isinstance(text, bool):
-        raise ValueError(f"{text!r} is not a duration like 15m, 1h or 1d")
-    if isinstance(text, int | float):
-        if text < 0:
-            raise ValueError(f"{text!r} is negative")
-        return timedelta(seconds=text)
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a duration like 15m, 1h or 1d")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+        duration = text
+    elif isinstance(text, bool) or not isinstance(text, str | int | float):
+        raise ValueError(f"{text!r} is not a duration like {DURATION_EXAMPLES}")
+    elif isinstance(text, int | float):
+        if not math.isfinite(text):
+            raise ValueError(f"{text!r} is not a finite duration")
+        duration = timedelta(seconds=text)
+    else:
+        if _DURATION.match(text) is None:
+            raise ValueError(f"{text!r} is not a duration like {DURATION_EXAMPLES}")
+        duration = timedelta(0)
+        for number, unit in _PARTS.findall(text):
+            duration += float(number) * _UNITS[unit]
+    if duration < timedelta(0):
+        raise ValueError(f"duration {text!r} is negative")
+    return duration
 
 
-def _ms(step: timedelta) -> int:
-    total = step // timedelta(milliseconds=1)
-    if total <= 0:
-        raise ValueError(f"step {step} is not positive")
+def _step_ms(step: timedelta) -> int:
+    """A positive step in whole milliseconds (the grid unit), else ValueError."""
+    total = step // _ONE_MS
+    if total <= 0 or step != total * _ONE_MS:
+        raise ValueError(f"step {step} is not a positive whole number of milliseconds")
     return int(total)
+
+
+def _from_ms(ms: int) -> datetime:
+    return EPOCH + timedelta(milliseconds=ms)
 
 
 def align_down(moment: datetime, step: timedelta) -> datetime:
     """The latest multiple of `step` since the epoch at or before `moment` (UTC grid)."""
-    offset = _ms(moment - EPOCH)
-    size = _ms(step)
-    return EPOCH + timedelta(milliseconds=offset - offset % size)
+    size = _step_ms(step)
+    offset = to_ms(moment)
+    return _from_ms(offset - offset % size)
 
 
 def align_up(moment: datetime, step: timedelta) -> datetime:
+    """The earliest multiple of `step` since the epoch at or after `moment` (UTC grid)."""
     down = align_down(moment, step)
     return down if down == moment else down + step
 
 
 def plan_windows(span: Window, size: timedelta, *, grid: bool = True) -> list[Window]:
-    """Consecutive half-open windows covering `span` exactly once, cut on the UTC grid."""
-    _ms(size)
+    """Consecutive half-open windows covering `span` exactly once.
+
+    With `grid`, inner boundaries are multiples of `size` since the epoch (the first and
+    last windows are clipped to the span), so any span cuts time at the same instants.
+    Without it, windows of `size` start at the span's start.
+    """
+    size_ms = _step_ms(size)
     windows: list[Window] = []
     cursor = span.start
     while cursor < span.end:
-        boundary = align_down(cursor, size) + size if grid else cursor + size
+        if grid:
+            offset = to_ms(cursor)
+            boundary = _from_ms(offset - offset % size_ms + size_ms)
+        else:
+            boundary = cursor + size
         upper = min(boundary, span.end)
         windows.append(Window(cursor, upper))
         cursor = upper
@@ -96,8 +126,18 @@ def aggregated_span(span: Window, interval: timedelta) -> Window:
     return Window(align_down(span.start, interval), align_up(span.end, interval))
 
 
-def _default_encoded_len(path: str) -> int:
+def encoded_path_len(path: str) -> int:
+    """Percent-encoded length of one path as an element of a JSON-array query value."""
     return len(quote(orjson.dumps(path).decode(), safe=""))
+
+
+def encoded_batch_len(batch: Sequence[str]) -> int:
+    """Percent-encoded length of `paths=[...]`'s value: what a batch adds to the URL."""
+    return len(quote(orjson.dumps(list(batch)).decode(), safe=""))
+
+
+_BRACKETS = len(quote("[]", safe=""))
+_COMMA = len(quote(",", safe=""))
 
 
 def batch_members(
@@ -107,27 +147,30 @@ def batch_members(
     max_query_bytes: int = 7000,
     encoded_len: Callable[[str], int] | None = None,
 ) -> list[tuple[str, ...]]:
-    """Order-preserving batches whose JSON-array query value stays under the byte budget."""
+    """Order-preserving batches of at most `max_batch` members whose encoded JSON array
+    (`encoded_batch_len`) stays within `max_query_bytes`, so a URL never outgrows a proxy.
+
+    `encoded_len(path)` is the cost of one path as an array element (default:
+    `encoded_path_len`); brackets and commas are added, percent-encoded, around it.
+    """
     if max_batch < 1:
-        raise ValueError("max_batch must be at least 1")
-    measure = encoded_len or _default_encoded_len
-    separator = len(quote(",", safe=""))
-    brackets = len(quote("[]", safe=""))
+        raise ValueError(f"max_batch must be at least 1, not {max_batch}")
+    measure = encoded_len or encoded_path_len
     batches: list[tuple[str, ...]] = []
     current: list[str] = []
-    size = brackets
+    size = _BRACKETS
     for path in members:
         cost = measure(path)
-        if brackets + cost > max_query_bytes:
+        if _BRACKETS + cost > max_query_bytes:
+            shown = repr(path) if len(path) <= 80 else repr(path[:77] + "...")
             raise ValueError(
-                f"tag path {path[:80]!r}... is {cost} bytes encoded, more than one request "
-                f"may carry ({max_query_bytes})"
+                f"tag path {shown} is {cost} bytes encoded, more than one request may carry "
+                f"({max_query_bytes} bytes); shorten it or raise max_query_bytes"
             )
-        extra = cost + (separator if current else 0)
+        extra = cost + (_COMMA if current else 0)
         if current and (len(current) >= max_batch or size + extra > max_query_bytes):
             batches.append(tuple(current))
-            current, size = [], brackets
-            extra = cost
+            current, size, extra = [], _BRACKETS, cost
         current.append(path)
         size += extra
     if current:
@@ -144,23 +187,33 @@ def window_for_density(
     max_size: timedelta = timedelta(days=31),
     interval: timedelta | None = None,
 ) -> timedelta:
-    """The largest nice window whose request carries about `target_rows` rows (or fewer)."""
+    """The largest nice window (NICE_SIZES within [min_size, max_size]) whose request
+    carries at most about `target_rows`; `min_size` when even that is too much.
+
+    For aggregated queries the size is rounded down to a whole number of `interval`s
+    (at least one), so every window holds whole buckets.
+    """
+    if not math.isfinite(samples_per_hour_per_tag) or samples_per_hour_per_tag < 0:
+        raise ValueError(f"samples per hour {samples_per_hour_per_tag!r} is not a finite rate")
+    if target_rows < 1:
+        raise ValueError(f"target_rows must be at least 1, not {target_rows}")
     per_hour = max(samples_per_hour_per_tag, 1e-6) * max(tags_per_batch, 1)
-    ideal = timedelta(hours=target_rows / per_hour)
+    ideal_hours = target_rows / per_hour
     chosen = min_size
     for size in NICE_SIZES:
-        if min_size <= size <= max_size and size <= ideal:
+        if min_size <= size <= max_size and size / timedelta(hours=1) <= ideal_hours:
             chosen = size
     if interval is not None:
-        steps = max(1, chosen // interval)
-        chosen = steps * interval
+        _step_ms(interval)
+        chosen = max(1, chosen // interval) * interval
     return chosen
 
 
 def chunk_id(
     flow: str, dataset: str, members: Sequence[str], window: Window, options_key: str
 ) -> str:
-    """A stable id of the work: same flow, dataset, tags, window and options -> same id."""
+    """A stable 20-hex id of the work: same flow, dataset, members (in the order given),
+    window and options -> same id, across runs and machines."""
     digest = hashlib.blake2b(digest_size=10)
     digest.update(
         orjson.dumps([flow, dataset, list(members), window.start_ms, window.end_ms, options_key])
@@ -181,20 +234,32 @@ class Chunk:
     label: str
 
 
-def chunk_label(members: Sequence[str], window: Window) -> str:
+def _label_time(moment: datetime) -> str:
+    text = iso_utc(moment)  # 2024-01-01T00:00:00.000Z
+    if text.endswith(":00.000Z"):
+        return text[:16] + "Z"
+    if text.endswith(".000Z"):
+        return text[:19] + "Z"
+    return text
+
+
+def short_duration(size: timedelta) -> str:
+    """`1h`, `15m`, `36h`, `90s`, `1500ms`: the largest unit that divides the size."""
+    total_ms = size // _ONE_MS
+    for unit, length in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if total_ms >= length and total_ms % length == 0:
+            return f"{total_ms // length}{unit}"
+    return f"{total_ms}ms"
+
+
+def chunk_label(members: Sequence[str], window: Window, *, noun: str = "tag") -> str:
+    """A short human name of a chunk for logs and errors: `12 tags /Plant A/x [..., +1h)`."""
     first = members[0] if members else "-"
     if len(first) > 40:
         first = first[:37] + "..."
-    size = window.end - window.start
-    return f"{len(members)} tags {first} [{iso_utc(window.start)[:16]}Z, +{_short(size)})"
-
-
-def _short(size: timedelta) -> str:
-    seconds = size.total_seconds()
-    for unit, length in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= length and seconds % length == 0:
-            return f"{int(seconds // length)}{unit}"
-    return f"{seconds:g}s"
+    count = f"{len(members)} {noun}" + ("" if len(members) == 1 else "s")
+    span = f"[{_label_time(window.start)}, +{short_duration(window.end - window.start)})"
+    return f"{count} {first} {span}"
 
 
 def plan_chunks(
@@ -206,7 +271,9 @@ def plan_chunks(
     size: timedelta,
     options_key: str,
 ) -> list[Chunk]:
-    """Window-major chunks: every batch of the first window, then the next window."""
+    """Window-major chunks: every batch of the first window, then the next window, so a
+    run fills time from its start and the watermark can advance as chunks complete."""
+    noun = "alarm path" if kind == "alarm_history" else "tag"
     chunks: list[Chunk] = []
     for window in plan_windows(span, size):
         for batch in batches:
@@ -215,10 +282,10 @@ def plan_chunks(
                     flow=flow,
                     dataset=dataset,
                     kind=kind,
-                    members=batch,
+                    members=tuple(batch),
                     window=window,
                     chunk_id=chunk_id(flow, dataset, batch, window, options_key),
-                    label=chunk_label(batch, window),
+                    label=chunk_label(batch, window, noun=noun),
                 )
             )
     return chunks

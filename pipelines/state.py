@@ -3,11 +3,12 @@
 Progress is a set of completed windows per member (tag or alarm selection), kept by each
 sink with its data. The watermark is the end of the first unbroken run of completed
 windows from the flow's start: chunks may finish in any order, and a gap keeps the
-watermark where the gap begins.
+watermark where the gap begins, so a crash never lets the watermark run ahead of data.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
@@ -16,51 +17,77 @@ from pipelines.planning import Chunk
 from sinks.base import Progress, merge_windows
 
 
+class _Coverage:
+    """Merged completed windows of one member, searchable by start (bisect)."""
+
+    def __init__(self, completed: Sequence[Window]) -> None:
+        self.merged = merge_windows(list(completed))
+        self.starts = [window.start for window in self.merged]
+
+    def run_at(self, moment: datetime) -> Window | None:
+        """The merged window containing `moment`, if any."""
+        index = bisect_right(self.starts, moment) - 1
+        if index >= 0 and moment < self.merged[index].end:
+            return self.merged[index]
+        return None
+
+    def covers(self, window: Window) -> bool:
+        run = self.run_at(window.start)
+        return run is not None and window.end <= run.end
+
+
 def watermark(completed: Sequence[Window], origin: datetime) -> datetime | None:
-    """End of the unbroken completed run that covers `origin`; None when nothing does."""
-    for window in merge_windows(list(completed)):
-        if window.start <= origin < window.end:
-            return window.end
-        if window.start > origin:
-            return None
-    return None
+    """End of the unbroken run of completed windows (touching ones join) that contains
+    `origin`; None when `origin` itself is not complete."""
+    run = _Coverage(completed).run_at(origin)
+    return run.end if run is not None else None
 
 
 def member_watermarks(
     progress: Progress, members: Sequence[str], origin: datetime
 ) -> dict[str, datetime | None]:
+    """The watermark of each member (None for members with nothing complete at origin)."""
     return {member: watermark(progress.windows_of(member), origin) for member in members}
 
 
 def flow_watermark(progress: Progress, members: Sequence[str], origin: datetime) -> datetime | None:
-    """The lowest member watermark: every member is complete up to it."""
-    marks = member_watermarks(progress, members, origin)
-    if not marks or any(mark is None for mark in marks.values()):
-        return None
-    return min(mark for mark in marks.values() if mark is not None)
+    """The lowest member watermark: every member is complete from origin up to it.
+
+    None when there are no members or any member has no watermark.
+    """
+    marks = member_watermarks(progress, members, origin).values()
+    lowest: datetime | None = None
+    for mark in marks:
+        if mark is None:
+            return None
+        lowest = mark if lowest is None else min(lowest, mark)
+    return lowest
 
 
 def is_covered(completed: Sequence[Window], window: Window) -> bool:
-    """True when the merged completed windows contain all of `window`."""
-    for merged in merge_windows(list(completed)):
-        if merged.start <= window.start and window.end <= merged.end:
-            return True
-    return False
+    """True when the completed windows (merged) contain all of `window`."""
+    return _Coverage(completed).covers(window)
 
 
 def pending_chunks(
     chunks: Sequence[Chunk], progress: Progress, *, always: Window | None = None
 ) -> list[Chunk]:
-    """Chunks some member still lacks; chunks overlapping `always` (look-back) are kept."""
-    merged = {member: merge_windows(list(windows)) for member, windows in progress.completed.items()}
-    pending: list[Chunk] = []
-    for chunk in chunks:
+    """Chunks, in plan order, that some member still lacks; chunks overlapping `always`
+    (the look-back span, re-read for late data) are kept even when complete."""
+    coverage: dict[str, _Coverage] = {}
+
+    def covered(member: str, window: Window) -> bool:
+        found = coverage.get(member)
+        if found is None:
+            found = coverage[member] = _Coverage(progress.windows_of(member))
+        return found.covers(window)
+
+    def wanted(chunk: Chunk) -> bool:
         if always is not None and chunk.window.overlaps(always):
-            pending.append(chunk)
-            continue
-        if not all(is_covered(merged.get(member, []), chunk.window) for member in chunk.members):
-            pending.append(chunk)
-    return pending
+            return True
+        return not all(covered(member, chunk.window) for member in chunk.members)
+
+    return [chunk for chunk in chunks if wanted(chunk)]
 
 
 def incremental_span(
@@ -71,7 +98,14 @@ def incremental_span(
     lookback: timedelta,
     settle: timedelta,
 ) -> Window | None:
-    """[watermark - lookback (not before history_start), now - settle); None when empty."""
+    """What an incremental run reads: [watermark - lookback (never before history_start),
+    or history_start without a watermark, up to now - settle); None when that is empty.
+
+    `lookback` re-reads late data (store-and-forward, links); `settle` leaves the newest
+    minutes, which may still be filling, for the next run.
+    """
+    if lookback < timedelta(0) or settle < timedelta(0):
+        raise ValueError("lookback and settle must not be negative")
     start = history_start if watermark is None else max(history_start, watermark - lookback)
     end = now - settle
     if end <= start:

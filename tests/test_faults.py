@@ -63,7 +63,7 @@ def run(path: Path, **kwargs: Any) -> Any:
 def contents(path: Path) -> dict[str, list[Any]]:
     config = load(path)
     with SinkSet(config, path.parent) as sinks:
-        return {name: canonical(sinks.get(name).read("f", "tag_history")) for name in config.sinks}
+        return {name: canonical(sinks.get(name).read("f", "tag_history")) for name in config.flows["f"].sinks}
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,7 @@ def run(path: Path, flow: str, *, now: datetime = NOW, request: RunRequest | Non
 def contents(path: Path, dataset: str, kind: str = "tag_history") -> dict[str, list[Any]]:
     config = load(path)
     with SinkSet(config, path.parent) as sinks:
-        return {name: canonical(sinks.get(name).read(dataset, kind), kind) for name in config.sinks}
+        return {name: canonical(sinks.get(name).read(dataset, kind), kind) for name in config.flows[next(iter(config.flows))].sinks}
 
 
 def truth_keys(node: SimulatedNode, tags: list[str], start: datetime, end: datetime) -> list[Any]:
@@ -110,7 +110,7 @@ def test_a_run_lands_the_nodes_rows_exactly_once_in_every_sink(
     want = truth_keys(node, tags, NOW - timedelta(hours=3), NOW)
     config = load(path)
     with SinkSet(config, path.parent) as sinks:
-        for name in config.sinks:
+        for name in config.flows[next(iter(config.flows))].sinks:
             frame = sinks.get(name).read("f", "tag_history")
             assert as_ms_keys(frame) == want, name
             assert str(frame["ts"].dtype).startswith("timestamp[ms, tz=UTC]"), name
@@ -158,7 +158,7 @@ def test_incremental_runs_continue_and_skip_what_is_done(
     want = truth_keys(node, tags, NOW - timedelta(hours=3), NOW)
     config = load(path)
     with SinkSet(config, path.parent) as sinks:
-        for name in config.sinks:
+        for name in config.flows[next(iter(config.flows))].sinks:
             assert as_ms_keys(sinks.get(name).read("f", "tag_history")) == want
 
 
@@ -176,7 +176,7 @@ def test_a_late_sample_inside_the_lookback_arrives_once(tmp_path: Path, server: 
         run(path, "f")
         config = load(path)
         with SinkSet(config, path.parent) as sinks:
-            for name in config.sinks:
+            for name in config.flows[next(iter(config.flows))].sinks:
                 frame = sinks.get(name).read("f", "tag_history")
                 ts_ms = [int(t.timestamp() * 1000) for t in frame["ts"]]
                 assert ts_ms.count(late_ts) == 1, name
@@ -230,7 +230,7 @@ def test_aggregated_and_alarm_flows(tmp_path: Path, node: SimulatedNode, server:
     assert alarms.rows > 0
     config = load(path)
     with SinkSet(config, path.parent) as sinks:
-        for name in config.sinks:
+        for name in config.flows[next(iter(config.flows))].sinks:
             frame = sinks.get(name).read("avg", "tag_history")
             minutes = {t.minute for t in frame["ts"]}
             assert minutes <= {0, 15, 30, 45}
@@ -269,7 +269,7 @@ def test_hostile_tag_paths_round_trip_exactly(
     before = {p.resolve() for p in tmp_path.rglob("*")}
     config = load(path)
     with SinkSet(config, path.parent) as sinks:
-        for name in config.sinks:
+        for name in config.flows[next(iter(config.flows))].sinks:
             frame = sinks.get(name).read("f", "tag_history")
             assert set(frame["tag"]) == with_rows, name
             metadata = sinks.get(name).read("tag_metadata", "tag_metadata")

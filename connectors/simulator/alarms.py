@@ -10,12 +10,33 @@ event shaped like the alarm record, plus an `origin` object the spec does not sh
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from connectors.simulator.tagtree import TagSpec, mix1
+import numpy as np
+
+from connectors.options import AlarmFilter
+from connectors.simulator.protocol import (
+    Answer,
+    Handler,
+    Params,
+    RequestError,
+    json_answer,
+    parse_int,
+    parse_list,
+    parse_optional_bool,
+    parse_regex,
+    parse_time,
+    required_str,
+)
+from connectors.simulator.tagtree import TagSpec, mix, mix1
+
+if TYPE_CHECKING:
+    from connectors.simulator.node import SimulatedNode
 
 SLOT_MS = 30 * 60_000
+ACKED = {3: 1, 2: 0}  # what `alarm?cmd=ack` makes of an unacknowledged status
 
 
 @dataclass(frozen=True)
@@ -44,7 +65,7 @@ def build_alarms(tags: list[TagSpec], seed: int) -> list[AlarmSpec]:
     return alarms
 
 
-def _event(
+def alarm_event(
     alarm: AlarmSpec, ts: int, status: int, node: str, ack: dict[str, Any] | None
 ) -> dict[str, Any]:
     return {
@@ -63,24 +84,28 @@ def _event(
     }
 
 
-def slot_events(alarm: AlarmSpec, slot: int, node: str) -> list[dict[str, Any]]:
-    h = mix1(slot, alarm.salt)
+def slot_events(
+    alarm: AlarmSpec, slot: int, node: str, h: int | None = None
+) -> list[dict[str, Any]]:
+    """The events of one 30-minute slot (none in two slots of three); `h` its hash."""
+    if h is None:
+        h = mix1(slot, alarm.salt)
     if h % 3 != 0:
         return []
     base = slot * SLOT_MS
     active = base + (h >> 8) % (SLOT_MS // 3)
     clear = active + 60_000 + (h >> 24) % (SLOT_MS // 2)
-    events = [_event(alarm, active, 3, node, None)]
+    events = [alarm_event(alarm, active, 3, node, None)]
     ack_user = {"ts": 0, "user": "operator", "msg": "seen"}
     if (h >> 40) % 2 == 0:
         ack_ts = active + (clear - active) // 2
-        events.append(_event(alarm, ack_ts, 1, node, {**ack_user, "ts": ack_ts}))
-        events.append(_event(alarm, clear, 0, node, {**ack_user, "ts": ack_ts}))
+        events.append(alarm_event(alarm, ack_ts, 1, node, {**ack_user, "ts": ack_ts}))
+        events.append(alarm_event(alarm, clear, 0, node, {**ack_user, "ts": ack_ts}))
     else:
-        events.append(_event(alarm, clear, 2, node, None))
+        events.append(alarm_event(alarm, clear, 2, node, None))
         if (h >> 44) % 2 == 0:
             ack_ts = clear + 30_000
-            events.append(_event(alarm, ack_ts, 0, node, {**ack_user, "ts": ack_ts}))
+            events.append(alarm_event(alarm, ack_ts, 0, node, {**ack_user, "ts": ack_ts}))
     return events
 
 
@@ -88,35 +113,47 @@ def events_between(
     alarm: AlarmSpec, start_ms: int, end_ms: int, node: str, history_start_ms: int
 ) -> list[dict[str, Any]]:
     """Events with start_ms <= ts <= end_ms (inclusive bounds, like raw history)."""
-    first = max(start_ms, history_start_ms) // SLOT_MS
-    last = end_ms // SLOT_MS
+    lower = max(start_ms, history_start_ms)
+    if end_ms < lower:
+        return []
+    slots = np.arange(lower // SLOT_MS, end_ms // SLOT_MS + 1, dtype=np.int64)
+    hashes = mix(slots, alarm.salt)
+    busy = (hashes % np.uint64(3)) == 0
     out = []
-    for slot in range(first, last + 1):
-        for event in slot_events(alarm, slot, node):
-            if max(start_ms, history_start_ms) <= event["ts"] <= end_ms:
+    for slot, h in zip(slots[busy].tolist(), hashes[busy].tolist(), strict=True):
+        for event in slot_events(alarm, slot, node, h):
+            if lower <= event["ts"] <= end_ms:
                 out.append(event)
     return out
 
 
 @dataclass(frozen=True)
 class AlarmQuery:
+    """Which alarms (path, recurrent, regex, priorities) and events (status) to return."""
+
     path: str = "/"
     recurrent: bool = True
-    regex: str | None = None
+    pattern: re.Pattern[str] | None = None
     status: int | None = None
     min_priority: int | None = None
     max_priority: int | None = None
 
+    @classmethod
+    def of(cls, path: str, filt: AlarmFilter) -> AlarmQuery:
+        """From the typed filter; `priority` is an alias of `minPriority` (spec: Versioning)."""
+        return cls(
+            path=path or "/",
+            recurrent=True if filt.recurrent is None else filt.recurrent,
+            pattern=re.compile(filt.path_regex) if filt.path_regex else None,
+            status=filt.status,
+            min_priority=filt.min_priority if filt.min_priority is not None else filt.priority,
+            max_priority=filt.max_priority,
+        )
+
     def matches(self, alarm: AlarmSpec) -> bool:
-        prefix = self.path if self.path.endswith("/") else self.path + "/"
-        if self.path not in ("/", "") and alarm.path != self.path:
-            if not alarm.path.startswith(prefix):
-                return False
-            if not self.recurrent and "/" in alarm.path[len(prefix) :]:
-                return False
-        elif self.path in ("/", "") and not self.recurrent and alarm.path.count("/") > 1:
+        if not _under(alarm.path, self.path, self.recurrent):
             return False
-        if self.regex is not None and re.search(self.regex, alarm.path) is None:
+        if self.pattern is not None and self.pattern.search(alarm.path) is None:
             return False
         if self.min_priority is not None and alarm.priority < self.min_priority:
             return False
@@ -124,3 +161,149 @@ class AlarmQuery:
 
     def event_matches(self, event: dict[str, Any]) -> bool:
         return self.status is None or event["status"] == self.status
+
+    def echo(self, filt: AlarmFilter) -> dict[str, Any]:
+        """`request.options` of the history answer (spec: Alarm history response)."""
+        return {
+            "recurrent": self.recurrent,
+            "filter": {
+                "path": filt.path_regex,
+                "status": filt.status,
+                "minPriority": self.min_priority,
+                "maxPriority": self.max_priority,
+            },
+        }
+
+
+def _under(path: str, root: str, recurrent: bool) -> bool:
+    if root in ("", "/"):
+        return recurrent or path.count("/") == 1
+    if path == root:
+        return True
+    group = root if root.endswith("/") else root + "/"
+    if not path.startswith(group):
+        return False
+    return recurrent or "/" not in path[len(group) :]
+
+
+def parse_alarm_query(params: Params) -> tuple[str, AlarmFilter, AlarmQuery]:
+    """`path` (mandatory, node-facts) and the `options.*` filters of alarm get/count/history."""
+    path = required_str(params, "path")
+    parse_regex(params.get("options.filter.path"), "options.filter.path")
+    try:
+        filt = AlarmFilter(
+            path_regex=params.get("options.filter.path") or None,
+            status=parse_int(params.get("options.filter.status"), "options.filter.status"),
+            priority=parse_int(params.get("options.filter.priority"), "options.filter.priority"),
+            min_priority=parse_int(
+                params.get("options.filter.minPriority"), "options.filter.minPriority"
+            ),
+            max_priority=parse_int(
+                params.get("options.filter.maxPriority"), "options.filter.maxPriority"
+            ),
+            recurrent=parse_optional_bool(params.get("options.recurrent")),
+        )
+    except ValueError as exc:
+        raise RequestError(400, str(exc)) from None
+    return path, filt, AlarmQuery.of(path, filt)
+
+
+class AlarmService:
+    """The `alarm` resource: current states, counts, history and acknowledgement."""
+
+    def __init__(self, node: SimulatedNode, alarms: list[AlarmSpec]) -> None:
+        self._node = node
+        self.alarms = alarms
+        self.by_path = {alarm.path: alarm for alarm in alarms}
+        self._lock = threading.Lock()
+        self._ack_events: dict[str, list[dict[str, Any]]] = {}
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "alarm.get": self.get,
+            "alarm.count": self.count,
+            "alarm.history": self.history,
+            "alarm.ack": self.ack,
+        }
+
+    def events(
+        self, query: AlarmQuery, start_ms: int, last_ms: int, node_name: str
+    ) -> list[dict[str, Any]]:
+        """History events with start_ms <= ts <= last_ms (and ts <= now), in ts order."""
+        last_ms = min(last_ms, self._node.now_ms())
+        history_start = self._node.config.history_start_ms
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            acks = {path: list(events) for path, events in self._ack_events.items()}
+        for alarm in self.alarms:
+            if not query.matches(alarm):
+                continue
+            found = events_between(alarm, start_ms, last_ms, node_name, history_start)
+            found += [e for e in acks.get(alarm.path, ()) if start_ms <= e["ts"] <= last_ms]
+            out.extend(e for e in found if query.event_matches(e))
+        out.sort(key=lambda e: (e["ts"], e["path"], e["status"]))
+        return out
+
+    def state(self, alarm: AlarmSpec) -> dict[str, Any]:
+        """The alarm record now: its latest event (hashed or acknowledged), without origin."""
+        now = self._node.now_ms()
+        node_name = self._node.config.node_name
+        slot = now // SLOT_MS
+        current: dict[str, Any] | None = None
+        for back in range(48):
+            visible = [e for e in slot_events(alarm, slot - back, node_name) if e["ts"] <= now]
+            if visible:
+                current = visible[-1]
+                break
+        with self._lock:
+            acked = [e for e in self._ack_events.get(alarm.path, ()) if e["ts"] <= now]
+        if acked and (current is None or acked[-1]["ts"] >= current["ts"]):
+            current = acked[-1]
+        if current is None:
+            current = alarm_event(alarm, (slot - 48) * SLOT_MS, 0, node_name, None)
+        record = dict(current)
+        record.pop("origin", None)
+        return record
+
+    def get(self, params: Params) -> Answer:
+        _, _, query = parse_alarm_query(params)
+        states = [self.state(alarm) for alarm in self.alarms if query.matches(alarm)]
+        return json_answer([s for s in states if query.event_matches(s)])
+
+    def count(self, params: Params) -> Answer:
+        _, _, query = parse_alarm_query(params)
+        states = [self.state(alarm) for alarm in self.alarms if query.matches(alarm)]
+        return Answer(body=str(sum(query.event_matches(s) for s in states)).encode())
+
+    def history(self, params: Params) -> Answer:
+        """Inclusive at both ends (like raw history), never past now."""
+        path, filt, query = parse_alarm_query(params)
+        tree = self._node.tree(params.get("options.remoteNode"))
+        start = parse_time(params.get("start"), "start")
+        end = parse_time(params.get("end"), "end")
+        if end < start:
+            raise RequestError(400, "end is before start")
+        events = self.events(query, start, end, tree.node_name)
+        request = {"path": path, "start": start, "end": end, "options": query.echo(filt)}
+        return json_answer({"request": request, "data": events})
+
+    def ack(self, body: Params) -> Answer:
+        """3 (active, unacked) -> 1 and 2 (cleared, unacked) -> 0; others are unchanged."""
+        paths = parse_list(body.get("paths"))
+        if not paths:
+            raise RequestError(400, "paths is required")
+        for path in paths:
+            if path not in self.by_path:
+                raise RequestError(404, f"alarm {path!r} not found")
+        msg = body.get("msg")
+        now = self._node.now_ms()
+        info = {"ts": now, "user": "api", "msg": msg if isinstance(msg, str) else ""}
+        for path in dict.fromkeys(paths):
+            alarm = self.by_path[path]
+            status = self.state(alarm)["status"]
+            if status not in ACKED:
+                continue
+            event = alarm_event(alarm, now, ACKED[status], self._node.config.node_name, info)
+            with self._lock:
+                self._ack_events.setdefault(path, []).append(event)
+        return Answer()

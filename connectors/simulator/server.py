@@ -23,7 +23,8 @@ from urllib.parse import parse_qsl, urlsplit
 import orjson
 
 from connectors.simulator.config import SimConfig
-from connectors.simulator.node import Answer, SimulatedNode
+from connectors.simulator.node import SimulatedNode
+from connectors.simulator.protocol import Answer, error_answer
 
 _HISTORY = {"tag.history", "tag.historyMany", "tag.historyFilter"}
 
@@ -98,54 +99,61 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str) -> None:
         node = self.server.node
+        node.count_request()
         parts = urlsplit(self.path)
         resource = parts.path.strip("/")
         params = dict(parse_qsl(parts.query, keep_blank_values=True))
         cmd = params.pop("cmd", "")
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            self._send(error_answer(400, "invalid Content-Length"))
+            return
         raw_body = self.rfile.read(length) if length else b""
-        operation = f"{resource}.{cmd}"
         if not self._authorised():
-            self._send(Answer(401, orjson.dumps({"error": "unauthorised"})))
+            answer = error_answer(401, "unauthorised")
+            answer.headers["WWW-Authenticate"] = 'Bearer realm="node"'
+            self._send(answer)
             return
-        fault = node.faults.decide(operation)
-        if fault in ("500", "502", "503", "504"):
-            self._send(Answer(int(fault), orjson.dumps({"error": f"injected {fault}"})))
+        fault = node.faults.decide(f"{resource}.{cmd}")
+        if fault is not None and self._inject(fault):
             return
-        if fault == "429":
-            retry = node.faults.retry_after_s
-            self._send(
-                Answer(
-                    429,
-                    orjson.dumps({"error": "too many requests"}),
-                    headers={"Retry-After": f"{retry:g}"},
-                )
-            )
-            return
-        if fault == "reset":
-            self._reset()
-            return
-        if fault == "slow":
-            time.sleep(node.faults.slow_s)
         body: Any = None
-        if raw_body:
+        if raw_body.strip():
             try:
                 body = orjson.loads(raw_body)
             except orjson.JSONDecodeError:
-                self._send(Answer(400, orjson.dumps({"error": "body is not JSON"})))
+                self._send(error_answer(400, "the body is not JSON"))
                 return
-        if operation in _HISTORY:
-            answer = node.cached(
-                parts.query + method, lambda: node.handle(method, resource, cmd, params, body)
-            )
+        if f"{resource}.{cmd}" in _HISTORY and method == "GET":
+            key = f"{resource}?{parts.query}"
+            answer = node.cached(key, lambda: node.handle(method, resource, cmd, params, body))
         else:
             answer = node.handle(method, resource, cmd, params, body)
         if fault == "nonjson" and answer.status == 200:
             answer = Answer(200, b"<html><body>502 Bad Gateway</body></html>", "text/html")
-        if fault == "truncate" and answer.status == 200 and len(answer.body) > 1:
-            self._send(answer, truncate=True)
-            return
-        self._send(answer)
+        self._send(answer, truncate=fault == "truncate" and len(answer.body) > 1)
+
+    def _inject(self, fault: str) -> bool:
+        """Inject a fault that replaces the answer (True), or prepare one that alters it."""
+        faults = self.server.node.faults
+        if fault in ("500", "502", "503", "504"):
+            self._send(error_answer(int(fault), f"injected {fault}"))
+            return True
+        if fault == "429":
+            answer = error_answer(429, "too many requests")
+            answer.headers["Retry-After"] = f"{faults.retry_after_s:g}"
+            self._send(answer)
+            return True
+        if fault == "reset":
+            self._reset()
+            return True
+        if fault == "slow":
+            time.sleep(faults.slow_s)
+        return False
 
     def _reset(self) -> None:
         self.close_connection = True

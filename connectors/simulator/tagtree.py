@@ -6,6 +6,7 @@ of any tag can be generated on demand, in any order, without storing history.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,3 +121,36 @@ def build_tags(seed: int, count: int, hostile: bool) -> list[TagSpec]:
             )
         )
     return specs
+
+
+class TagTree:
+    """The tags of one (local or remote) node, by index and by path."""
+
+    def __init__(self, node_name: str, specs: list[TagSpec]) -> None:
+        self.node_name = node_name
+        self.specs = specs
+        self.by_path = {spec.path: spec for spec in specs}
+
+    def get(self, path: str) -> TagSpec | None:
+        return self.by_path.get(path)
+
+    def select(
+        self, roots: list[str], pattern: re.Pattern[str] | None, recurrent: bool
+    ) -> list[TagSpec]:
+        """Tags equal to a root, or under a root group (direct children unless recurrent)."""
+        chosen: dict[str, TagSpec] = {}
+        for root in roots or ["/"]:
+            exact = self.by_path.get(root)
+            if exact is not None:
+                if pattern is None or pattern.search(exact.path):
+                    chosen[exact.path] = exact
+                continue
+            group = root if root.endswith("/") else root + "/"
+            for spec in self.specs:
+                if not spec.path.startswith(group):
+                    continue
+                if not recurrent and "/" in spec.path[len(group) :]:
+                    continue
+                if pattern is None or pattern.search(spec.path):
+                    chosen[spec.path] = spec
+        return list(chosen.values())

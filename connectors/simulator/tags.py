@@ -1,0 +1,372 @@
+"""The `tag` resource: browse, read, details, the three history commands, views, writes.
+
+History answers are rendered straight from the deterministic generator (`history.py`):
+`{tag path: {"request": echo, "data": rows}}`. Unknown tags in `historyMany` and
+`historyFilter` are left out of the answer; `history` of an unknown tag is a 404.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from connectors.options import METHODS, MODES, HistoryOptions
+from connectors.simulator.protocol import (
+    Answer,
+    Handler,
+    Params,
+    RequestError,
+    json_answer,
+    parse_bool,
+    parse_int,
+    parse_list,
+    parse_optional_bool,
+    parse_regex,
+    parse_time,
+    required_str,
+)
+from connectors.simulator.tagtree import TagSpec, TagTree
+
+if TYPE_CHECKING:
+    from connectors.simulator.node import SimulatedNode
+
+DEFAULT_INTERVAL_MS = 60_000
+VIEWS = ("default", "operations", "maintenance")
+_WRITE_TYPES: dict[str, tuple[type, ...]] = {
+    "number": (int, float),
+    "boolean": (bool,),
+    "string": (str,),
+}
+
+
+def parse_history_options(params: Params) -> HistoryOptions:
+    """The shared history options; mode defaults to `delta` (spec), interval to 60 s."""
+    mode = params.get("options.mode") or "delta"
+    if mode not in MODES:
+        raise RequestError(400, f"options.mode {mode!r} is not one of {', '.join(MODES)}")
+    method = params.get("options.method") or None
+    if method is not None and method not in METHODS:
+        raise RequestError(400, f"options.method {method!r} is not one of {', '.join(METHODS)}")
+    interval = parse_int(params.get("options.interval"), "options.interval")
+    if interval is not None and interval <= 0:
+        raise RequestError(400, "options.interval must be positive")
+    limit = parse_int(params.get("options.limit"), "options.limit")
+    if limit is not None and limit < 0:
+        raise RequestError(400, "options.limit must not be negative")
+    deadband: float | None = None
+    raw_deadband = params.get("options.deadband")
+    if raw_deadband not in (None, ""):
+        try:
+            deadband = float(str(raw_deadband).strip().rstrip("u"))
+        except ValueError:
+            raise RequestError(400, "options.deadband is not a number") from None
+    return HistoryOptions(
+        mode=mode,
+        method=method,
+        interval_ms=(interval or DEFAULT_INTERVAL_MS) if mode == "aggregated" else None,
+        deadband=deadband,
+        invalid_as_null=parse_optional_bool(params.get("options.invalidAsNull")),
+        limit=limit or None,
+    )
+
+
+def request_echo(
+    tag: str,
+    start: int,
+    end: int,
+    options: HistoryOptions,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The `request` object of a history answer (spec: Tag history response)."""
+    echo: dict[str, Any] = {
+        "mode": options.mode,
+        "method": options.method or "",
+        "interval": options.interval_ms,
+        "deadband": options.deadband,
+        "invalidAsNull": True if options.invalid_as_null is None else options.invalid_as_null,
+        "limit": options.limit,
+    }
+    echo.update(extra or {})
+    return {"tag": tag, "start": start, "end": end, "options": echo, "data": None}
+
+
+class TagService:
+    """Tag operations of one node; current values written through the API live here."""
+
+    def __init__(self, node: SimulatedNode) -> None:
+        self._node = node
+        self._lock = threading.Lock()
+        self._written: dict[str, tuple[Any, int]] = {}
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "tag.browse": self.browse,
+            "tag.read": self.read,
+            "tag.details": self.details,
+            "tag.history": self.history,
+            "tag.historyMany": self.history_many,
+            "tag.historyFilter": self.history_filter,
+            "tag.getViews": lambda _: json_answer(list(VIEWS)),
+            "tag.write": self.write,
+            "tag.writeMany": self.write_many,
+        }
+
+    # -- written values (backups hold and restore them) ------------------------------------
+
+    def written_values(self) -> dict[str, Any]:
+        with self._lock:
+            return {path: value for path, (value, _) in self._written.items()}
+
+    def restore_values(self, values: Mapping[str, Any], ts: int) -> None:
+        with self._lock:
+            self._written = {
+                path: (value, ts) for path, value in values.items() if path in self._local.by_path
+            }
+
+    @property
+    def _local(self) -> TagTree:
+        return self._node.tree()
+
+    # -- history ---------------------------------------------------------------------------
+
+    def _window(self, params: Params) -> tuple[int, int]:
+        start = parse_time(params.get("start"), "start")
+        end = parse_time(params.get("end"), "end")
+        if end < start:
+            raise RequestError(400, "end is before start")
+        return start, end
+
+    def _render(
+        self,
+        tree: TagTree,
+        specs: list[TagSpec],
+        start: int,
+        end: int,
+        options: HistoryOptions,
+        extra: Mapping[str, Any] | None = None,
+    ) -> bytes:
+        answer = {
+            spec.path: {
+                "request": request_echo(spec.path, start, end, options, extra),
+                "data": self._node.history_rows(tree, spec, start, end, options, capped=True),
+            }
+            for spec in specs
+        }
+        return orjson.dumps(answer)
+
+    def history(self, params: Params) -> Answer:
+        path = required_str(params, "path")
+        tree = self._node.tree(params.get("options.remoteNode"))
+        spec = tree.get(path)
+        if spec is None:
+            raise RequestError(404, f"tag {path!r} not found")
+        start, end = self._window(params)
+        options = parse_history_options(params)
+        rows = self._node.history_rows(tree, spec, start, end, options, capped=True)
+        return json_answer({"request": request_echo(path, start, end, options), "data": rows})
+
+    def history_many(self, params: Params) -> Answer:
+        paths = parse_list(params.get("paths"))
+        if not paths:
+            raise RequestError(400, "paths is required")
+        tree = self._node.tree(params.get("options.remoteNode"))
+        start, end = self._window(params)
+        options = parse_history_options(params)
+        specs = [spec for p in dict.fromkeys(paths) if (spec := tree.get(p)) is not None]
+        return Answer(body=self._render(tree, specs, start, end, options))
+
+    def history_filter(self, params: Params) -> Answer:
+        """Honours both `path` and `paths` (their union): the spec names both."""
+        roots = list(
+            dict.fromkeys(parse_list(params.get("path")) + parse_list(params.get("paths")))
+        )
+        if not roots:
+            raise RequestError(400, "path is required")
+        tree = self._node.tree(params.get("options.remoteNode"))
+        start, end = self._window(params)
+        options = parse_history_options(params)
+        pattern = parse_regex(params.get("options.filter"), "options.filter")
+        recurrent = parse_bool(params.get("options.recurrent"), False)
+        specs = tree.select(roots, pattern, recurrent)
+        body = self._render(tree, specs, start, end, options, {"recurrent": recurrent})
+        return Answer(body=body)
+
+    # -- browse, read, details ---------------------------------------------------------------
+
+    def current(self, spec: TagSpec) -> tuple[Any, int, int]:
+        """(value, quality, ts) now: the last write, else the last visible sample."""
+        with self._lock:
+            written = self._written.get(spec.path)
+        if written is not None:
+            return written[0], 192, written[1]
+        return self._node.last_sample(spec)
+
+    def entry(self, spec: TagSpec, *, details: bool, with_id: bool = True) -> dict[str, Any]:
+        """A tag read entry, or (details) a tag details entry (spec: Tag)."""
+        value, quality, ts = self.current(spec)
+        entry: dict[str, Any] = {
+            "status": {"value": 1, "ts": ts},
+            "data": {"value": value, "quality": quality, "ts": ts},
+        }
+        if not details:
+            return entry
+        remote = {"link": "to-remote", "lag_ms": spec.remote_lag_ms} if spec.remote_lag_ms else None
+        full: dict[str, Any] = {"fullPath": spec.path, "remote": remote, **entry}
+        full["config"] = _tag_config(spec)
+        return {"id": spec.index + 1, **full} if with_id else full
+
+    def model(self, limit: int = 50) -> dict[str, Any]:
+        """The tag model sent with `subscribe` and in `model` events (first `limit` tags)."""
+        return {
+            "description": "simulated node",
+            "tags": {
+                spec.name: self.entry(spec, details=True, with_id=False)
+                for spec in self._local.specs[:limit]
+            },
+        }
+
+    def browse(self, params: Params) -> Answer:
+        path = required_str(params, "path")
+        recurrent = parse_bool(params.get("options.recurrent"), False)
+        flat = parse_bool(params.get("options.flat"), False)
+        hide_tags = parse_bool(params.get("options.hideTags"), False)
+        hide_groups = parse_bool(params.get("options.hideGroups"), False)
+        pattern = parse_regex(params.get("options.filter"), "options.filter")
+        group = path if path.endswith("/") else path + "/"
+        chosen = self._local.select([group], pattern, True)
+        if flat:
+            return json_answer(_flat_listing(chosen, group, recurrent, hide_tags, hide_groups))
+        tree: dict[str, Any] = {"groups": {}, "tags": {}}
+        for spec in chosen:
+            names = spec.path[len(group) :].split("/")
+            node = tree
+            for depth, name in enumerate(names[:-1]):
+                node = node["groups"].setdefault(name, {"groups": {}, "tags": {}})
+                if not recurrent and depth == 0:
+                    break
+            else:
+                if not hide_tags:
+                    node["tags"][names[-1]] = {"fullPath": spec.path, "type": spec.type}
+        if hide_groups:
+            tree["groups"] = {}
+        return json_answer(tree)
+
+    def _read_selection(self, params: Params) -> list[TagSpec]:
+        path = required_str(params, "path")
+        exact = self._local.get(path)
+        if exact is not None:
+            return [exact]
+        recurrent = parse_bool(params.get("options.recurrent"), False)
+        pattern = parse_regex(params.get("options.filter"), "options.filter")
+        root = path[:-1] if path.endswith("/*") else path
+        chosen = self._local.select([root], pattern, recurrent)
+        if not chosen:
+            raise RequestError(404, f"no tag at {path!r}")
+        return chosen
+
+    def read(self, params: Params) -> Answer:
+        specs = self._read_selection(params)
+        return json_answer({"tags": {s.name: self.entry(s, details=False) for s in specs}})
+
+    def details(self, params: Params) -> Answer:
+        specs = self._read_selection(params)
+        return json_answer(
+            {
+                "description": "simulated group",
+                "_templates": [],
+                "tags": {s.name: self.entry(s, details=True) for s in specs},
+            }
+        )
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def _checked(self, path: Any, value: Any) -> TagSpec:
+        if not isinstance(path, str) or not path:
+            raise RequestError(400, "path is required")
+        spec = self._local.get(path)
+        if spec is None:
+            raise RequestError(404, f"tag {path!r} not found")
+        kinds = _WRITE_TYPES[spec.type]
+        if (isinstance(value, bool) and spec.type != "boolean") or not isinstance(value, kinds):
+            raise RequestError(400, f"value does not match type {spec.type} of tag {path!r}")
+        return spec
+
+    def _apply(self, writes: list[tuple[TagSpec, Any]]) -> None:
+        ts = self._node.now_ms()
+        with self._lock:
+            for spec, value in writes:
+                self._written[spec.path] = (value, ts)
+        for spec, value in writes:
+            self._node.subscriptions.publish_tag(spec.path, value, 192, ts)
+
+    def write(self, body: Params) -> Answer:
+        if "value" not in body:
+            raise RequestError(400, "value is required")
+        self._apply([(self._checked(body.get("path"), body["value"]), body["value"])])
+        return Answer()
+
+    def write_many(self, body: Params) -> Answer:
+        """`paths` is a comma-separated string (spec); a JSON array is accepted too."""
+        raw = body.get("paths")
+        paths = [str(p) for p in raw] if isinstance(raw, list) else parse_list(raw)
+        values = body.get("values")
+        if not paths or not isinstance(values, list) or len(values) != len(paths):
+            raise RequestError(400, "paths and values (of the same length) are required")
+        writes = [(self._checked(p, v), v) for p, v in zip(paths, values, strict=True)]
+        self._apply(writes)
+        return Answer()
+
+
+def _flat_listing(
+    chosen: list[TagSpec], group: str, recurrent: bool, hide_tags: bool, hide_groups: bool
+) -> list[str]:
+    items: list[str] = []
+    if not hide_tags:
+        items.extend(s.path for s in chosen if recurrent or "/" not in s.path[len(group) :])
+    if not hide_groups:
+        groups = {
+            group + s.path[len(group) :].split("/", 1)[0] + "/"
+            for s in chosen
+            if "/" in s.path[len(group) :]
+        }
+        items.extend(sorted(groups))
+    return items
+
+
+def _tag_config(spec: TagSpec) -> dict[str, Any]:
+    """The configuration block of tag details (spec: Tag details response)."""
+    number = spec.type == "number"
+    return {
+        "description": f"{spec.name} (simulated)",
+        "type": spec.type,
+        "numberType": "float64" if number else None,
+        "format": "%.1f" if number else None,
+        "deadband": f"{spec.deadband}u",
+        "clientAccess": "RW",
+        "engUnits": spec.units,
+        "default": None,
+        "simulation": {"enabled": True},
+        "persistency": 0,
+        "views": ["default"],
+        "security": {},
+        "extensions": {
+            "scaling": {"enabled": False, "raw": [0, 100], "eu": [0, 100], "clamp": [False, False]},
+            "source": {"enabled": True, "type": "simulation", "module": "Simulator", "config": {}},
+            "history": {
+                "enabled": True,
+                "module": "Historian",
+                "config": {
+                    "mode": "raw",
+                    "deadband": f"{spec.deadband}u",
+                    "rangeY": [0, 250],
+                    "interpolation": "linear",
+                    "defaultMethod": spec.default_method,
+                    "rate": [spec.period_ms, 0],
+                },
+            },
+            "ae": {"alarms": {}, "quality_alarms": {}},
+        },
+    }

@@ -1,0 +1,623 @@
+"""The `historian` command: run, backfill, state, check, simulate, serve, report.
+
+User errors (bad config, unreachable node, refused credentials, TLS, a sink that cannot
+be written, a flow already running) end with one line on stderr and a non-zero exit:
+2 for configuration and usage errors, 1 for everything that failed while running.
+`HISTORIAN_DEBUG=1` shows the traceback instead, for bug reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from connectors.errors import NodeError
+from pipelines.config import DEFAULT_CONFIG, Config, ConfigError, load_config, parse_moment
+
+app = typer.Typer(
+    name="historian",
+    help="Extract tag and alarm history from a data node into a Parquet lake or SQL warehouse.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+state_app = typer.Typer(help="Show or reset what each flow has extracted.", no_args_is_help=False)
+app.add_typer(state_app, name="state")
+
+out = Console(width=None if sys.stdout.isatty() else 140)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+ConfigOption = Annotated[
+    Path, typer.Option("--config", "-c", help="flows.yaml to use.", envvar="HISTORIAN_CONFIG")
+]
+T = TypeVar("T")
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed as one line."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the project's typed errors into one line and an exit code."""
+    if os.environ.get("HISTORIAN_DEBUG") == "1":
+        yield
+        return
+    from sinks.base import SinkError
+
+    try:
+        yield
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    except UserError as exc:
+        _fail(str(exc), exc.code)
+    except NodeError as exc:
+        _fail(f"node: {_one_line(exc)}", EXIT_FAILED)
+    except SinkError as exc:
+        _fail(f"sink: {_one_line(exc)}", EXIT_FAILED)
+    except KeyboardInterrupt:
+        _fail("interrupted; committed chunks are kept and the next run continues", 130)
+    except OSError as exc:
+        _fail(_one_line(exc), EXIT_FAILED)
+
+
+def _setup_logging(verbose: bool) -> None:
+    from rich.logging import RichHandler
+
+    level = logging.INFO if verbose else logging.WARNING
+    handler = RichHandler(console=err, show_path=False, show_time=verbose, markup=False)
+    root = logging.getLogger("historian")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+def _load(path: Path) -> Config:
+    return load_config(path)
+
+
+def _moment(value: str | None, option: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return parse_moment(value)
+    except ValueError as exc:
+        raise UserError(f"{option}: {exc}", EXIT_USAGE) from None
+
+
+def _check_flow(config: Config, name: str, source: Path) -> None:
+    if name not in config.flows:
+        known = ", ".join(config.flows)
+        raise UserError(f"{source.name}: no flow named {name!r} (flows: {known})", EXIT_USAGE)
+
+
+# -- run / backfill --------------------------------------------------------------------
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.fields[flow]}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rows]:>12,} rows"),
+        TextColumn("{task.fields[rate]:>10,.0f} rows/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=False,
+        disable=not err.is_terminal,
+    )
+
+
+def _run_flows(
+    config_path: Path,
+    names: list[str],
+    *,
+    start: datetime | None,
+    end: datetime | None,
+    backfill: bool,
+    direct: bool,
+) -> None:
+    from pipelines.runner import RunFailed, RunRequest, RunSummary
+
+    config = _load(config_path)
+    for name in names:
+        _check_flow(config, name, config_path)
+    if start is not None and end is not None and end <= start:
+        raise UserError("--end must be after --start", EXIT_USAGE)
+    request = RunRequest(start=start, end=end, backfill=backfill)
+    summaries: list[RunSummary] = []
+    failed: str | None = None
+    with _progress() as progress:
+        tasks: dict[str, TaskID] = {}
+
+        def on_plan_for(name: str) -> Callable[[object], None]:
+            def on_plan(plan: object) -> None:
+                total = len(getattr(plan, "pending", []))
+                tasks[name] = progress.add_task("", total=total, flow=name, rows=0, rate=0.0)
+
+            return on_plan
+
+        def on_chunk(outcome: object, summary: RunSummary) -> None:
+            task = tasks.get(summary.flow)
+            if task is None:
+                task = tasks[summary.flow] = progress.add_task(
+                    "", total=None, flow=summary.flow, rows=0, rate=0.0
+                )
+            elapsed = max(progress.tasks[task].elapsed or 0.0, 1e-9)
+            progress.update(task, advance=1, rows=summary.rows, rate=summary.rows / elapsed)
+
+        for name in names:
+            try:
+                if direct:
+                    summaries.append(
+                        _run_direct(config, config_path, name, request, on_chunk, on_plan_for(name))
+                    )
+                else:
+                    from pipelines.flows import run_prefect
+
+                    summaries.append(run_prefect(config_path, name, request, on_chunk=on_chunk))
+            except RunFailed as exc:
+                summaries.append(exc.summary)
+                failed = _failure(config, name, exc.__cause__ or exc, exc.summary.chunks_done)
+                break
+            except ConfigError:
+                raise
+            except Exception as exc:
+                from sinks.base import SinkError
+
+                if isinstance(exc, NodeError | SinkError | UserError):
+                    failed = _failure(config, name, exc, 0)
+                    break
+                raise
+    _print_summaries(config, config_path, [s for s in summaries if s.chunks_done or not failed])
+    if failed:
+        raise UserError(failed)
+
+
+def _failure(config: Config, name: str, exc: BaseException, chunks_done: int) -> str:
+    """One line: which flow, which part (node or sink), what, and what was kept."""
+    from sinks.base import FlowLocked, SinkError
+
+    if isinstance(exc, FlowLocked):
+        where = ""
+    elif isinstance(exc, NodeError):
+        where = f"node {config.flows[name].node}: "
+    elif isinstance(exc, SinkError):
+        where = "sink: "
+    else:
+        where = ""
+    kept = (
+        f" ({chunks_done} chunks committed; the next run continues from there)"
+        if chunks_done
+        else ""
+    )
+    return f"flow {name}: {where}{_one_line(exc)}{kept}"
+
+
+def _run_direct(
+    config: Config,
+    config_path: Path,
+    name: str,
+    request: object,
+    on_chunk: Callable[..., None],
+    on_plan: Callable[[object], None],
+) -> object:
+    from pipelines.destinations import SinkSet
+    from pipelines.nodes import NodePool
+    from pipelines.runner import RunRequest, run_flow
+
+    assert isinstance(request, RunRequest)
+    base = config_path.resolve().parent
+    with NodePool(config) as nodes, SinkSet(config, base) as sinks:
+        return run_flow(
+            config,
+            name,
+            nodes=nodes,
+            sinks=sinks,
+            request=request,
+            on_chunk=on_chunk,
+            on_plan=on_plan,
+        )
+
+
+def _print_summaries(config: Config, config_path: Path, summaries: list[object]) -> None:
+    from pipelines.runner import RunSummary
+
+    rows = [s for s in summaries if isinstance(s, RunSummary)]
+    if not rows:
+        return
+    table = Table(title="historian run", show_lines=False, title_justify="left")
+    for column in ("flow", "rows", "chunks", "skipped", "seconds", "rows/s", "tags", "watermark"):
+        table.add_column(column, justify="right" if column not in ("flow", "watermark") else "left")
+    for s in rows:
+        mark = s.watermark_after.strftime("%Y-%m-%d %H:%M:%SZ") if s.watermark_after else "-"
+        table.add_row(
+            s.flow,
+            f"{s.rows:,}",
+            f"{s.chunks_done}/{s.chunks_planned}",
+            f"{s.chunks_skipped}",
+            f"{s.seconds:.1f}",
+            f"{s.rows_per_second:,.0f}",
+            f"{s.tags}",
+            mark,
+        )
+    out.print(table)
+    base = config_path.resolve().parent
+    shown: set[str] = set()
+    for s in rows:
+        flow = config.flows.get(s.flow)
+        if flow is None:
+            continue
+        for sink_name in flow.sinks:
+            where = s.sinks.get(sink_name)
+            if where and (sink_name, s.dataset) not in shown:
+                shown.add(sink_name)
+                out.print(f"  {s.flow} -> {sink_name}: {where}", highlight=False)
+    hints = _read_hints(config, base, rows)
+    if hints:
+        out.print("Read it back:")
+        for hint in hints:
+            out.print(f"  {hint}", highlight=False, soft_wrap=True)
+
+
+def _read_hints(config: Config, base: Path, summaries: list[object]) -> list[str]:
+    from pipelines.config import ParquetSinkConfig, SqlSinkConfig
+    from pipelines.destinations import _local_path, _sql_url
+
+    hints: list[str] = []
+    for summary in summaries[:1]:
+        name = getattr(summary, "flow", "")
+        dataset = getattr(summary, "dataset", name)
+        flow = config.flows.get(name)
+        if flow is None:
+            continue
+        for sink_name in flow.sinks:
+            sink = config.sinks[sink_name]
+            if isinstance(sink, ParquetSinkConfig):
+                root = _local_path(sink.url, base)
+                with suppress(ValueError):
+                    root = str(Path(root).relative_to(Path.cwd()))
+                hints.append(
+                    f"python -c \"import pandas as pd; print(pd.read_parquet('{root}/{dataset}'))\""
+                )
+            elif isinstance(sink, SqlSinkConfig) and sink.url.startswith("duckdb:///"):
+                path = _sql_url(sink.url, base)[len("duckdb:///") :]
+                with suppress(ValueError):
+                    path = str(Path(path).relative_to(Path.cwd()))
+                hints.append(
+                    f"python -c \"import duckdb; duckdb.connect('{path}', read_only=True)"
+                    f".sql('select tag, count(*) from {dataset} group by tag limit 5').show()\""
+                )
+    return hints
+
+
+@app.command()
+def run(
+    flow: Annotated[str | None, typer.Argument(help="Flow name in flows.yaml.")] = None,
+    all_flows: Annotated[bool, typer.Option("--all", help="Run every flow.")] = False,
+    start: Annotated[
+        str | None, typer.Option(help="Explicit start (ISO 8601 UTC, or -2d). Default: from state.")
+    ] = None,
+    end: Annotated[str | None, typer.Option(help="Explicit end (ISO 8601 UTC, or -1h).")] = None,
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+    direct: Annotated[
+        bool, typer.Option("--direct", help="Run in this process without Prefect.")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run one flow (or --all) now: incremental from its state unless --start is given."""
+    _setup_logging(verbose)
+    with user_errors():
+        if all_flows == (flow is not None):
+            raise UserError("give a FLOW name or --all", EXIT_USAGE)
+        cfg = _load(config)
+        names = list(cfg.flows) if all_flows else [flow or ""]
+        _run_flows(
+            config,
+            names,
+            start=_moment(start, "--start"),
+            end=_moment(end, "--end"),
+            backfill=False,
+            direct=direct,
+        )
+
+
+@app.command()
+def backfill(
+    flow: Annotated[str, typer.Argument(help="Flow name in flows.yaml.")],
+    start: Annotated[str, typer.Option(help="Start (ISO 8601 UTC, or -30d).")],
+    end: Annotated[
+        str | None, typer.Option(help="End (ISO 8601 UTC). Default: now - settle.")
+    ] = None,
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+    direct: Annotated[bool, typer.Option("--direct", help="Run without Prefect.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Extract a range; chunks already in every sink are skipped, so a killed backfill resumes."""
+    _setup_logging(verbose)
+    with user_errors():
+        _run_flows(
+            config,
+            [flow],
+            start=_moment(start, "--start"),
+            end=_moment(end, "--end"),
+            backfill=True,
+            direct=direct,
+        )
+
+
+# -- state -----------------------------------------------------------------------------
+
+
+@state_app.callback(invoke_without_command=True)
+def state_show(
+    ctx: typer.Context,
+    flow: Annotated[str | None, typer.Option("--flow", "-f", help="Only this flow.")] = None,
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+    chunks: Annotated[int, typer.Option(help="Recent chunks to list per flow.")] = 5,
+) -> None:
+    """Watermarks per flow and sink, and the most recent chunks with rows fetched/committed."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with user_errors():
+        from pipelines.destinations import SinkSet
+        from pipelines.state import flow_watermark
+
+        cfg = _load(config)
+        if flow is not None:
+            _check_flow(cfg, flow, config)
+        names = [flow] if flow else list(cfg.flows)
+        with SinkSet(cfg, config.resolve().parent) as sinks:
+            table = Table(title="historian state", title_justify="left")
+            for column in ("flow", "sink", "members", "watermark", "complete to (min..max)"):
+                table.add_column(column)
+            logs: list[tuple[str, str, list[object]]] = []
+            for name in names:
+                fc = cfg.flows[name]
+                for sink_name in fc.sinks:
+                    sink = sinks.get(sink_name)
+                    progress = sink.progress(name)
+                    members = sorted(progress.completed)
+                    marks = [flow_watermark(progress, [m], fc.start) for m in members]
+                    overall = flow_watermark(progress, members, fc.start) if members else None
+                    ends = [m for m in marks if m is not None]
+                    span = (
+                        f"{min(ends):%Y-%m-%d %H:%M}Z .. {max(ends):%Y-%m-%d %H:%M}Z"
+                        if ends
+                        else "-"
+                    )
+                    table.add_row(
+                        name,
+                        sink_name,
+                        str(len(members)),
+                        f"{overall:%Y-%m-%d %H:%M:%S}Z" if overall else "-",
+                        span,
+                    )
+                    logs.append((name, sink_name, list(sink.chunk_log(name, chunks))))
+            out.print(table)
+            mismatches = 0
+            for name, sink_name, records in logs:
+                if not records:
+                    continue
+                out.print(f"[bold]{name}[/] -> {sink_name}: last {len(records)} chunks")
+                for record in records:
+                    fetched = getattr(record, "rows_fetched", 0)
+                    committed = getattr(record, "rows_committed", 0)
+                    flag = "" if fetched == committed else "  [red]MISMATCH[/]"
+                    mismatches += fetched != committed
+                    out.print(
+                        f"  {getattr(record, 'window', '')}  {getattr(record, 'members', 0)} members"
+                        f"  fetched {fetched:,}  committed {committed:,}{flag}",
+                        highlight=False,
+                    )
+            if mismatches:
+                raise UserError(f"{mismatches} chunks committed a different row count than fetched")
+
+
+@state_app.command("reset")
+def state_reset(
+    flow: Annotated[str, typer.Argument(help="Flow whose progress to forget.")],
+    tag: Annotated[
+        str | None, typer.Option("--tag", help="Only this tag (or alarm selection).")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+) -> None:
+    """Forget a flow's (or one tag's) progress: the next run re-extracts from `start`. Data stays."""
+    with user_errors():
+        from pipelines.destinations import SinkSet
+
+        cfg = _load(config)
+        _check_flow(cfg, flow, config)
+        what = f"tag {tag!r} of flow {flow!r}" if tag else f"flow {flow!r}"
+        if not yes and not typer.confirm(
+            f"Forget the progress of {what} in {', '.join(cfg.flows[flow].sinks)}?"
+        ):
+            raise UserError("nothing reset", EXIT_FAILED)
+        removed = 0
+        with SinkSet(cfg, config.resolve().parent) as sinks:
+            for sink_name in cfg.flows[flow].sinks:
+                sink = sinks.get(sink_name)
+                with sink.lock(flow):
+                    removed += sink.reset(flow, tag)
+        out.print(f"reset {what}: {removed} progress entries removed")
+
+
+# -- check -----------------------------------------------------------------------------
+
+
+@app.command()
+def check(
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+) -> None:
+    """Config valid, every node reachable with its credentials, every sink writable."""
+    with user_errors():
+        from pipelines.destinations import SinkSet
+        from pipelines.nodes import NodePool, describe_node
+
+        cfg = _load(config)
+        out.print(
+            f"[green]ok[/] {config}: {len(cfg.flows)} flows, {len(cfg.nodes)} nodes, "
+            f"{len(cfg.sinks)} sinks",
+            highlight=False,
+        )
+        problems: list[str] = []
+        with NodePool(cfg) as nodes:
+            for name in cfg.nodes:
+                try:
+                    node = nodes.get(name)
+                    status = node.client.system_status()
+                    node_name = getattr(getattr(status, "n3", None), "node", None) or ""
+                    # A history-permission check: credentials accepted for tag data too.
+                    node.client.tag_get_views()
+                    out.print(
+                        f"[green]ok[/] node {describe_node(node)} answers {node_name}",
+                        highlight=False,
+                    )
+                except NodeError as exc:
+                    problems.append(f"node {name}: {_one_line(exc)}")
+                    err.print(f"[red]fail[/] node {name}: {_one_line(exc)}", highlight=False)
+        from sinks.base import SinkError
+
+        with SinkSet(cfg, config.resolve().parent) as sinks:
+            for name in cfg.sinks:
+                try:
+                    sink = sinks.get(name)
+                    sink.check_writable()
+                    out.print(f"[green]ok[/] sink {name}: {sink.describe()}", highlight=False)
+                except SinkError as exc:
+                    problems.append(f"sink {name}: {_one_line(exc)}")
+                    err.print(f"[red]fail[/] sink {name}: {_one_line(exc)}", highlight=False)
+        if problems:
+            raise UserError(
+                problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+            )
+
+
+# -- simulate / serve / report ------------------------------------------------------------
+
+
+@app.command()
+def simulate(
+    port: Annotated[int, typer.Option(help="HTTP port.")] = 3003,
+    https_port: Annotated[int, typer.Option(help="HTTPS port (0 = off).")] = 3443,
+    token: Annotated[
+        str | None,
+        typer.Option(help="Require this bearer token.", envvar="HISTORIAN_SIM_TOKEN"),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the deterministic data.")] = 7,
+    tags: Annotated[int, typer.Option(help="Number of tags (10..100000).")] = 200,
+    raw_cap: Annotated[int, typer.Option(help="Server-side cap of raw samples per tag.")] = 10_000,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    replay: Annotated[
+        bool, typer.Option("--replay", help="Serve repeated history queries from memory.")
+    ] = False,
+) -> None:
+    """Serve the built-in node simulator (the whole REST interface) until Ctrl-C."""
+    with user_errors():
+        from connectors.simulator import SimConfig, serve_forever
+
+        if not 10 <= tags <= 100_000:
+            raise UserError("--tags must be between 10 and 100000", EXIT_USAGE)
+        config = SimConfig(seed=seed, tags=tags, token=token, raw_cap=raw_cap, cache_answers=replay)
+        err.print(
+            f"simulator: http://{host}:{port}"
+            + (f" and https://{host}:{https_port}" if https_port else "")
+            + (" (bearer token required)" if token else ""),
+            highlight=False,
+        )
+        try:
+            serve_forever(config, http_port=port, https_port=https_port or None, host=host)
+        except KeyboardInterrupt:
+            err.print("simulator stopped")
+
+
+@app.command()
+def serve(
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+    flow: Annotated[list[str] | None, typer.Option("--flow", help="Only these flows.")] = None,
+) -> None:
+    """Register every scheduled flow as a Prefect deployment and run them on schedule."""
+    with user_errors():
+        cfg = _load(config)
+        for name in flow or []:
+            _check_flow(cfg, name, config)
+        scheduled = [n for n, f in cfg.flows.items() if f.schedule and (not flow or n in flow)]
+        if not scheduled:
+            raise UserError(f"{config.name}: no flow has a schedule", EXIT_USAGE)
+        from pipelines.flows import serve_flows
+
+        serve_flows(config, names=scheduled)
+
+
+@app.command()
+def report(
+    flow: Annotated[str, typer.Argument(help="Flow whose data to draw.")],
+    out_path: Annotated[Path | None, typer.Option("--out", help="HTML file to write.")] = None,
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+) -> None:
+    """Coverage per tag over time (rows, gaps, bad quality) as a self-contained HTML page."""
+    with user_errors():
+        from pipelines.destinations import SinkSet
+        from pipelines.report import write_report
+
+        cfg = _load(config)
+        _check_flow(cfg, flow, config)
+        target = out_path or Path(f"{flow}-report.html")
+        with SinkSet(cfg, config.resolve().parent) as sinks:
+            written = write_report(cfg, flow, target, sinks=sinks)
+        out.print(f"report: {written}", highlight=False)
+
+
+def main() -> None:
+    """Console entry point."""
+    from pipelines.prefect_env import configure_prefect
+
+    configure_prefect()
+    try:
+        app()
+    except SystemExit:
+        raise
+    except ConfigError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(EXIT_USAGE)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Where things live in the Parquet lake: validated names, Hive partitions, file names.
+
+Only names validated here ever become path components: dataset, flow and chunk names
+must match a strict pattern, and tag paths never reach a path (they are data only). The
+full layout is described in `sinks.parquet`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.timewindow import Window
+from sinks.base import SinkError
+
+STATE_DIR = "_historian"
+FLOWS_DIR = "_flows"
+LOCKS_DIR = "locks"
+METADATA_DATASET = "tag_metadata"
+METADATA_FILE = "part-tag_metadata.parquet"
+PARTITIONS = ("date", "month", "none")
+DAY_MS = 86_400_000
+
+_DATASET_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
+_FLOW_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,127}$")
+_CHUNK_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+# Names the lake uses itself beside the datasets (`<root>/_historian/<dataset>/` holds a
+# dataset's state, so a dataset may not be called like a state directory).
+_RESERVED = {LOCKS_DIR, FLOWS_DIR, METADATA_DATASET}
+
+
+def check_dataset(name: str, *, metadata: bool = False) -> str:
+    """The dataset name if it is safe as one path component, else SinkError."""
+    if metadata and name == METADATA_DATASET:
+        return name
+    if not isinstance(name, str) or not _DATASET_RE.match(name):
+        raise SinkError(
+            f"dataset name {name!r} is not a plain name (a letter, then letters, digits, _)"
+        )
+    if name in _RESERVED:
+        raise SinkError(f"dataset name {name!r} is reserved by the lake; choose another")
+    return name
+
+
+def check_flow(flow: str) -> str:
+    if not isinstance(flow, str) or not _FLOW_RE.match(flow):
+        raise SinkError(f"flow name {flow!r} is not a plain name (letters, digits, _ and -)")
+    return flow
+
+
+def check_chunk_id(chunk_id: str) -> str:
+    if not isinstance(chunk_id, str) or not _CHUNK_RE.match(chunk_id):
+        raise SinkError(f"chunk id {chunk_id!r} is not a plain id (letters, digits, _ and -)")
+    return chunk_id
+
+
+def check_partition(scheme: str) -> str:
+    if scheme not in PARTITIONS:
+        raise SinkError(f"partition {scheme!r} is not one of {', '.join(PARTITIONS)}")
+    return scheme
+
+
+def is_data_file(name: str) -> bool:
+    """A file readers see: `*.parquet` not hidden by a `.` or `_` prefix."""
+    return name.endswith(".parquet") and not name.startswith((".", "_"))
+
+
+def part_name(stem: str, piece: int, pieces: int) -> str:
+    """`part-<stem>.parquet`, or `part-<stem>-<n>.parquet` when a chunk's partition is split."""
+    return f"part-{stem}.parquet" if pieces == 1 else f"part-{stem}-{piece}.parquet"
+
+
+def _day_label(day: int, scheme: str) -> str:
+    moment = datetime.fromtimestamp(day * 86_400, tz=UTC)
+    if scheme == "date":
+        return f"date={moment:%Y-%m-%d}"
+    if scheme == "month":
+        return f"month={moment:%Y-%m}"
+    return ""
+
+
+def partition_of_rows(ts: pa.ChunkedArray, scheme: str) -> tuple[np.ndarray, list[str]]:
+    """Per row, the index of its partition in the returned list of partition directories."""
+    if scheme == "none" or len(ts) == 0:
+        return np.zeros(len(ts), dtype=np.int64), [""]
+    ms = pc.cast(ts, pa.int64()).to_numpy()
+    days = np.floor_divide(ms, DAY_MS)
+    unique_days, inverse = np.unique(days, return_inverse=True)
+    labels = [_day_label(int(day), scheme) for day in unique_days]
+    if scheme == "date":
+        return inverse.astype(np.int64), labels
+    unique_labels = sorted(set(labels))
+    position = {label: i for i, label in enumerate(unique_labels)}
+    mapping = np.array([position[label] for label in labels], dtype=np.int64)
+    return mapping[inverse], unique_labels
+
+
+def partitions_of_window(window: Window, scheme: str) -> list[str]:
+    """The partition directories rows of `window` can live in (relative to the dataset)."""
+    if scheme == "none":
+        return [""]
+    first = window.start_ms // DAY_MS
+    last = (window.end_ms - 1) // DAY_MS
+    labels = [_day_label(day, scheme) for day in range(first, last + 1)]
+    return sorted(set(labels))
+
+
+def join(*parts: str) -> str:
+    """Join path parts with `/`, skipping empty parts (the `none` partition)."""
+    return "/".join(
+        part.strip("/") if i else part.rstrip("/") for i, part in enumerate(parts) if part
+    )

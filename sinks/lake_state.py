@@ -1,0 +1,261 @@
+"""The lake's bookkeeping: chunk markers and a compacted progress snapshot per flow.
+
+A marker (`_historian/_flows/<flow>/markers/<chunk_id>.json`) is the proof that a chunk is
+committed: it lands only after the chunk's data files are in place. Progress is the union
+of the markers' windows per member. Reading 10,000 markers at every `progress()` call
+would be slow (and, on object storage, 10,000 GETs), so each flow keeps a snapshot
+(`progress.json`) of the markers it has already folded, keyed by each marker's change
+token; a call lists the markers (one listing), reads only markers that are new or changed
+since the snapshot and saves the snapshot again. A marker that disappeared (a rolled-back
+write) makes the snapshot be rebuilt from the markers, which are the truth.
+
+Forgetting one member (`reset(flow, member)`) records the moment in `resets.json`: markers
+committed before it no longer count for that member, without rewriting any marker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from connectors.timewindow import Window, iso_utc
+from sinks.base import ChunkRecord, Progress, merge_windows
+from sinks.lake_layout import FLOWS_DIR, STATE_DIR, join
+from sinks.lake_store import LakeStore
+
+SNAPSHOT_VERSION = 1
+
+# One snapshot entry per marker: [change token, start_ms, end_ms, members, fetched,
+# committed, committed_ns, dataset].
+Entry = list[Any]
+
+
+def new_marker(
+    *,
+    flow: str,
+    dataset: str,
+    kind: str,
+    chunk_id: str,
+    window: Window,
+    members: Sequence[str],
+    files: list[dict[str, object]],
+    rows_fetched: int,
+    rows_committed: int,
+) -> dict[str, Any]:
+    """The JSON content of a chunk's marker."""
+    now_ns = time.time_ns()
+    committed_at = datetime.fromtimestamp(now_ns / 1e9, tz=UTC)
+    return {
+        "flow": flow,
+        "dataset": dataset,
+        "kind": kind,
+        "chunk_id": chunk_id,
+        "window": {
+            "start": iso_utc(window.start),
+            "end": iso_utc(window.end),
+            "start_ms": window.start_ms,
+            "end_ms": window.end_ms,
+        },
+        "members": list(members),
+        "files": files,
+        "rows_fetched": rows_fetched,
+        "rows_committed": rows_committed,
+        "committed_at": committed_at.isoformat().replace("+00:00", "Z"),
+        "committed_ns": now_ns,
+    }
+
+
+def _entry(version: str, marker: Mapping[str, Any]) -> Entry:
+    window = marker["window"]
+    return [
+        version,
+        int(window["start_ms"]),
+        int(window["end_ms"]),
+        len(marker["members"]),
+        int(marker["rows_fetched"]),
+        int(marker["rows_committed"]),
+        int(marker["committed_ns"]),
+        str(marker["dataset"]),
+    ]
+
+
+class LakeState:
+    """Markers, snapshots and resets of every flow in one lake."""
+
+    def __init__(self, store: LakeStore) -> None:
+        self.store = store
+        # Markers this process wrote, by (flow, chunk): (change token, marker). Lets
+        # `progress()` fold a run's own markers without reading them back.
+        self._known: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+
+    # -- paths ----------------------------------------------------------------------------
+
+    def flows_dir(self) -> str:
+        return self.store.path(STATE_DIR, FLOWS_DIR)
+
+    def flow_dir(self, flow: str) -> str:
+        return join(self.flows_dir(), flow)
+
+    def markers_dir(self, flow: str) -> str:
+        return join(self.flow_dir(flow), "markers")
+
+    def marker_path(self, flow: str, chunk_id: str) -> str:
+        return join(self.markers_dir(flow), f"{chunk_id}.json")
+
+    # -- markers --------------------------------------------------------------------------
+
+    def read_marker(self, flow: str, chunk_id: str) -> dict[str, Any] | None:
+        value = self.store.read_json(self.marker_path(flow, chunk_id))
+        return value if isinstance(value, dict) else None
+
+    def write_marker(self, marker: dict[str, Any]) -> None:
+        flow, chunk_id = str(marker["flow"]), str(marker["chunk_id"])
+        path = self.marker_path(flow, chunk_id)
+        self.store.makedirs(self.markers_dir(flow))
+        self.store.write_json(path, marker)
+        version = self.store.version(path)
+        if version is not None:
+            self._known[(flow, chunk_id)] = (version, marker)
+
+    def remove_marker(self, flow: str, chunk_id: str) -> bool:
+        self._known.pop((flow, chunk_id), None)
+        return self.store.remove(self.marker_path(flow, chunk_id))
+
+    def update_marker_files(
+        self, flow: str, chunk_id: str, remove: Sequence[str], add: Sequence[Mapping[str, object]]
+    ) -> None:
+        """Point a marker's file list at the files that now hold its rows (idempotent)."""
+        marker = self.read_marker(flow, chunk_id)
+        if marker is None:
+            return
+        added = {str(item["path"]) for item in add}
+        gone = set(remove) | added
+        files = [f for f in marker.get("files", []) if str(f.get("path")) not in gone]
+        files.extend(dict(item) for item in add)
+        files.sort(key=lambda item: str(item["path"]))
+        if files != marker.get("files"):
+            marker["files"] = files
+            self.write_marker(marker)
+
+    # -- progress -------------------------------------------------------------------------
+
+    def _resets(self, flow: str) -> dict[str, int]:
+        value = self.store.read_json(join(self.flow_dir(flow), "resets.json"))
+        return {str(k): int(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+    def _snapshot(self, flow: str) -> dict[str, Any] | None:
+        value = self.store.read_json(join(self.flow_dir(flow), "progress.json"))
+        if not isinstance(value, dict) or value.get("version") != SNAPSHOT_VERSION:
+            return None
+        return value
+
+    def _save_snapshot(self, flow: str, snapshot: dict[str, Any]) -> None:
+        # A cache: a read-only lake still answers progress, just without saving it.
+        with contextlib.suppress(OSError):
+            self.store.makedirs(self.flow_dir(flow))
+            self.store.write_json(join(self.flow_dir(flow), "progress.json"), snapshot)
+
+    def snapshot(self, flow: str) -> dict[str, Any]:
+        """The flow's snapshot brought up to date with its markers (saved when it changed)."""
+        listing = {
+            name[: -len(".json")]: entry.version
+            for entry in self.store.listdir(self.markers_dir(flow))
+            if not entry.is_dir
+            and (name := entry.name).endswith(".json")
+            and not name.startswith(".")
+        }
+        resets = self._resets(flow)
+        snapshot = self._snapshot(flow)
+        if (
+            snapshot is None
+            or snapshot.get("resets") != resets
+            or any(chunk not in listing for chunk in snapshot["markers"])
+        ):
+            snapshot = {
+                "version": SNAPSHOT_VERSION,
+                "flow": flow,
+                "resets": resets,
+                "markers": {},
+                "completed": {},
+            }
+        entries: dict[str, Entry] = snapshot["markers"]
+        completed: dict[str, list[list[int]]] = snapshot["completed"]
+        touched: set[str] = set()
+        changed = False
+        for chunk_id, version in listing.items():
+            held = entries.get(chunk_id)
+            if held is not None and held[0] == version:
+                continue
+            known = self._known.get((flow, chunk_id))
+            marker = known[1] if known and known[0] == version else self.read_marker(flow, chunk_id)
+            if marker is None:
+                continue
+            entries[chunk_id] = _entry(version, marker)
+            changed = True
+            window = [int(marker["window"]["start_ms"]), int(marker["window"]["end_ms"])]
+            for member in marker["members"]:
+                if int(marker["committed_ns"]) > resets.get(member, -1):
+                    completed.setdefault(member, []).append(window)
+                    touched.add(member)
+        for member in touched:
+            merged = merge_windows([Window.from_ms(s, e) for s, e in completed[member]])
+            completed[member] = [[w.start_ms, w.end_ms] for w in merged]
+        if changed:
+            self._save_snapshot(flow, snapshot)
+        return snapshot
+
+    def progress(self, flow: str) -> Progress:
+        snapshot = self.snapshot(flow)
+        completed = {
+            member: [Window.from_ms(s, e) for s, e in windows]
+            for member, windows in snapshot["completed"].items()
+            if windows
+        }
+        return Progress(flow=flow, completed=completed)
+
+    def chunk_log(self, flow: str, limit: int) -> list[ChunkRecord]:
+        entries = self.snapshot(flow)["markers"]
+        newest = sorted(entries.items(), key=lambda item: (item[1][6], item[0]), reverse=True)
+        return [
+            ChunkRecord(
+                flow=flow,
+                chunk_id=chunk_id,
+                window=Window.from_ms(entry[1], entry[2]),
+                members=entry[3],
+                rows_fetched=entry[4],
+                rows_committed=entry[5],
+                committed_at=datetime.fromtimestamp(entry[6] / 1e9, tz=UTC),
+            )
+            for chunk_id, entry in newest[: max(0, limit)]
+        ]
+
+    def flows(self) -> list[str]:
+        names = []
+        for entry in self.store.listdir(self.flows_dir()):
+            if entry.is_dir and any(
+                name.endswith(".json")
+                for name in self.store.iter_names(self.markers_dir(entry.name), ".json")
+            ):
+                names.append(entry.name)
+        return sorted(names)
+
+    def reset(self, flow: str, member: str | None) -> int:
+        """Forget a flow's progress (or one member's); returns markers or windows removed."""
+        if member is None:
+            removed = sum(1 for _ in self.store.iter_names(self.markers_dir(flow), ".json"))
+            self._known = {key: value for key, value in self._known.items() if key[0] != flow}
+            self.store.rmtree(self.flow_dir(flow))
+            return removed
+        snapshot = self.snapshot(flow)
+        removed = len(snapshot["completed"].get(member, []))
+        resets = self._resets(flow)
+        resets[member] = time.time_ns()
+        self.store.makedirs(self.flow_dir(flow))
+        self.store.write_json(join(self.flow_dir(flow), "resets.json"), resets)
+        snapshot["completed"].pop(member, None)
+        snapshot["resets"] = resets
+        self._save_snapshot(flow, snapshot)
+        return removed

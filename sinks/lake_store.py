@@ -1,0 +1,272 @@
+"""The lake's file operations, on local disk or any fsspec filesystem, with one interface.
+
+Local disk uses the OS directly (`os.replace` is an atomic rename, files are fsynced
+before they are renamed into place). Object storage goes through fsspec: an object PUT
+is atomic, a "rename" is a copy then a delete, and listings are never served from
+fsspec's cache because other processes change the lake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import fsspec
+import orjson
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
+
+from sinks.lake_layout import join
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One listed file: its full path in the store, name, size and a change token."""
+
+    path: str
+    name: str
+    size: int
+    version: str
+    is_dir: bool = False
+
+
+def redacted_url(url: str) -> str:
+    """The URL without userinfo or query (where credentials could hide)."""
+    if "://" not in url:
+        return url
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def token() -> str:
+    return secrets.token_hex(6)
+
+
+class LakeStore:
+    """File operations rooted at the lake's URL."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, object] | None = None) -> None:
+        options = dict(storage_options or {})
+        fs, root = fsspec.core.url_to_fs(url, **options)
+        self.fs: fsspec.AbstractFileSystem = fs
+        self.local = isinstance(fs, LocalFileSystem)
+        self.root: str = os.path.abspath(root) if self.local else str(root).rstrip("/")
+        self.url = url
+        self.pafs: pafs.FileSystem = (
+            pafs.LocalFileSystem() if self.local else pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+        )
+
+    def path(self, *parts: str) -> str:
+        return join(self.root, *parts)
+
+    def display(self, path: str) -> str:
+        """A path as the user knows it: local path, or protocol URL without secrets."""
+        if self.local:
+            return path
+        protocol = self.fs.protocol
+        scheme = protocol[0] if isinstance(protocol, tuple | list) else protocol
+        return f"{scheme}://{path}"
+
+    # -- reading ------------------------------------------------------------------------
+
+    def read_bytes(self, path: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist."""
+        try:
+            if self.local:
+                with open(path, "rb") as handle:
+                    return handle.read()
+            with self.fs.open(path, "rb") as handle:
+                data: bytes = handle.read()
+                return data
+        except FileNotFoundError:
+            return None
+
+    def read_json(self, path: str) -> Any:
+        data = self.read_bytes(path)
+        return None if data is None else orjson.loads(data)
+
+    def exists(self, path: str) -> bool:
+        if self.local:
+            return os.path.exists(path)
+        return bool(self.fs.exists(path))
+
+    def version(self, path: str) -> str | None:
+        """A token that changes whenever the file is rewritten (None when missing)."""
+        try:
+            if self.local:
+                stat = os.stat(path)
+                return f"{stat.st_mtime_ns}-{stat.st_size}"
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            return None
+        return _fs_version(info)
+
+    def listdir(self, directory: str) -> list[Entry]:
+        """Entries directly in `directory` (empty when it does not exist)."""
+        if self.local:
+            try:
+                with os.scandir(directory) as entries:
+                    result = []
+                    for entry in entries:
+                        if entry.is_dir():
+                            result.append(Entry(entry.path, entry.name, 0, "", True))
+                        else:
+                            stat = entry.stat()
+                            result.append(
+                                Entry(
+                                    entry.path,
+                                    entry.name,
+                                    stat.st_size,
+                                    f"{stat.st_mtime_ns}-{stat.st_size}",
+                                )
+                            )
+                    return result
+            except FileNotFoundError:
+                return []
+        self.fs.invalidate_cache(directory)
+        try:
+            infos = self.fs.ls(directory, detail=True)
+        except FileNotFoundError:
+            return []
+        result = []
+        for info in infos:
+            name = str(info["name"]).rstrip("/")
+            if name == directory.rstrip("/"):
+                continue
+            base = name.rsplit("/", 1)[-1]
+            is_dir = info.get("type") == "directory"
+            result.append(Entry(name, base, int(info.get("size") or 0), _fs_version(info), is_dir))
+        return result
+
+    def find(self, directory: str) -> list[Entry]:
+        """Every file below `directory`, recursively."""
+        if self.local:
+            result = []
+            for dirpath, _dirs, files in os.walk(directory):
+                for name in files:
+                    full = os.path.join(dirpath, name)
+                    with contextlib.suppress(FileNotFoundError):
+                        stat = os.stat(full)
+                        result.append(
+                            Entry(full, name, stat.st_size, f"{stat.st_mtime_ns}-{stat.st_size}")
+                        )
+            return result
+        self.fs.invalidate_cache(directory)
+        try:
+            infos = self.fs.find(directory, detail=True)
+        except FileNotFoundError:
+            return []
+        return [
+            Entry(
+                str(name),
+                str(name).rsplit("/", 1)[-1],
+                int(info.get("size") or 0),
+                _fs_version(info),
+            )
+            for name, info in infos.items()
+            if info.get("type") != "directory"
+        ]
+
+    def read_parquet_metadata(self, path: str) -> pq.FileMetaData:
+        return pq.read_metadata(path, filesystem=self.pafs)
+
+    def read_table(self, path: str, columns: list[str] | None = None) -> pa.Table:
+        return pq.read_table(path, columns=columns, filesystem=self.pafs, partitioning=None)
+
+    # -- writing ------------------------------------------------------------------------
+
+    def makedirs(self, directory: str) -> None:
+        """Create a directory (local disk only: object stores have no directories)."""
+        if self.local:
+            os.makedirs(directory, exist_ok=True)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write a whole file in place (callers use temp names and `replace`)."""
+        if self.local:
+            self.makedirs(os.path.dirname(path))
+            with open(path, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            return
+        with self.fs.open(path, "wb") as handle:
+            handle.write(data)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Readers see the old file or the new one, never a part (temp + rename / one PUT)."""
+        if not self.local:
+            self.write_bytes(path, data)  # an object PUT is atomic
+            return
+        directory, name = os.path.split(path)
+        temp = os.path.join(directory, f".{name}.{token()}.tmp")
+        try:
+            self.write_bytes(temp, data)
+            os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+            raise
+
+    def write_json(self, path: str, value: Any) -> None:
+        self.write_atomic(path, orjson.dumps(value))
+
+    def write_parquet(self, table: pa.Table, path: str, **options: Any) -> None:
+        """Write a Parquet file at `path` (a temp name: not atomic by itself)."""
+        if self.local:
+            self.makedirs(os.path.dirname(path))
+            with open(path, "wb") as handle:
+                pq.write_table(table, handle, **options)
+                handle.flush()
+                os.fsync(handle.fileno())
+            return
+        with self.fs.open(path, "wb") as handle:
+            pq.write_table(table, handle, **options)
+
+    def replace(self, source: str, target: str) -> None:
+        """Move `source` over `target` (atomic on local disk; copy + delete on object stores)."""
+        if self.local:
+            self.makedirs(os.path.dirname(target))
+            os.replace(source, target)
+            return
+        self.fs.mv(source, target)
+
+    def remove(self, path: str) -> bool:
+        """Delete a file; False when it was not there."""
+        try:
+            if self.local:
+                os.remove(path)
+            else:
+                self.fs.rm_file(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def rmtree(self, directory: str) -> None:
+        if self.local:
+            import shutil
+
+            shutil.rmtree(directory, ignore_errors=True)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(directory, recursive=True)
+
+    def iter_names(self, directory: str, suffix: str) -> Iterator[str]:
+        for entry in self.listdir(directory):
+            if not entry.is_dir and entry.name.endswith(suffix):
+                yield entry.name
+
+
+def _fs_version(info: Mapping[str, Any]) -> str:
+    tag = info.get("ETag") or info.get("etag") or ""
+    moment = info.get("mtime") or info.get("LastModified") or info.get("created") or ""
+    return f"{tag}-{moment}-{info.get('size')}"

@@ -1,0 +1,158 @@
+"""Locks of the Parquet lake: one run per flow, one writer per dataset.
+
+Local disk: `fcntl.flock` on a file under `_historian/locks/`. The kernel releases it when
+the holder's process dies (even by SIGKILL), so a crash never leaves a stale lock.
+
+Object storage has no such primitive. There a flow lock is a *lease*: an object naming
+its owner and an expiry, renewed by a background thread while held and deleted on exit.
+A killed holder's lease lapses after its time to live. This is best effort: two runs
+starting within the same instant can both believe they won (there is no conditional PUT
+in the generic fsspec interface), which is why each run re-reads its lease after writing
+it and gives up if someone else's is there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import IO
+
+import orjson
+
+from sinks.base import FlowLocked
+from sinks.lake_store import LakeStore, token
+
+LEASE_TTL_S = 120.0
+
+
+def _holder() -> dict[str, object]:
+    return {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+
+
+def _describe_holder(raw: bytes | None) -> str:
+    if not raw:
+        return ""
+    try:
+        info = orjson.loads(raw)
+        return f" by pid {int(info['pid'])} on {str(info['host'])[:64]}"
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return ""
+
+
+@contextlib.contextmanager
+def flow_flock(path: str, flow: str) -> Iterator[None]:
+    """Hold an exclusive flock on `path` or raise FlowLocked at once (no waiting)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    handle: IO[bytes] = open(path, "a+b")  # noqa: SIM115 - held for the lock's lifetime
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = _describe_holder(handle.read(4096))
+            raise FlowLocked(
+                f"flow '{flow}' is already running (lock held in {path}{holder})"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(orjson.dumps(_holder()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                handle.truncate(0)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    finally:
+        handle.close()
+
+
+@contextlib.contextmanager
+def dataset_flock(path: str) -> Iterator[None]:
+    """Serialise writers of one dataset on local disk (waits; writes are short)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+class Lease:
+    """A best-effort lease object on object storage (see the module docstring)."""
+
+    def __init__(self, store: LakeStore, path: str, flow: str, ttl_s: float = LEASE_TTL_S) -> None:
+        self.store = store
+        self.path = path
+        self.flow = flow
+        self.ttl_s = ttl_s
+        self.owner = token()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _body(self) -> bytes:
+        return orjson.dumps({**_holder(), "owner": self.owner, "expires": time.time() + self.ttl_s})
+
+    def _current(self) -> dict[str, object] | None:
+        raw = self.store.read_bytes(self.path)
+        if raw is None:
+            return None
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def _refuse(self, current: dict[str, object]) -> FlowLocked:
+        holder = _describe_holder(orjson.dumps(current))
+        return FlowLocked(
+            f"flow '{self.flow}' is already running "
+            f"(lease held in {self.store.display(self.path)}{holder})"
+        )
+
+    def acquire(self) -> None:
+        current = self._current()
+        expires = current.get("expires") if current else None
+        if current and isinstance(expires, int | float) and expires > time.time():
+            raise self._refuse(current)
+        self.store.write_bytes(self.path, self._body())
+        time.sleep(0.05)  # let a simultaneous writer's PUT land, then check who won
+        current = self._current()
+        if not current or current.get("owner") != self.owner:
+            raise self._refuse(current or {})
+        self._thread = threading.Thread(target=self._renew, name="lake-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl_s / 4):
+            with contextlib.suppress(Exception):
+                current = self._current()
+                if current and current.get("owner") == self.owner:
+                    self.store.write_bytes(self.path, self._body())
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            current = self._current()
+            if current and current.get("owner") == self.owner:
+                self.store.remove(self.path)
+
+
+@contextlib.contextmanager
+def flow_lease(
+    store: LakeStore, path: str, flow: str, ttl_s: float = LEASE_TTL_S
+) -> Iterator[None]:
+    lease = Lease(store, path, flow, ttl_s)
+    lease.acquire()
+    try:
+        yield
+    finally:
+        lease.release()

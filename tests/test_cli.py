@@ -1,0 +1,253 @@
+"""The `historian` command as a user meets it: exit codes, one-line errors, no tracebacks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from connectors.simulator import SimConfig, SimulatedNode, run_server
+
+from tests.pipeline_helpers import write_config
+
+HISTORIAN = str(Path(sys.executable).with_name("historian"))
+START = (datetime.now(UTC) - timedelta(minutes=40)).replace(microsecond=0).isoformat()
+
+
+def historian(
+    *args: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+    stdin: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "COLUMNS": "200", **(env or {})}
+    environment.pop("HISTORIAN_DEBUG", None)
+    return subprocess.run(
+        [HISTORIAN, *args],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=stdin,
+    )
+
+
+def assert_clean_failure(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
+    output = result.stdout + result.stderr
+    assert result.returncode == code, output
+    assert "Traceback" not in output
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1, result.stderr
+    for needle in needles:
+        assert needle in error_lines[0], error_lines[0]
+    return error_lines[0]
+
+
+@pytest.fixture(scope="module")
+def token_server() -> Iterator[Any]:
+    node = SimulatedNode(SimConfig(seed=4, tags=12, token="s3cret-t0ken-value"))
+    with run_server(node, http_port=0, https_port=0) as handle:
+        yield handle
+
+
+def small_flow(**extra: Any) -> dict[str, Any]:
+    flow = {
+        "node": "n",
+        "tags": {"browse": "/", "include": ["."]},
+        "mode": "raw",
+        "window": "15m",
+        "start": START,
+        "settle": "0s",
+        "batch": 50,
+    }
+    flow.update(extra)
+    return flow
+
+
+def test_help_lists_every_command(tmp_path: Path) -> None:
+    result = historian("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for command in ("run", "backfill", "state", "check", "simulate", "serve", "report"):
+        assert command in result.stdout
+
+
+def test_bad_config_is_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "flows.yaml").write_text(
+        "nodes: {n: {url: 'http://127.0.0.1:1'}}\n"
+        "sinks: {lake: {type: parquet, url: lake}}\n"
+        "flows: {hourly: {node: n, tags: {paths: ['/a']}, mode: rwa, start: -1h, sinks: [lake]}}\n"
+    )
+    result = historian("run", "hourly", "--direct", cwd=tmp_path)
+    assert_clean_failure(
+        result,
+        2,
+        "flows.yaml: flows.hourly.mode: 'rwa' is not one of raw, filter, delta, aggregated",
+    )
+    assert not (tmp_path / "lake").exists(), "nothing written"
+
+
+def test_unknown_flow_and_missing_file(tmp_path: Path) -> None:
+    write_config(
+        tmp_path, node={"url": "http://127.0.0.1:1"}, flows={"f": small_flow()}, sinks=["lake"]
+    )
+    assert_clean_failure(
+        historian("run", "nope", "--direct", cwd=tmp_path), 2, "no flow named 'nope'"
+    )
+    assert_clean_failure(
+        historian("run", "f", "-c", "absent.yaml", cwd=tmp_path), 2, "no such file"
+    )
+    assert_clean_failure(historian("run", cwd=tmp_path), 2, "FLOW name or --all")
+
+
+def test_unreachable_node_is_one_line_exit_1(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    write_config(
+        tmp_path,
+        node={"url": f"http://127.0.0.1:{port}", "retries": 1},
+        flows={"f": small_flow()},
+        sinks=["lake"],
+    )
+    assert_clean_failure(historian("run", "f", "--direct", cwd=tmp_path), 1, "node")
+
+
+def test_wrong_token_is_401_and_the_token_never_shows(tmp_path: Path, token_server: Any) -> None:
+    write_config(
+        tmp_path,
+        node={"url": token_server.http_url, "token_env": "NODE_TOKEN"},
+        flows={"f": small_flow()},
+        sinks=["lake"],
+    )
+    result = historian("run", "f", "--direct", cwd=tmp_path, env={"NODE_TOKEN": "wrong-token-xyz"})
+    assert_clean_failure(result, 1, "401")
+    assert "wrong-token-xyz" not in result.stdout + result.stderr
+
+
+def test_missing_token_variable_is_named(tmp_path: Path, token_server: Any) -> None:
+    write_config(
+        tmp_path,
+        node={"url": token_server.http_url, "token_env": "NODE_TOKEN_UNSET"},
+        flows={"f": small_flow()},
+        sinks=["lake"],
+    )
+    result = historian("run", "f", "--direct", cwd=tmp_path)
+    assert_clean_failure(result, 1, "NODE_TOKEN_UNSET")
+
+
+def test_tls_without_the_ca_fails_clearly_and_with_it_works(
+    tmp_path: Path, token_server: Any
+) -> None:
+    write_config(
+        tmp_path,
+        node={"url": token_server.https_url, "token_env": "NODE_TOKEN"},
+        flows={"f": small_flow()},
+        sinks=["lake"],
+    )
+    env = {"NODE_TOKEN": "s3cret-t0ken-value"}
+    assert_clean_failure(historian("check", cwd=tmp_path, env=env), 1, "node n")
+    write_config(
+        tmp_path,
+        flows={"f": small_flow()},
+        sinks=["lake"],
+        node={
+            "url": token_server.https_url,
+            "token_env": "NODE_TOKEN",
+            "ca_bundle": token_server.ca_pem_path,
+        },
+    )
+    result = historian("check", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_direct_run_with_a_token_writes_data_and_leaks_no_secret(
+    tmp_path: Path, token_server: Any
+) -> None:
+    secret = "s3cret-t0ken-value"
+    write_config(
+        tmp_path,
+        flows={"f": small_flow()},
+        sinks=["lake", "duck"],
+        node={
+            "url": token_server.https_url,
+            "token_env": "NODE_TOKEN",
+            "ca_bundle": token_server.ca_pem_path,
+        },
+    )
+    env = {"NODE_TOKEN": secret}
+    result = historian("run", "f", "--direct", "-v", cwd=tmp_path, env=env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "Traceback" not in output
+    assert "historian run" in result.stdout
+    assert "Read it back" in result.stdout
+    assert secret not in output
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".parquet" for p in files)
+    for file in files:
+        assert secret.encode() not in file.read_bytes(), file
+    state = historian("state", cwd=tmp_path, env=env)
+    assert state.returncode == 0, state.stderr
+    assert "f" in state.stdout
+    assert "MISMATCH" not in state.stdout
+    report = historian("report", "f", "--out", "cov.html", cwd=tmp_path, env=env)
+    assert report.returncode == 0, report.stderr
+    assert (tmp_path / "cov.html").read_text(encoding="utf-8").count("<svg") >= 1
+
+
+def test_state_reset_asks_and_then_forgets(tmp_path: Path, token_server: Any) -> None:
+    write_config(
+        tmp_path,
+        flows={"f": small_flow()},
+        sinks=["lake"],
+        node={"url": token_server.http_url, "token_env": "NODE_TOKEN"},
+    )
+    env = {"NODE_TOKEN": "s3cret-t0ken-value"}
+    assert historian("run", "f", "--direct", cwd=tmp_path, env=env).returncode == 0
+    refused = historian("state", "reset", "f", cwd=tmp_path, env=env, stdin="n\n")
+    assert refused.returncode == 1
+    assert "nothing reset" in refused.stderr
+    done = historian("state", "reset", "f", "--yes", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "progress entries removed" in done.stdout
+    rerun = historian("run", "f", "--direct", cwd=tmp_path, env=env)
+    assert rerun.returncode == 0
+    assert "0/0" not in rerun.stdout, "after a reset the flow is extracted again"
+
+
+def test_simulate_serves_the_interface(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [HISTORIAN, "simulate", "--port", str(port), "--https-port", "0", "--tags", "20"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{port}/system?cmd=status", timeout=1)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        assert answer.status_code == 200
+        assert answer.json()["n3"]["tags"]["total"] >= 20
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -1,0 +1,618 @@
+"""The normaliser: answer bytes -> typed Arrow tables, exact values, never a silent drop."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+from collections import Counter
+from typing import Any
+
+import orjson
+import pandas as pd
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from connectors.errors import MalformedAnswer
+from connectors.normalise import (
+    HistoryPage,
+    TagStats,
+    assign_seq,
+    history_frame,
+    parse_alarm_history_answer,
+    parse_history_answer,
+    parse_single_history_answer,
+    parse_tag_details,
+)
+from connectors.schema import ALARM_HISTORY_SCHEMA, TAG_HISTORY_SCHEMA, TAG_METADATA_SCHEMA
+
+T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
+ODD_PATH = '/Plant A/Line 1/Temp, "inlet" ü.1'
+
+
+def many(entries: dict[str, Any]) -> bytes:
+    """A historyMany answer with the spec's request echo."""
+    return orjson.dumps(
+        {
+            path: {"request": {"tag": path, "options": {"mode": "raw"}, "data": None}, "data": rows}
+            for path, rows in entries.items()
+        }
+    )
+
+
+def rows_of(page: HistoryPage) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = page.table.to_pylist()
+    return rows
+
+
+def ms(row: dict[str, Any]) -> int:
+    return int(row["ts"].timestamp() * 1000)
+
+
+# -- tag history: values -------------------------------------------------------------------
+
+
+def test_numeric_rows_become_typed_columns_in_answer_order() -> None:
+    page = parse_history_answer(
+        many({ODD_PATH: [[T0, 1.5, 192, 0], [T0 + 1000, 2, 192, 7], [T0 + 2000, None, 0, 0]]}),
+        "node-1",
+    )
+    assert page.table.schema == TAG_HISTORY_SCHEMA
+    rows = rows_of(page)
+    assert [ms(r) for r in rows] == [T0, T0 + 1000, T0 + 2000]
+    assert [r["value"] for r in rows] == [1.5, 2.0, None]
+    assert [r["quality"] for r in rows] == [192, 192, 0]
+    assert [r["extra"] for r in rows] == [0, 7, 0]
+    assert {r["node"] for r in rows} == {"node-1"}
+    assert {r["tag"] for r in rows} == {ODD_PATH}
+    assert all(r["value_bool"] is None and r["value_str"] is None for r in rows)
+
+
+def test_tag_changing_type_keeps_each_value_in_its_own_column() -> None:
+    page = parse_history_answer(
+        many({"/t": [[T0, 1, 192, 0], [T0 + 1, True, 192, 0], [T0 + 2, "RUN", 192, 0]]}), "n"
+    )
+    rows = rows_of(page)
+    assert [(r["value"], r["value_bool"], r["value_str"]) for r in rows] == [
+        (1.0, None, None),
+        (None, True, None),
+        (None, None, "RUN"),
+    ]
+
+
+def test_booleans_are_never_numbers_even_after_a_float() -> None:
+    page = parse_history_answer(many({"/t": [[T0, 1.5, 192, 0], [T0 + 1, True, 192, 0]]}), "n")
+    rows = rows_of(page)
+    assert rows[1]["value"] is None
+    assert rows[1]["value_bool"] is True
+
+
+@pytest.mark.parametrize(
+    ("values", "column"),
+    [([True, False, None], "value_bool"), (["a", "", None], "value_str")],
+)
+def test_homogeneous_boolean_and_string_tags(values: list[Any], column: str) -> None:
+    page = parse_history_answer(
+        many({"/t": [[T0 + i, v, 192, 0] for i, v in enumerate(values)]}), "n"
+    )
+    assert [r[column] for r in rows_of(page)] == values
+    assert page.table.column("value").null_count == 3
+
+
+def test_short_rows_have_null_quality_and_extra() -> None:
+    page = parse_history_answer(many({"/t": [[T0, 1], [T0 + 1, 2, 192], [T0 + 2, 3, 192, 9]]}), "n")
+    rows = rows_of(page)
+    assert [r["quality"] for r in rows] == [None, 192, 192]
+    assert [r["extra"] for r in rows] == [None, None, 9]
+
+
+def test_integral_float_timestamps_and_qualities_are_accepted() -> None:
+    page = parse_history_answer(many({"/t": [[float(T0), 1, 192.0, 0.0]]}), "n")
+    row = rows_of(page)[0]
+    assert (ms(row), row["quality"], row["extra"]) == (T0, 192, 0)
+
+
+def test_large_integer_value_falls_back_without_losing_the_row() -> None:
+    big = 2**60 + 1
+    page = parse_history_answer(many({"/t": [[T0, big, 192, 0], [T0 + 1, 0.5, 192, 0]]}), "n")
+    assert [r["value"] for r in rows_of(page)] == [float(big), 0.5]
+
+
+def test_null_and_empty_data_are_zero_rows_but_the_tag_is_reported() -> None:
+    page = parse_history_answer(many({"/a": None, "/b": [], "/c": [[T0, 1, 192, 0]]}), "n")
+    assert page.table.num_rows == 1
+    assert page.tags["/a"] == TagStats(0, None, None, 0)
+    assert page.tags["/b"] == TagStats(0, None, None, 0)
+    assert page.tags["/c"] == TagStats(1, T0, T0, 1)
+
+
+def test_empty_answer_is_an_empty_table_of_the_schema() -> None:
+    page = parse_history_answer(b"{}", "n")
+    assert page.table.num_rows == 0
+    assert page.table.schema == TAG_HISTORY_SCHEMA
+    assert page.tags == {}
+
+
+def test_stats_count_rows_sharing_the_last_timestamp() -> None:
+    rows = [[T0, 1, 192, 0], [T0 + 5, 2, 192, 0], [T0 + 5, 3, 192, 0], [T0 + 5, 4, 192, 0]]
+    page = parse_history_answer(many({"/t": rows}), "n")
+    assert page.tags["/t"] == TagStats(rows=4, first_ts_ms=T0, last_ts_ms=T0 + 5, at_last_ts=3)
+
+
+def test_seq_numbers_samples_sharing_a_millisecond_in_answer_order() -> None:
+    rows = [[T0 + 1, 1, 192, 0], [T0, 2, 192, 0], [T0 + 1, 3, 192, 0], [T0, 4, 192, 0]]
+    page = parse_history_answer(many({"/a": rows, "/b": [[T0 + 1, 9, 192, 0]]}), "n")
+    got = [(r["tag"], ms(r) - T0, r["seq"], r["value"]) for r in rows_of(page)]
+    assert got == [
+        ("/a", 1, 0, 1.0),
+        ("/a", 0, 0, 2.0),
+        ("/a", 1, 1, 3.0),
+        ("/a", 0, 1, 4.0),
+        ("/b", 1, 0, 9.0),
+    ]
+
+
+def test_single_history_answer() -> None:
+    body = orjson.dumps({"request": {"tag": ODD_PATH}, "data": [[T0, 4.25, 192, 0]]})
+    page = parse_single_history_answer(body, "n", ODD_PATH)
+    assert [(r["tag"], r["value"]) for r in rows_of(page)] == [(ODD_PATH, 4.25)]
+    assert page.tags == {ODD_PATH: TagStats(1, T0, T0, 1)}
+
+
+def test_history_frame_has_arrow_backed_utc_columns() -> None:
+    frame = history_frame(parse_history_answer(many({"/t": [[T0, 1.0, 192, 0]]}), "n").table)
+    assert all(isinstance(dtype, pd.ArrowDtype) for dtype in frame.dtypes)
+    assert frame["ts"].dtype == pd.ArrowDtype(pa.timestamp("ms", tz="UTC"))
+    assert frame["ts"].iloc[0] == pd.Timestamp("2024-01-01T00:00:00Z")
+
+
+def test_assign_seq_sorts_and_renumbers_across_pages_keeping_page_order() -> None:
+    first = parse_history_answer(many({"/b": [[T0 + 2, 1, 192, 0]], "/a": [[T0, 1, 192, 0]]}), "n")
+    second = parse_history_answer(many({"/b": [[T0 + 2, 2, 192, 0], [T0 + 1, 3, 192, 0]]}), "n")
+    table = assign_seq(pa.concat_tables([first.table, second.table]))
+    got = [(r["tag"], ms(r) - T0, r["seq"], r["value"]) for r in table.to_pylist()]
+    assert got == [("/a", 0, 0, 1.0), ("/b", 1, 0, 3.0), ("/b", 2, 0, 1.0), ("/b", 2, 1, 2.0)]
+    assert table.schema == TAG_HISTORY_SCHEMA
+
+
+def test_assign_seq_of_an_empty_table() -> None:
+    assert assign_seq(TAG_HISTORY_SCHEMA.empty_table()).num_rows == 0
+
+
+# -- tag history: wrong shapes ---------------------------------------------------------------
+
+BAD_ANSWERS = {
+    "not JSON": b"<html>502 Bad Gateway</html>",
+    "truncated": many({"/t": [[T0, 1, 192, 0]]})[:-7],
+    "array": b"[]",
+    "entry not object": b'{"/t": [1, 2]}',
+    "entry without data": b'{"/t": {"request": {}}}',
+    "data not a list": b'{"/t": {"data": {"a": 1}}}',
+    "row not a list": b'{"/t": {"data": [5]}}',
+    "row an object": b'{"/t": {"data": [{"0": 1, "1": 2, "2": 3, "3": 4}]}}',
+    "row a string": b'{"/t": {"data": ["abcd"]}}',
+    "row empty": b'{"/t": {"data": [[]]}}',
+    "row of one": b'{"/t": {"data": [[1704067200000]]}}',
+    "row of five": b'{"/t": {"data": [[1704067200000, 1, 192, 0, 0]]}}',
+    "ts string": b'{"/t": {"data": [["2024-01-01", 1, 192, 0]]}}',
+    "ts null": b'{"/t": {"data": [[1, 1, 192, 0], [null, 1, 192, 0]]}}',
+    "ts fraction": b'{"/t": {"data": [[1.5, 1, 192, 0]]}}',
+    "ts boolean": b'{"/t": {"data": [[true, 1, 192, 0]]}}',
+    "ts boolean after float": b'{"/t": {"data": [[1.0, 1, 192, 0], [true, 1, 192, 0]]}}',
+    "ts too big": b'{"/t": {"data": [[18446744073709551615, 1, 192, 0]]}}',
+    "value object": b'{"/t": {"data": [[1, {"v": 1}, 192, 0]]}}',
+    "value array": b'{"/t": {"data": [[1, [1], 192, 0]]}}',
+    "quality string": b'{"/t": {"data": [[1, 1, "good", 0]]}}',
+    "quality too big": b'{"/t": {"data": [[1, 1, 40000, 0]]}}',
+    "quality boolean": b'{"/t": {"data": [[1, 1, true, 0]]}}',
+    "extra string": b'{"/t": {"data": [[1, 1, 192, "x"]]}}',
+    "extra fraction": b'{"/t": {"data": [[1, 1, 192, 0.5]]}}',
+}
+
+
+@pytest.mark.parametrize("body", BAD_ANSWERS.values(), ids=BAD_ANSWERS.keys())
+def test_wrong_shapes_raise_malformed_answer_naming_tag_and_chunk(body: bytes) -> None:
+    with pytest.raises(MalformedAnswer) as caught:
+        parse_history_answer(body, "n", chunk_label="12 tags /t [2024-01-01T00:00Z, +1h)")
+    error = caught.value
+    assert error.operation == "tag.historyMany"
+    assert error.where is not None
+    assert "12 tags /t [2024-01-01T00:00Z, +1h)" in error.where
+    if body.startswith(b'{"/t"') and body.endswith(b"}"):
+        assert "'/t'" in error.where
+
+
+def test_wrong_row_is_named_by_index() -> None:
+    body = b'{"/t": {"data": [[1, 1, 192, 0], [2, 1, 192, 0], [3, {}, 192, 0]]}}'
+    with pytest.raises(MalformedAnswer, match=r"row 2: value is an object"):
+        parse_history_answer(body, "n", operation="tag.historyFilter")
+
+
+def test_single_history_answer_without_data_is_malformed() -> None:
+    with pytest.raises(MalformedAnswer, match="request and data") as caught:
+        parse_single_history_answer(b'{"request": {}}', "n", "/t", chunk_label="c")
+    assert caught.value.operation == "tag.history"
+
+
+def test_more_samples_on_one_millisecond_than_seq_can_number_is_malformed() -> None:
+    with pytest.raises(MalformedAnswer, match="one millisecond"):
+        parse_history_answer(many({"/t": [[T0, 1, 192, 0]] * 32769}), "n")
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_gc_state_is_restored_after_success_and_failure(enabled_before: bool) -> None:
+    was = gc.isenabled()
+    try:
+        if not enabled_before:
+            gc.disable()
+        parse_history_answer(many({"/t": [[T0, 1, 192, 0]]}), "n")
+        assert gc.isenabled() is enabled_before
+        with pytest.raises(MalformedAnswer):
+            parse_history_answer(b'{"/t": {"data": [[1, {}]]}}', "n")
+        assert gc.isenabled() is enabled_before
+    finally:
+        if was:
+            gc.enable()
+
+
+# -- tag history: properties ----------------------------------------------------------------
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**64), 2**64)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=3), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+def _rows_in(answer: Any) -> int:
+    return sum(len(entry["data"] or []) for entry in answer.values())
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.one_of(
+        json_values,
+        st.dictionaries(st.text(max_size=4), json_values, max_size=3),
+        st.dictionaries(
+            st.text(max_size=4),
+            st.fixed_dictionaries({"data": json_values}),
+            max_size=3,
+        ),
+        st.dictionaries(
+            st.text(max_size=4),
+            st.fixed_dictionaries(
+                {"data": st.lists(st.lists(json_values, max_size=6), max_size=6)}
+            ),
+            max_size=3,
+        ),
+    )
+)
+def test_any_json_either_parses_every_row_or_raises_malformed_answer(answer: Any) -> None:
+    try:
+        body = orjson.dumps(answer)
+    except orjson.JSONEncodeError:
+        return  # integers beyond 64 bits cannot be sent
+    page: HistoryPage | None = None
+    error: MalformedAnswer | None = None
+    try:
+        page = parse_history_answer(body, "n", chunk_label="fuzz")
+    except MalformedAnswer as exc:
+        error = exc
+    if page is None:
+        assert error is not None
+        assert error.where is not None
+        assert "fuzz" in error.where
+        return
+    assert page.table.num_rows == _rows_in(answer)
+    assert set(page.tags) == set(answer)
+    assert page.table.schema == TAG_HISTORY_SCHEMA
+
+
+@given(st.binary(max_size=60))
+def test_any_bytes_either_parse_or_raise_malformed_answer(body: bytes) -> None:
+    with contextlib.suppress(MalformedAnswer):
+        parse_history_answer(body, "n")
+
+
+good_values = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53), 2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=4)
+)
+ts_ms = st.integers(T0 - 10, T0 + 10)
+good_rows = st.one_of(
+    st.tuples(ts_ms, good_values),
+    st.tuples(ts_ms, good_values, st.none() | st.integers(0, 255)),
+    st.tuples(
+        ts_ms,
+        good_values,
+        st.none() | st.integers(0, 255),
+        st.none() | st.integers(-(2**63), 2**63 - 1),
+    ),
+).map(list)
+
+
+def _reference(tag: str, rows: list[list[Any]]) -> list[tuple[Any, ...]]:
+    """The obvious per-row reading of the node-facts row format."""
+    seen: Counter[int] = Counter()
+    expected = []
+    for row in rows:
+        ts, value = row[0], row[1]
+        quality = row[2] if len(row) > 2 else None
+        extra = row[3] if len(row) > 3 else None
+        number = float(value) if type(value) in (int, float) else None
+        flag = value if type(value) is bool else None
+        text = value if type(value) is str else None
+        expected.append((tag, ts, seen[ts], number, flag, text, quality, extra))
+        seen[ts] += 1
+    return expected
+
+
+@settings(max_examples=200)
+@given(
+    st.dictionaries(
+        st.text(min_size=1, max_size=6),
+        st.one_of(
+            st.lists(good_rows, max_size=12),
+            # homogeneous 4-element rows: the fast path
+            st.lists(
+                st.tuples(ts_ms, st.floats(-1e9, 1e9) | st.none(), st.just(192), st.just(0)).map(
+                    list
+                ),
+                max_size=12,
+            ),
+        ),
+        max_size=4,
+    )
+)
+def test_well_formed_rows_match_the_per_row_reference(answer: dict[str, list[list[Any]]]) -> None:
+    page = parse_history_answer(many(answer), "n")
+    got = [
+        (
+            r["tag"],
+            ms(r),
+            r["seq"],
+            r["value"],
+            r["value_bool"],
+            r["value_str"],
+            r["quality"],
+            r["extra"],
+        )
+        for r in rows_of(page)
+    ]
+    expected = [item for tag, rows in answer.items() for item in _reference(tag, rows)]
+    assert got == expected
+    for tag, rows in answer.items():
+        stamps = [row[0] for row in rows]
+        last = max(stamps) if stamps else None
+        assert page.tags[tag] == TagStats(
+            len(rows), min(stamps) if stamps else None, last, stamps.count(last) if stamps else 0
+        )
+
+
+@given(st.lists(st.tuples(st.sampled_from(["/a", "/b"]), st.integers(0, 3)), max_size=30))
+def test_assign_seq_numbers_ties_in_input_order(samples: list[tuple[str, int]]) -> None:
+    table = pa.Table.from_pylist(
+        [
+            {"node": "n", "tag": tag, "ts": T0 + offset, "seq": 0, "value": float(i)}
+            for i, (tag, offset) in enumerate(samples)
+        ],
+        schema=TAG_HISTORY_SCHEMA,
+    )
+    got = [(r["tag"], ms(r) - T0, r["seq"], r["value"]) for r in assign_seq(table).to_pylist()]
+    seen: Counter[tuple[str, int]] = Counter()
+    expected = []
+    for i, (tag, offset) in sorted(enumerate(samples), key=lambda item: (item[1], item[0])):
+        expected.append((tag, offset, seen[(tag, offset)], float(i)))
+        seen[(tag, offset)] += 1
+    assert got == expected
+
+
+# -- alarm history ---------------------------------------------------------------------------
+
+
+def alarm_event(**fields: Any) -> dict[str, Any]:
+    event = {
+        "path": "/Alarms/Boiler, hi",
+        "description": "Boiler high",
+        "priority": 3,
+        "status": 3,
+        "ts": T0,
+        "value": True,
+        "ackInfo": None,
+    }
+    event.update(fields)
+    return event
+
+
+def alarm_answer(data: Any) -> bytes:
+    return orjson.dumps({"request": {"path": "/Alarms/", "start": T0, "end": T0 + 1}, "data": data})
+
+
+def test_alarm_objects_become_typed_rows_with_json_text_and_sorted_extra() -> None:
+    ack = {"ts": T0 + 60_000, "user": "ops", "msg": "seen"}
+    body = alarm_answer(
+        [
+            alarm_event(online=1, remote=None, origin={"z": 1, "a": [2]}),
+            alarm_event(ts=T0 + 60_000, status=1, ackInfo=ack, value=12.5),
+        ]
+    )
+    table = parse_alarm_history_answer(body, "node-1")
+    assert table.schema == ALARM_HISTORY_SCHEMA
+    first, second = table.to_pylist()
+    assert first["node"] == "node-1"
+    assert first["path"] == "/Alarms/Boiler, hi"
+    assert int(first["ts"].timestamp() * 1000) == T0
+    assert (first["status"], first["priority"]) == (3, 3)
+    assert first["value"] == "true"
+    assert first["description"] == "Boiler high"
+    assert first["ack_info"] is None
+    assert first["ack_ts"] is None
+    assert first["extra"] == '{"online":1,"origin":{"a":[2],"z":1},"remote":null}'
+    assert second["value"] == "12.5"
+    assert int(second["ack_ts"].timestamp() * 1000) == T0 + 60_000
+    assert (second["ack_user"], second["ack_msg"]) == ("ops", "seen")
+    assert orjson.loads(second["ack_info"]) == ack
+    assert second["extra"] is None
+
+
+def test_alarm_arrays_are_read_positionally_with_the_rest_in_extra() -> None:
+    body = alarm_answer([[T0, "/Alarms/a", 2, 1, False, "low", None, "x", 5]])
+    row = parse_alarm_history_answer(body, "n").to_pylist()[0]
+    assert (row["path"], row["status"], row["priority"], row["value"], row["description"]) == (
+        "/Alarms/a",
+        2,
+        1,
+        "false",
+        "low",
+    )
+    assert orjson.loads(row["extra"]) == {"_rest": ["x", 5]}
+
+
+def test_alarm_answer_with_null_or_empty_data_is_empty() -> None:
+    assert parse_alarm_history_answer(alarm_answer(None), "n").num_rows == 0
+    assert parse_alarm_history_answer(alarm_answer([]), "n").schema == ALARM_HISTORY_SCHEMA
+
+
+BAD_ALARMS = {
+    "not JSON": b"oops",
+    "no data": b'{"request": {}}',
+    "data object": alarm_answer({"a": 1}),
+    "event number": alarm_answer([5]),
+    "no path": alarm_answer([{"ts": T0}]),
+    "no ts": alarm_answer([{"path": "/a"}]),
+    "ts string": alarm_answer([alarm_event(ts="2024")]),
+    "ts huge": b'{"data": [{"path": "/a", "ts": 18446744073709551615}]}',
+    "status string": alarm_answer([alarm_event(status="active")]),
+    "priority too big": alarm_answer([alarm_event(priority=70000)]),
+}
+
+
+@pytest.mark.parametrize("body", BAD_ALARMS.values(), ids=BAD_ALARMS.keys())
+def test_wrong_alarm_shapes_raise_malformed_answer(body: bytes) -> None:
+    with pytest.raises(MalformedAnswer) as caught:
+        parse_alarm_history_answer(body, "n", chunk_label="alarms [2024-01-01T00:00Z, +1d)")
+    assert caught.value.operation == "alarm.history"
+    assert caught.value.where is not None
+    assert "alarms [2024-01-01T00:00Z, +1d)" in caught.value.where
+
+
+@settings(max_examples=200)
+@given(
+    st.one_of(
+        json_values,
+        st.lists(json_values, max_size=4),
+        st.lists(
+            st.dictionaries(
+                st.sampled_from(["path", "ts", "status", "priority", "value", "ackInfo", "x"]),
+                json_values,
+            ),
+            max_size=4,
+        ),
+    )
+)
+def test_any_alarm_json_either_parses_or_raises_malformed_answer(data: Any) -> None:
+    try:
+        body = alarm_answer(data)
+    except orjson.JSONEncodeError:
+        return
+    try:
+        table = parse_alarm_history_answer(body, "n")
+    except MalformedAnswer:
+        return
+    assert table.num_rows == (len(data) if isinstance(data, list) else 0)
+
+
+# -- tag details -----------------------------------------------------------------------------
+
+DETAILS = {
+    "description": "",
+    "_templates": [],
+    "tags": {
+        "Temp": {
+            "id": 1,
+            "fullPath": "/Plant A/Temp",
+            "remote": None,
+            "config": {
+                "description": "Inlet temperature",
+                "type": "number",
+                "numberType": "float64",
+                "format": "%.1f",
+                "deadband": "0.1u",
+                "clientAccess": "R",
+                "engUnits": "°C",
+                "views": ["main"],
+                "extensions": {
+                    "history": {
+                        "enabled": True,
+                        "module": "Historian",
+                        "config": {"mode": "deadband", "deadband": 0.5},
+                    }
+                },
+            },
+        },
+        "Bare": {"id": 2},
+    },
+}
+
+
+def test_tag_details_become_the_tag_dimension() -> None:
+    table = parse_tag_details(orjson.dumps(DETAILS), "node-1", T0)
+    assert table.schema == TAG_METADATA_SCHEMA
+    temp, bare = table.to_pylist()
+    assert temp["tag"] == "/Plant A/Temp"
+    assert (temp["type"], temp["number_type"], temp["eng_units"]) == ("number", "float64", "°C")
+    assert (temp["deadband"], temp["client_access"], temp["format"]) == ("0.1u", "R", "%.1f")
+    assert temp["history_enabled"] is True
+    assert (temp["history_mode"], temp["history_deadband"]) == ("deadband", "0.5")
+    assert temp["views"] == '["main"]'
+    assert orjson.loads(temp["config"]) == DETAILS["tags"]["Temp"]["config"]  # type: ignore[index]
+    assert int(temp["updated_at"].timestamp() * 1000) == T0
+    assert bare["tag"] == "Bare"
+    assert bare["config"] is None
+    assert bare["history_enabled"] is None
+
+
+def test_tag_details_accept_a_parsed_mapping() -> None:
+    assert parse_tag_details(DETAILS, "n", T0).num_rows == 2
+
+
+@settings(max_examples=200)
+@given(
+    st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {"tags": st.dictionaries(st.text(max_size=3), json_values, max_size=3)}
+        ),
+    )
+)
+def test_any_details_json_either_parses_or_raises_malformed_answer(answer: Any) -> None:
+    try:
+        body = orjson.dumps(answer)
+    except orjson.JSONEncodeError:
+        return
+    try:
+        table = parse_tag_details(body, "n", T0)
+    except MalformedAnswer:
+        return
+    assert table.schema == TAG_METADATA_SCHEMA
+
+
+def test_nan_is_never_invented_for_a_null_value() -> None:
+    page = parse_history_answer(many({"/t": [[T0, None, 0, 0]]}), "n")
+    value = page.table.column("value")[0].as_py()
+    assert value is None
+    assert not (isinstance(value, float) and math.isnan(value))
