@@ -251,3 +251,22 @@ def test_simulate_serves_the_interface(tmp_path: Path) -> None:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_a_prefect_run_from_the_cli_is_quiet(tmp_path: Path, token_server: Any) -> None:
+    write_config(
+        tmp_path,
+        flows={"f": small_flow()},
+        sinks=["lake", "duck"],
+        node={"url": token_server.http_url, "token_env": "NODE_TOKEN"},
+    )
+    env = {"NODE_TOKEN": "s3cret-t0ken-value"}
+    result = historian("run", "f", cwd=tmp_path, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stderr.strip() == "", result.stderr
+    assert "historian run" in result.stdout
+    assert "s3cret-t0ken-value" not in result.stdout
+    backfill = historian("backfill", "f", "--start", START, cwd=tmp_path, env=env, timeout=300)
+    assert backfill.returncode == 0, backfill.stderr
+    assert backfill.stderr.strip() == "", backfill.stderr
