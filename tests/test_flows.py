@@ -142,3 +142,31 @@ def test_deployments_carry_the_schedules_of_flows_yaml(tmp_path: Path, server: A
     assert interval.interval == timedelta(hours=1)
     assert deployments["f"].parameters == {"flow_name": "f", "config_path": str(path.resolve())}
     assert deployments["alarms"].flow_name == "alarm-history"
+
+
+@pytest.mark.slow
+def test_the_dask_task_runner_on_a_local_cluster(
+    tmp_path: Path, server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip(
+        "prefect_dask", reason="prefect-dask is not installed (pip install -e '.[dask]')"
+    )
+    request = RunRequest(start=START, end=START + timedelta(minutes=30))
+    (tmp_path / "threads").mkdir()
+    threads = write_config(
+        tmp_path / "threads", node={"url": server.http_url}, flows=flows(), sinks=["lake"]
+    )
+    run_prefect(threads, "f", request)
+    (tmp_path / "dask").mkdir()
+    dask = write_config(
+        tmp_path / "dask",
+        node={"url": server.http_url, "max_connections": 2},
+        flows=flows(),
+        sinks=["lake", "duck"],
+    )
+    monkeypatch.setenv("HISTORIAN_TASK_RUNNER", "dask")
+    summary = run_prefect(dask, "f", request)
+    assert summary.chunks_done == summary.chunks_planned > 0
+    expected = contents(threads, "f", "tag_history")["lake"]
+    for name, rows in contents(dask, "f", "tag_history").items():
+        assert rows == expected, name
