@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, NoReturn, TypeVar
+from typing import Annotated, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -186,7 +186,12 @@ def _run_flows(
             try:
                 if direct:
                     summaries.append(
-                        _run_direct(config, config_path, name, request, on_chunk, on_plan_for(name))
+                        cast(
+                            RunSummary,
+                            _run_direct(
+                                config, config_path, name, request, on_chunk, on_plan_for(name)
+                            ),
+                        )
                     )
                 else:
                     from pipelines.flows import run_prefect
@@ -279,7 +284,7 @@ def _print_summaries(config: Config, config_path: Path, summaries: list[object])
         )
     out.print(table)
     base = config_path.resolve().parent
-    shown: set[str] = set()
+    shown: set[tuple[str, str]] = set()
     for s in rows:
         flow = config.flows.get(s.flow)
         if flow is None:
@@ -287,7 +292,7 @@ def _print_summaries(config: Config, config_path: Path, summaries: list[object])
         for sink_name in flow.sinks:
             where = s.sinks.get(sink_name)
             if where and (sink_name, s.dataset) not in shown:
-                shown.add(sink_name)
+                shown.add((sink_name, s.dataset))
                 out.print(f"  {s.flow} -> {sink_name}: {where}", highlight=False)
     hints = _read_hints(config, base, rows)
     if hints:
@@ -296,7 +301,7 @@ def _print_summaries(config: Config, config_path: Path, summaries: list[object])
             out.print(f"  {hint}", highlight=False, soft_wrap=True)
 
 
-def _read_hints(config: Config, base: Path, summaries: list[object]) -> list[str]:
+def _read_hints(config: Config, base: Path, summaries: Sequence[object]) -> list[str]:
     from pipelines.config import ParquetSinkConfig, SqlSinkConfig
     from pipelines.destinations import _local_path, _sql_url
 

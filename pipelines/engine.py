@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 import pandas as pd
@@ -66,14 +66,14 @@ class HistoryClient(Protocol):
     """The part of `connectors.client.NodeClient` the engine uses."""
 
     def tag_history_many_bytes(
-        self, paths: Sequence[str], start: object, end: object, options: HistoryOptions
+        self, paths: Sequence[str], start: datetime, end: datetime, options: HistoryOptions
     ) -> bytes: ...
 
     def tag_history_filter_bytes(
         self,
         paths: Sequence[str],
-        start: object,
-        end: object,
+        start: datetime,
+        end: datetime,
         options: HistoryOptions,
         *,
         filter_regex: str | None = None,
@@ -81,7 +81,7 @@ class HistoryClient(Protocol):
     ) -> bytes: ...
 
     def alarm_history_bytes(
-        self, path: str, start: object, end: object, filt: AlarmFilter | None = None
+        self, path: str, start: datetime, end: datetime, filt: AlarmFilter | None = None
     ) -> bytes: ...
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pipelines.prefect_env import configure_prefect
 
@@ -42,7 +42,14 @@ from pipelines.destinations import SinkSet  # noqa: E402
 from pipelines.engine import AlarmEngine, ChunkResult, FilterQuery, HistoryEngine  # noqa: E402
 from pipelines.nodes import NodePool  # noqa: E402
 from pipelines.planning import Chunk  # noqa: E402
-from pipelines.runner import ChunkOutcome, FlowRun, RunFailed, RunRequest, RunSummary  # noqa: E402
+from pipelines.runner import (  # noqa: E402
+    ChunkOutcome,
+    FlowRun,
+    Plan,
+    RunFailed,
+    RunRequest,
+    RunSummary,
+)
 from sinks.base import SinkUnavailable  # noqa: E402
 
 ProgressCallback = Callable[[ChunkOutcome, RunSummary], None]
@@ -169,7 +176,7 @@ def _run(
 def _execute(run: FlowRun, flow_name: str, workers: int) -> RunSummary:
     logger = get_run_logger()
     with run:
-        plan = plan_run(flow_name)
+        plan = cast(Plan, plan_run(flow_name))
         logger.info(
             "%s: %d chunks to fetch (%d already done)",
             flow_name,
@@ -228,7 +235,7 @@ def _artifact(summary: RunSummary) -> None:
 def _task_runner(workers: int) -> Any:
     if os.environ.get("HISTORIAN_TASK_RUNNER", "threads") == "dask":
         try:
-            from prefect_dask import DaskTaskRunner
+            from prefect_dask import DaskTaskRunner  # type: ignore[attr-defined]
         except ImportError as exc:
             raise RuntimeError(
                 "HISTORIAN_TASK_RUNNER=dask needs prefect-dask: pip install -e '.[dask]'"
@@ -312,9 +319,9 @@ def run_prefect(
         raise RunFailed(summary.error, summary) from exc
     finally:
         _Hooks.on_chunk = None
-    summary = _Hooks.summary
-    assert summary is not None
-    return summary
+    final = _Hooks.summary
+    assert final is not None
+    return final
 
 
 def build_deployments(config_path: Path, names: list[str] | None = None) -> list[Any]:

@@ -376,17 +376,15 @@ class SqlWarehouse:
             buffer,
             pacsv.WriteOptions(include_header=False, quoting_style="all_valid"),
         )
-        raw_conn = conn.connection.dbapi_connection
+        raw_conn: Any = conn.connection.dbapi_connection
         with (
             raw_conn.cursor() as cursor,
-            cursor.copy(  # type: ignore[union-attr]
-                f"COPY {stage} ({columns}) FROM STDIN WITH (FORMAT csv)"
-            ) as copy,
+            cursor.copy(f"COPY {stage} ({columns}) FROM STDIN WITH (FORMAT csv)") as copy,
         ):
-            view = buffer.getbuffer()
+            data = buffer.getbuffer()
             step = 1 << 20
-            for offset in range(0, len(view), step):
-                copy.write(view[offset : offset + step])
+            for offset in range(0, len(data), step):
+                copy.write(data[offset : offset + step])
         result = conn.exec_driver_sql(
             f"INSERT INTO {self._table(target)} ({columns}) SELECT {columns} FROM {stage}"
         )
@@ -543,11 +541,10 @@ class SqlWarehouse:
 
 
 def _aware(moment: Any) -> datetime:
-    if isinstance(moment, str):
-        moment = datetime.fromisoformat(moment)
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
+    value: datetime = datetime.fromisoformat(moment) if isinstance(moment, str) else moment
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
 
 
 def _compatible(have: str, want: str) -> bool:
