@@ -68,7 +68,10 @@ def resolve_tags(
         wanted = list(selection.paths)
         tables = []
         for parent in sorted({_parent(path) for path in wanted}):
-            tables.append(_details(client, node, parent, regex=None, recurrent=False))
+            try:
+                tables.append(_details(client, node, parent, regex=None, recurrent=False))
+            except UnknownTag:
+                continue  # the group does not exist: its paths are reported missing below
         metadata = pa.concat_tables(tables) if tables else TAG_METADATA_SCHEMA.empty_table()
         known = set(metadata.column("tag").to_pylist())
         missing = [path for path in wanted if path not in known]

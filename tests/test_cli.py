@@ -270,3 +270,18 @@ def test_a_prefect_run_from_the_cli_is_quiet(tmp_path: Path, token_server: Any) 
     backfill = historian("backfill", "f", "--start", START, cwd=tmp_path, env=env, timeout=300)
     assert backfill.returncode == 0, backfill.stderr
     assert backfill.stderr.strip() == "", backfill.stderr
+
+
+def test_an_unknown_tag_path_is_named(tmp_path: Path, token_server: Any) -> None:
+    flow = small_flow(tags={"paths": ["/Plant A/Line 1/Temp. 000", "/No/Such tag"]})
+    write_config(
+        tmp_path,
+        flows={"f": flow},
+        sinks=["lake"],
+        node={"url": token_server.http_url, "token_env": "NODE_TOKEN"},
+    )
+    result = historian(
+        "run", "f", "--direct", cwd=tmp_path, env={"NODE_TOKEN": "s3cret-t0ken-value"}
+    )
+    assert_clean_failure(result, 1, "flows.f.tags", "'/No/Such tag' not found")
+    assert not list(tmp_path.glob("lake/f/**/*.parquet")), "nothing written"
