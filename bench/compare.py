@@ -89,9 +89,14 @@ def start_simulator(tags: int) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def measured(command: list[str], env: dict[str, str] | None = None) -> tuple[str, float, float, float]:
-    """Run a child; return its stdout, wall seconds, CPU seconds and peak RSS in MB."""
+    """Run a child; return its stdout, wall seconds, CPU seconds and peak RSS in MB.
+
+    The child runs under GNU time: a process forked from this (large) parent inherits the
+    parent's high-water mark, so the child's own `ru_maxrss` would report ours.
+    """
     began = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    process = subprocess.Popen(["/usr/bin/time", "-f", "__maxrss_kb=%M", *command],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env={**os.environ, **(env or {})})
     assert process.stdout is not None and process.stderr is not None
     out = process.stdout.read()
@@ -101,7 +106,11 @@ def measured(command: list[str], env: dict[str, str] | None = None) -> tuple[str
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
         raise SystemExit(f"{command[:3]} failed: {err.decode(errors='replace')[-2000:]}")
-    return out.decode(), wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+    peak_kb = 0
+    for line in err.decode(errors="replace").splitlines():
+        if line.startswith("__maxrss_kb="):
+            peak_kb = int(line.split("=", 1)[1])
+    return out.decode(), wall, usage.ru_utime + usage.ru_stime, peak_kb / 1024
 
 
 def run_contender(name: str, target: str, url: str, tags_file: Path, start: str, end: str,
@@ -151,12 +160,22 @@ def _cli_config(work: Path, url: str, tags_file: Path, start: str, target: str, 
 
 
 def _rows_from_sink(config: Path) -> int:
-    from pipelines.config import load_config
-    from pipelines.destinations import SinkSet
+    """Count rows without loading them (keeps this parent small)."""
+    import yaml
 
-    cfg = load_config(config, env={})
-    with SinkSet(cfg, config.parent) as sinks:
-        return len(sinks.get("s").read("bench", "tag_history"))
+    document = yaml.safe_load(config.read_text(encoding="utf-8"))
+    sink = document["sinks"]["s"]
+    if sink["type"] == "parquet":
+        import pyarrow.dataset as ds
+
+        return int(ds.dataset(config.parent / sink["url"] / "bench", format="parquet").count_rows())
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(sink["url"])
+    with engine.connect() as conn:
+        count = conn.execute(sa.text(f'select count(*) from "{sink["schema"]}"."bench"')).scalar()
+    engine.dispose()
+    return int(count or 0)
 
 
 def _create_schema(pg_url: str, schema: str) -> None:

@@ -19,6 +19,7 @@ import email.utils
 import logging
 import random
 import ssl
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -53,7 +54,7 @@ from connectors.errors import (
 )
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.params import encode_query, list_param
-from connectors.settings import NodeSettings
+from connectors.settings import NodeSettings, SettingsError
 
 log = logging.getLogger("historian.client")
 M = TypeVar("M", bound=BaseModel)
@@ -137,8 +138,9 @@ class NodeClient:
             try:
                 verify = ssl.create_default_context(cafile=settings.ca_bundle)
             except (OSError, ssl.SSLError) as exc:
-                raise TLSVerificationError(
-                    "settings", f"cannot load ca_bundle {settings.ca_bundle}: {exc}"
+                raise SettingsError(
+                    f"node {settings.name}: cannot load ca_bundle {settings.ca_bundle}: "
+                    f"{exc.strerror or exc}"
                 ) from None
         timeout = httpx.Timeout(
             settings.read_timeout_s, connect=settings.connect_timeout_s, pool=None
@@ -147,6 +149,11 @@ class NodeClient:
             max_connections=settings.max_connections,
             max_keepalive_connections=settings.max_connections,
         )
+        # In-flight requests are bounded here, not only by the pool: httpcore 1.0.9's sync
+        # pool can close a connection it has just handed to a *queued* request (encode/
+        # httpcore#1110), which hangs that request until its read timeout or fails it with
+        # EBADF. With at most `max_connections` requests in the pool, none is ever queued.
+        self._slots = threading.BoundedSemaphore(settings.max_connections)
         self._http = httpx.Client(
             base_url=settings.base_url,
             headers=headers,
@@ -228,7 +235,8 @@ class NodeClient:
     def _send(self, operation: str, method: str, url: str, content: bytes | None) -> httpx.Response:
         headers = {"Content-Type": "application/json"} if content is not None else None
         try:
-            response = self._http.request(method, url, content=content, headers=headers)
+            with self._slots:
+                response = self._http.request(method, url, content=content, headers=headers)
         except httpx.TimeoutException:
             raise NodeTimeout(operation, "no answer within the timeout") from None
         except httpx.ConnectError as exc:
@@ -634,15 +642,19 @@ class NodeClient:
         response = self.request("license.remove", "POST", "license", "remove", body={"name": name})
         self._empty("license.remove", response)
 
-    def log_browse(self) -> dict[str, list[tuple[str, int]]]:
+    def log_browse(self) -> models.LogBrowse:
+        """Log files per module as (date, integer) pairs (`/log/?cmd=browse`)."""
         data = self._json("log.browse", self.request("log.browse", "GET", "log/", "browse"))
         if not isinstance(data, dict):
             raise MalformedAnswer("log.browse", "answer is not an object", where="log")
-        result: dict[str, list[tuple[str, int]]] = {}
+        result: models.LogBrowse = {}
         for module, pairs in data.items():
-            if not isinstance(pairs, list):
-                raise MalformedAnswer("log.browse", "entry is not a list", where=str(module))
-            result[str(module)] = [(str(pair[0]), int(pair[1])) for pair in pairs]
+            try:
+                result[str(module)] = [(str(day), int(size)) for day, size in pairs]
+            except (TypeError, ValueError):
+                raise MalformedAnswer(
+                    "log.browse", "entry is not a list of [date, integer]", where=str(module)
+                ) from None
         return result
 
     def log_export(self, selection: Sequence[str]) -> bytes:
@@ -687,7 +699,8 @@ class NodeClient:
         recurrent: bool | None = None,
         hide_tags: bool | None = None,
         hide_groups: bool | None = None,
-    ) -> Any:
+    ) -> models.TagBrowse | list[Any]:
+        """The tree under `path`: an object with `groups`, or an array when `flat`."""
         params = {
             "path": path,
             "options.filter": filter_regex,
@@ -696,7 +709,16 @@ class NodeClient:
             "options.hideTags": hide_tags,
             "options.hideGroups": hide_groups,
         }
-        return self._json("tag.browse", self.request("tag.browse", "GET", "tag", "browse", params))
+        response = self.request("tag.browse", "GET", "tag", "browse", params)
+        data = self._json("tag.browse", response)
+        if isinstance(data, list):
+            return data
+        try:
+            return models.TagBrowse.model_validate(data)
+        except ValidationError as exc:
+            raise MalformedAnswer(
+                "tag.browse", str(exc.errors()[0]["msg"]), where=path, body=response.content
+            ) from None
 
     def tag_read(
         self, path: str, *, filter_regex: str | None = None, recurrent: bool | None = None
@@ -738,7 +760,7 @@ class NodeClient:
         start: datetime,
         end: datetime,
         options: HistoryOptions | None = None,
-    ) -> dict[str, models.TagHistory]:
+    ) -> models.HistoryMany:
         params = {"paths": list_param(paths), **self._history_params(start, end, options)}
         response = self.request("tag.historyMany", "GET", "tag", "historyMany", params)
         return self._model_map("tag.historyMany", response, models.TagHistory)
@@ -785,7 +807,7 @@ class NodeClient:
         *,
         filter_regex: str | None = None,
         recurrent: bool | None = None,
-    ) -> dict[str, models.TagHistory]:
+    ) -> models.HistoryMany:
         params = self._filter_params(paths, start, end, options, filter_regex, recurrent)
         response = self.request("tag.historyFilter", "GET", "tag", "historyFilter", params)
         return self._model_map("tag.historyFilter", response, models.TagHistory)
@@ -847,11 +869,16 @@ class NodeClient:
                     f"unexpected event: {exc.errors()[0]['msg']}",
                     where="events",
                 ) from None
-        return models.SubscriptionEvents(
-            discarded_events=int(data.get("discardedEvents") or 0),
-            remaining_events=int(data.get("remainingEvents") or 0),
-            events=events,
-        )
+        try:
+            return models.SubscriptionEvents(
+                discarded_events=data.get("discardedEvents") or 0,
+                remaining_events=data.get("remainingEvents") or 0,
+                events=events,
+            )
+        except ValidationError as exc:
+            raise MalformedAnswer(
+                "tag.subscriptionEvents", str(exc.errors()[0]["msg"]), where="counts"
+            ) from None
 
     def tag_cancel_subscription(self, subscription_id: int) -> None:
         response = self.request(

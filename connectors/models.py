@@ -204,6 +204,11 @@ class LicenseFile(NodeModel):
     licenses: list[LicenseEntry] = Field(default_factory=list)
 
 
+# `log/?cmd=browse`: module name -> [(date YYYY-MM-DD, integer)]; the integer's meaning
+# is not shown (the simulator uses a size in bytes).
+LogBrowse = dict[str, list[tuple[str, int]]]
+
+
 class RedundancyStatus(NodeModel):
     enabled: bool
     standby: bool
@@ -302,8 +307,15 @@ class TagHistory(NodeModel):
     data: list[list[Any]] = Field(default_factory=list)
 
 
+# `tag?cmd=historyMany|historyFilter`: an object keyed by tag path.
+HistoryMany = dict[str, TagHistory]
+
+
 class TagBrowse(NodeModel):
+    """`tag?cmd=browse` (non-flat): groups keyed by name; tag entries are not shown."""
+
     groups: dict[str, Any] = Field(default_factory=dict)
+    tags: dict[str, Any] | list[Any] | None = None
 
 
 class Subscription(NodeModel):

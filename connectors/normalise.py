@@ -302,9 +302,7 @@ def _careful_tag(data: list[Any]) -> _Columns6:
         elif kind is str:
             texts[index] = item
         elif item is not None:
-            raise _RowError(
-                index, f"value is {_json_type(item)}, not a number, boolean or string"
-            )
+            raise _RowError(index, f"value is {_json_type(item)}, not a number, boolean or string")
         if len(row) > 2:
             quality[index] = _careful_int(row[2], index, "quality", _INT16_MIN, _INT16_MAX, True)
         if len(row) > 3:
@@ -326,7 +324,11 @@ def _json_type(item: Any) -> str:
 
 
 def _short(item: Any) -> str:
-    text = orjson.dumps(item).decode() if item is not None else "null"
+    """A value for an error message; never raises (integers beyond 64 bits included)."""
+    try:
+        text = orjson.dumps(item).decode() if item is not None else "null"
+    except TypeError:
+        text = repr(item)
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -30,16 +30,30 @@ def encode_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value.isoformat()} has no timezone; use UTC")
         return iso_utc(value)
     if isinstance(value, str):
         return value
     if isinstance(value, int | float):
         return str(value)
-    if isinstance(value, Sequence | set | frozenset | tuple):
-        return list_param(str(item) for item in value)  # type: ignore[union-attr]
     if isinstance(value, Mapping):
         return orjson.dumps(value).decode()
+    if isinstance(value, bytes | bytearray):
+        raise TypeError("bytes are not a query parameter value; decode them first")
+    if isinstance(value, Sequence | set | frozenset):
+        items = sorted(value, key=str) if isinstance(value, set | frozenset) else value
+        return orjson.dumps([_json_item(item) for item in items]).decode()
     return str(value)
+
+
+def _json_item(item: object) -> object:
+    """A list element as JSON: strings, numbers, booleans and null as is, else its text."""
+    if item is None or isinstance(item, str | int | float | bool):
+        return item
+    if isinstance(item, datetime):
+        return encode_value(item)
+    return str(item)
 
 
 def encode_query(params: Mapping[str, object]) -> str:

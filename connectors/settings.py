@@ -25,6 +25,12 @@ class SettingsError(FatalNodeError):
 
 @dataclass(frozen=True)
 class NodeSettings:
+    """One node's connection settings (frozen and hashable: a key for pooled clients).
+
+    `*_env` fields name environment variables; their values are read by `NodeClient`
+    when it is built. `retries` counts retries after the first attempt.
+    """
+
     url: str
     name: str = "node"
     verify: bool = True
@@ -51,6 +57,16 @@ class NodeSettings:
             )
         if self.max_connections < 1:
             raise SettingsError(f"node {self.name}: max_connections must be at least 1")
+        if (self.username_env is None) != (self.password_env is None):
+            raise SettingsError(f"node {self.name}: username_env and password_env go together")
+        if self.token_env and self.username_env:
+            raise SettingsError(
+                f"node {self.name}: give token_env or username_env/password_env, not both"
+            )
+        if self.retries < 0:
+            raise SettingsError(f"node {self.name}: retries must be 0 or more")
+        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
+            raise SettingsError(f"node {self.name}: timeouts must be positive")
 
     @property
     def base_url(self) -> str:
@@ -70,9 +86,11 @@ class NodeSettings:
         return value
 
     def bearer_token(self) -> str | None:
+        """The token from `token_env`, if one is configured (read now, never stored here)."""
         return self._env(self.token_env) if self.token_env else None
 
     def basic_credentials(self) -> tuple[str, str] | None:
+        """(user, password) from `username_env`/`password_env`, if configured."""
         if self.username_env and self.password_env:
             return self._env(self.username_env), self._env(self.password_env)
         return None

@@ -370,10 +370,12 @@ def stream_bounded(
             refill()
             while in_flight:
                 done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-                for future in done:
-                    in_flight.discard(future)
-                    yield future.result()
+                in_flight.difference_update(done)
+                # Refill before handing results out: fetching goes on while the caller
+                # writes (at most 2 x max_in_flight chunks held at once).
                 refill()
+                for future in done:
+                    yield future.result()
         finally:
             for future in in_flight:
                 future.cancel()

@@ -1,43 +1,61 @@
-"""Prefect flows: one per kind, built from flows.yaml, thin wrappers around the runner.
+"""Prefect flows: one per kind, thin wrappers around the runner (`pipelines/runner.py`).
 
-* `tag_history_flow` / `alarm_history_flow`: plan, then chunk **fetch** tasks submitted to
-  the task runner (threads by default, at most the node's `max_connections` at once: the
-  per-node concurrency limit; Dask with `HISTORIAN_TASK_RUNNER=dask`), and a chunk
-  **write** task in the flow's process as each fetch completes (sinks are written from
-  one place, in order of completion, at most 2 x workers chunks in memory).
-* Fetch tasks get only picklable inputs (node settings, options, the chunk), so they run
-  the same on threads or on Dask workers; write tasks are idempotent, so Prefect's
-  retries (transient errors only) can never duplicate a row.
-* The flow ends with a summary artifact: rows per tag, tags without rows, bad-quality
-  counts, throughput, span and watermarks.
+A flow run reads top to bottom: load flows.yaml, open the node and the sinks, take the
+flow's lock (`FlowRun`), a `plan` task, then one **fetch** task per chunk submitted to
+the task runner and one **write** task per fetched chunk, run in the flow's own thread
+as fetches complete, then a summary artifact.
+
+* Concurrency per node: the task runner has `max_connections` workers (the node's
+  setting), and at most 2 x that many chunks are in flight, so memory stays bounded
+  whatever the number of chunks. When a Prefect global concurrency limit named
+  `historian-node-<node>` exists, every fetch also holds one of its slots, which bounds
+  the node's load across concurrent runs, deployments and machines
+  (`prefect gcl create historian-node-demo --limit 4`). Without one, nothing is asked of
+  the API per chunk.
+* Retries: a task re-runs a whole chunk, which is safe because writes replace their scope
+  and are idempotent. Only failures that may pass are retried (`TransientNodeError` that
+  reached the task un-retried, `SinkUnavailable`); never configuration, credentials, TLS,
+  malformed answers, and never `RetriesExhausted`: the client already retried that error
+  with backoff, and stacking both layers would multiply attempts (docs/architecture.md).
+* Task runners: threads by default; `HISTORIAN_TASK_RUNNER=dask` runs fetches on a Dask
+  cluster (`pip install -e '.[dask]'`, docs/scaling.md). Fetch tasks take only picklable
+  inputs, so a Dask worker rebuilds the engine from them; in the flow's own process they
+  use the run's engine, which shares its connection pool and what it learned about the
+  node's raw-answer cap.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import queue
 import threading
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from pipelines.prefect_env import configure_prefect
+from pipelines.prefect_env import cli_run, configure_prefect
 
 configure_prefect()
 
-from prefect import flow, get_run_logger, task  # noqa: E402
+from prefect import Flow, flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.futures import PrefectFuture  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
 from connectors.client import NodeClient  # noqa: E402
-from connectors.errors import RetriesExhausted, TransientNodeError  # noqa: E402
+from connectors.errors import NodeError, TransientNodeError  # noqa: E402
 from connectors.options import AlarmFilter, HistoryOptions  # noqa: E402
-from connectors.schema import KIND_ALARM_HISTORY  # noqa: E402
+from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY  # noqa: E402
 from connectors.settings import NodeSettings  # noqa: E402
-from pipelines.config import load_config, parse_moment  # noqa: E402
+from pipelines.config import Config, ConfigError, load_config, parse_moment  # noqa: E402
 from pipelines.destinations import SinkSet  # noqa: E402
 from pipelines.engine import AlarmEngine, ChunkResult, FilterQuery, HistoryEngine  # noqa: E402
 from pipelines.nodes import NodePool  # noqa: E402
@@ -50,238 +68,449 @@ from pipelines.runner import (  # noqa: E402
     RunRequest,
     RunSummary,
 )
-from sinks.base import SinkUnavailable  # noqa: E402
+from sinks.base import SinkError, SinkUnavailable  # noqa: E402
+
+log = logging.getLogger("historian.flows")
 
 ProgressCallback = Callable[[ChunkOutcome, RunSummary], None]
+PlanCallback = Callable[[Plan], None]
+
+TASK_RUNNER_ENV = "HISTORIAN_TASK_RUNNER"
+DASK_ADDRESS_ENV = "HISTORIAN_DASK_ADDRESS"
+NODE_LIMIT_PREFIX = "historian-node-"
+RETRIES = 2
+RETRY_DELAY_S = 2
+# Errors a chunk retry may cure. RetriesExhausted is not one: the client retried it already.
+RETRIABLE: tuple[type[Exception], ...] = (TransientNodeError, SinkUnavailable)
+
+
+# -- what tasks get ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class FetchSpec:
-    """Everything a fetch task needs, picklable (threads or Dask workers alike)."""
+class FetchJob:
+    """Everything a fetch task needs, picklable, so it runs on threads or Dask workers."""
 
+    run_id: str
     settings: NodeSettings
     node: str
     kind: str
-    options: HistoryOptions | None
-    filter_query: FilterQuery | None
-    alarm_path: str | None
-    alarm_filter: AlarmFilter | None
+    options: HistoryOptions | None = None
+    filter_query: FilterQuery | None = None
+    alarm_path: str | None = None
+    alarm_filter: AlarmFilter | None = None
+    node_limit: str | None = None
 
 
-_clients: dict[NodeSettings, NodeClient] = {}
-_clients_lock = threading.Lock()
+# Runs in progress in this process, by run id. Tasks get the id, not the run: a run holds
+# open connections and locks, which must not be copied into task parameters.
+_LIVE: dict[str, FlowRun] = {}
+# Engines rebuilt in processes without the run (Dask workers), one per run and process.
+_REMOTE: dict[str, tuple[HistoryEngine | AlarmEngine, NodeClient]] = {}
+_REMOTE_LOCK = threading.Lock()
 
 
-def _client(settings: NodeSettings) -> NodeClient:
-    """One pooled client per node and process (a Dask worker keeps its own)."""
-    with _clients_lock:
-        client = _clients.get(settings)
-        if client is None:
-            client = _clients[settings] = NodeClient(settings)
-        return client
+def _fetch_engine(job: FetchJob) -> HistoryEngine | AlarmEngine | FlowRun:
+    """The run itself when it lives in this process, else an engine built from the job."""
+    run = _LIVE.get(job.run_id)
+    if run is not None:
+        return run
+    with _REMOTE_LOCK:
+        known = _REMOTE.get(job.run_id)
+        if known is not None:
+            return known[0]
+        if len(_REMOTE) >= 8:  # a long-lived worker serves many runs; keep a few
+            for _, stale in _REMOTE.values():
+                stale.close()
+            _REMOTE.clear()
+        client = NodeClient(job.settings)
+        engine: HistoryEngine | AlarmEngine
+        if job.kind == KIND_ALARM_HISTORY:
+            assert job.alarm_path is not None
+            assert job.alarm_filter is not None
+            engine = AlarmEngine(client, job.node, job.alarm_path, job.alarm_filter)
+        else:
+            assert job.options is not None
+            engine = HistoryEngine(client, job.node, job.options, filter_query=job.filter_query)
+        _REMOTE[job.run_id] = (engine, client)
+        return engine
 
 
-def _transient(task_: Any, task_run: Any, state: Any) -> bool:
-    """Retry a chunk only when the failure may pass: never config, auth, TLS or shape errors."""
+def _retry_if_transient(task_: Any, task_run: Any, state: Any) -> bool:
+    """Retry a chunk only when its failure may pass (see the module docstring)."""
     try:
         state.result()
-    except (TransientNodeError, RetriesExhausted, SinkUnavailable):
+    except RETRIABLE:
         return True
-    except Exception:
+    except BaseException:
         return False
     return False
 
 
+def _fetch_name(parameters: dict[str, Any]) -> str:
+    return f"fetch {parameters['chunk'].label}"
+
+
+def _write_name(parameters: dict[str, Any]) -> str:
+    return f"write {parameters['result'].chunk.label}"
+
+
+# Prefect calls a run-name function with the task's parameters when it takes `parameters`.
+_FETCH_NAME = cast(Any, _fetch_name)
+_WRITE_NAME = cast(Any, _write_name)
+
+
+def _flow_run_name() -> str:
+    """`raw_history 2026-11-22T10:00Z`: the flow and when this run started (UTC)."""
+    from prefect.runtime import flow_run
+
+    name = flow_run.parameters.get("flow_name", "flow")
+    return f"{name} {datetime.now(UTC):%Y-%m-%dT%H:%MZ}"
+
+
+# -- tasks -----------------------------------------------------------------------------
+
+
+@task(name="plan", cache_policy=NO_CACHE)
+def plan_run(run_id: str) -> Plan:
+    """Resolve the tags, write metadata and list the chunks still to fetch."""
+    return _LIVE[run_id].plan()
+
+
 @task(
     name="fetch",
+    task_run_name=_FETCH_NAME,
     cache_policy=NO_CACHE,
-    retries=2,
-    retry_delay_seconds=2,
-    retry_condition_fn=_transient,
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAY_S,
+    retry_condition_fn=_retry_if_transient,
 )
-def fetch_chunk(spec: FetchSpec, chunk: Chunk) -> ChunkResult:
-    client = _client(spec.settings)
-    if spec.kind == KIND_ALARM_HISTORY:
-        assert spec.alarm_path is not None and spec.alarm_filter is not None
-        return AlarmEngine(client, spec.node, spec.alarm_path, spec.alarm_filter).fetch_chunk(chunk)
-    assert spec.options is not None
-    engine = HistoryEngine(client, spec.node, spec.options, filter_query=spec.filter_query)
-    return engine.fetch_chunk(chunk)
+def fetch_chunk(job: FetchJob, chunk: Chunk) -> ChunkResult:
+    """One chunk's rows from the node (network only; runs on the task runner)."""
+    source = _fetch_engine(job)
+    if job.node_limit is None:
+        return source.fetch(chunk) if isinstance(source, FlowRun) else source.fetch_chunk(chunk)
+    from prefect.concurrency.sync import concurrency
 
-
-# The runs in progress in this process, by flow name. Tasks get the name, not the run:
-# task parameters are kept by Prefect, and a run holds open connections.
-_RUNS: dict[str, FlowRun] = {}
+    with concurrency(job.node_limit, occupy=1, strict=False):
+        return source.fetch(chunk) if isinstance(source, FlowRun) else source.fetch_chunk(chunk)
 
 
 @task(
     name="write",
+    task_run_name=_WRITE_NAME,
     cache_policy=NO_CACHE,
-    retries=2,
-    retry_delay_seconds=2,
-    retry_condition_fn=_transient,
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAY_S,
+    retry_condition_fn=_retry_if_transient,
 )
-def write_chunk(flow_name: str, result: ChunkResult) -> ChunkOutcome:
-    return _RUNS[flow_name].write(result)
+def write_chunk(run_id: str, result: ChunkResult) -> ChunkOutcome:
+    """Replace the chunk's scope in every sink and record it complete (idempotent)."""
+    return _LIVE[run_id].write(result)
 
 
-@task(name="plan", cache_policy=NO_CACHE)
-def plan_run(flow_name: str) -> Any:
-    return _RUNS[flow_name].plan()
+# -- the flow body -----------------------------------------------------------------------
 
 
-class _Hooks:
-    """Per-process hooks of the CLI: the progress callback and the last summary."""
+@dataclass
+class _Caller:
+    """What `run_prefect` wants back from a flow run in its own process."""
 
     on_chunk: ProgressCallback | None = None
+    on_plan: PlanCallback | None = None
     summary: RunSummary | None = None
+    report: Path | None = field(default=None)
 
 
-def _fetch_spec(run: FlowRun) -> FetchSpec:
-    engine = run._engine
-    node = run.node
-    if isinstance(engine, AlarmEngine):
-        return FetchSpec(node.settings, node.name, run.kind, None, None, engine.path, engine.filt)
-    assert isinstance(engine, HistoryEngine)
-    return FetchSpec(
-        node.settings, node.name, run.kind, engine.options, engine.filter_query, None, None
-    )
+_CALLER: ContextVar[_Caller | None] = ContextVar("historian_prefect_caller", default=None)
+
+
+def _say(message: str) -> None:
+    """A line for the run's log in the API and for the `historian` logger (-v)."""
+    log.info("%s", message)
+    get_run_logger().info("%s", message)
 
 
 def _moment(value: str | None) -> datetime | None:
     return parse_moment(value) if value else None
 
 
-def _run(
-    flow_name: str, config_path: str, start: str | None, end: str | None, backfill: bool
+def extract(
+    flow_name: str,
+    config_path: str,
+    start: str | None,
+    end: str | None,
+    backfill: bool,
+    *,
+    kind: str,
+    report_dir: str | None = None,
 ) -> RunSummary:
-    logger = get_run_logger()
+    """The body of both flows: plan, fetch as tasks, write as tasks, summarise."""
     path = Path(config_path)
     config = load_config(path)
+    flow_config = config.flows.get(flow_name)
+    if flow_config is None:
+        raise ConfigError(
+            f"{path.name}: no flow named {flow_name!r} (flows: {', '.join(config.flows)})"
+        )
+    if flow_config.kind != kind:
+        raise ConfigError(
+            f"{path.name}: flows.{flow_name}: is a {flow_config.kind} flow, not {kind}"
+        )
+    caller = _CALLER.get() or _Caller()
     request = RunRequest(start=_moment(start), end=_moment(end), backfill=backfill)
-    workers = config.nodes[config.flows[flow_name].node].max_connections
+    workers = config.nodes[flow_config.node].max_connections
+    run_id = uuid.uuid4().hex
     with NodePool(config) as nodes, SinkSet(config, path.resolve().parent) as sinks:
         run = FlowRun(config, flow_name, nodes=nodes, sinks=sinks, request=request)
-        _Hooks.summary = run.summary
-        _RUNS[flow_name] = run
+        caller.summary = run.summary
+        _LIVE[run_id] = run
+        began = time.perf_counter()
         try:
-            summary = _execute(run, flow_name, workers)
+            with run:
+                plan = plan_run(run_id)
+                _say(
+                    f"{flow_name}: {len(plan.pending)} chunks to fetch, "
+                    f"{plan.chunks_planned - len(plan.pending)} already complete"
+                )
+                if caller.on_plan is not None:
+                    caller.on_plan(plan)
+                _fetch_and_write(run, run_id, plan, workers, caller)
+                run.finish()
+        except Exception as exc:
+            run.summary.error = " ".join(str(exc).split()) or type(exc).__name__
+            raise
         finally:
-            _RUNS.pop(flow_name, None)
-    _artifact(summary)
-    logger.info("%s: %d rows in %.1f s", flow_name, summary.rows, summary.seconds)
+            run.summary.seconds = time.perf_counter() - began
+            _LIVE.pop(run_id, None)
+        summary = run.summary
+        report = None
+        if report_dir:
+            report = _write_report(config, flow_name, Path(report_dir), sinks)
+            caller.report = report
+    _summary_artifact(summary, plan, report)
+    _say(f"{flow_name}: {summary.rows:,} rows in {summary.seconds:.1f} s")
     return summary
 
 
-def _execute(run: FlowRun, flow_name: str, workers: int) -> RunSummary:
-    logger = get_run_logger()
-    with run:
-        plan = cast(Plan, plan_run(flow_name))
-        logger.info(
-            "%s: %d chunks to fetch (%d already done)",
-            flow_name,
-            len(plan.pending),
-            plan.chunks_planned - len(plan.pending),
-        )
-        spec = _fetch_spec(run)
-        pending: deque[Any] = deque()
-        began = datetime.now()
-
-        def drain_one() -> None:
-            result = pending.popleft().result()
-            outcome = write_chunk.with_options(task_run_name=f"write {result.chunk.label}")(
-                flow_name, result
-            )
+def _fetch_and_write(run: FlowRun, run_id: str, plan: Plan, workers: int, caller: _Caller) -> None:
+    """Fetch on the task runner, write here as fetches complete; at most 2 x workers queued."""
+    job = _fetch_job(run, run_id)
+    done: queue.SimpleQueue[PrefectFuture[ChunkResult]] = queue.SimpleQueue()
+    chunks = iter(plan.pending)
+    outstanding: set[PrefectFuture[ChunkResult]] = set()
+    try:
+        while True:
+            while len(outstanding) < 2 * workers:
+                chunk = next(chunks, None)
+                if chunk is None:
+                    break
+                future = fetch_chunk.submit(job, chunk)
+                outstanding.add(future)
+                future.add_done_callback(done.put)
+            if not outstanding:
+                return
+            finished = done.get()
+            outstanding.discard(finished)
+            # Raises the task's own exception once its retries are spent.
+            outcome = write_chunk(run_id, finished.result())
             run.summary.add(outcome)
-            if _Hooks.on_chunk is not None:
-                _Hooks.on_chunk(outcome, run.summary)
-
-        for chunk in plan.pending:
-            pending.append(
-                fetch_chunk.with_options(task_run_name=f"fetch {chunk.label}").submit(spec, chunk)
-            )
-            if len(pending) >= 2 * workers:
-                drain_one()
-        while pending:
-            drain_one()
-        run.finish()
-        run.summary.seconds = (datetime.now() - began).total_seconds()
-    return run.summary
+            if caller.on_chunk is not None:
+                caller.on_chunk(outcome, run.summary)
+    except BaseException:
+        _abandon(outstanding)
+        raise
 
 
-def _artifact(summary: RunSummary) -> None:
-    lines = [
-        f"### {summary.flow} ({summary.kind})",
-        "",
-        f"* span: {summary.span}",
-        f"* rows: {summary.rows:,} in {summary.seconds:.1f} s ({summary.rows_per_second:,.0f} rows/s)",
-        f"* chunks: {summary.chunks_done} done, {summary.chunks_skipped} already complete",
-        f"* tags: {summary.tags}, without rows in this run: {summary.tags_without_rows}",
-        f"* bad-quality rows: {sum(summary.bad_quality_per_tag.values()):,}",
-        f"* watermark: {summary.watermark_before} -> {summary.watermark_after}",
-        "",
-        "| tag | rows | bad quality |",
-        "|---|---:|---:|",
-    ]
-    for tag, rows in summary.rows_per_tag.most_common(50):
-        cell = tag.replace("|", "\\|")
-        lines.append(f"| {cell} | {rows:,} | {summary.bad_quality_per_tag.get(tag, 0):,} |")
-    key = "".join(ch if ch.isalnum() else "-" for ch in summary.flow.lower())[:60] + "-summary"
-    create_markdown_artifact(
-        markdown="\n".join(lines), key=key, description=f"{summary.flow} run summary"
+def _abandon(futures: set[PrefectFuture[ChunkResult]]) -> None:
+    """After a failure: cancel fetches not started, let running ones end before the node
+    connection closes (their rows are not written; the next run fetches them again)."""
+    for future in futures:
+        wrapped = getattr(future, "wrapped_future", None)
+        if wrapped is not None:
+            wrapped.cancel()
+    for future in futures:
+        wrapped = getattr(future, "wrapped_future", None)
+        if wrapped is None or not wrapped.cancelled():
+            future.wait()
+
+
+def _fetch_job(run: FlowRun, run_id: str) -> FetchJob:
+    node = run.node
+    engine = run._engine  # set by plan(); read only to describe the work to remote workers
+    limit = _node_limit(node.name)
+    if isinstance(engine, AlarmEngine):
+        return FetchJob(
+            run_id,
+            node.settings,
+            node.name,
+            run.kind,
+            alarm_path=engine.path,
+            alarm_filter=engine.filt,
+            node_limit=limit,
+        )
+    assert isinstance(engine, HistoryEngine)
+    return FetchJob(
+        run_id,
+        node.settings,
+        node.name,
+        run.kind,
+        options=engine.options,
+        filter_query=engine.filter_query,
+        node_limit=limit,
     )
 
 
-def _task_runner(workers: int) -> Any:
-    if os.environ.get("HISTORIAN_TASK_RUNNER", "threads") == "dask":
+def _node_limit(node: str) -> str | None:
+    """`historian-node-<node>` when that global concurrency limit exists (one API call)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    name = f"{NODE_LIMIT_PREFIX}{node}"
+    with get_client(sync_client=True) as client:
         try:
-            from prefect_dask import DaskTaskRunner  # type: ignore[attr-defined]
-        except ImportError as exc:
-            raise RuntimeError(
-                "HISTORIAN_TASK_RUNNER=dask needs prefect-dask: pip install -e '.[dask]'"
-            ) from exc
-        address = os.environ.get("HISTORIAN_DASK_ADDRESS")
-        if address:
-            return DaskTaskRunner(address=address)
-        return DaskTaskRunner(
-            cluster_kwargs={
-                "n_workers": workers,
-                "threads_per_worker": 1,
-                "processes": True,
-                "dashboard_address": None,
-            }
-        )
-    return ThreadPoolTaskRunner(max_workers=workers)
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            return None
+    return name
 
 
-@flow(name="tag-history", flow_run_name="{flow_name}", validate_parameters=False, log_prints=False)
+def _write_report(config: Config, flow_name: str, directory: Path, sinks: SinkSet) -> Path:
+    from pipelines.report import write_report
+
+    return write_report(config, flow_name, directory / f"{flow_name}-coverage.html", sinks=sinks)
+
+
+def _summary_artifact(summary: RunSummary, plan: Plan, report: Path | None) -> None:
+    """A markdown artifact: totals, span, watermarks, and rows per tag with the gaps."""
+    create_markdown_artifact(
+        markdown=summary_markdown(summary, plan.members, report),
+        key=artifact_key(summary.flow),
+        description=f"{summary.flow}: what this run extracted",
+    )
+
+
+def artifact_key(flow_name: str) -> str:
+    """Artifact keys are lowercase letters, digits and dashes."""
+    slug = "".join(ch if ch.isalnum() else "-" for ch in flow_name.lower()).strip("-")
+    return f"historian-{slug[:80]}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def summary_markdown(
+    summary: RunSummary,
+    members: tuple[str, ...] | list[str],
+    report: Path | None = None,
+    *,
+    limit: int = 50,
+) -> str:
+    """The run in a few lines and one table (busiest tags first, then tags without rows)."""
+    bad_total = sum(summary.bad_quality_per_tag.values())
+    without = [m for m in members if m not in summary.rows_per_tag] if summary.chunks_done else []
+    lines = [
+        f"### {_cell(summary.flow)} ({summary.kind}, node {_cell(summary.node)})",
+        "",
+        f"* span: {summary.span or 'nothing to fetch'}",
+        f"* rows: {summary.rows:,} in {summary.seconds:.1f} s "
+        f"({summary.rows_per_second:,.0f} rows/s, {summary.requests:,} requests)",
+        f"* chunks: {summary.chunks_done} written, {summary.chunks_skipped} already complete",
+        f"* members: {summary.tags}, without rows in this run: {len(without)}",
+        f"* bad-quality rows (quality < 192): {bad_total:,}",
+        f"* watermark: {summary.watermark_before} -> {summary.watermark_after}",
+    ]
+    if report is not None:
+        lines.append(f"* coverage report: `{report}`")
+    lines += ["", "| member | rows | bad quality |", "|---|---:|---:|"]
+    for member, rows in summary.rows_per_tag.most_common(limit):
+        bad = summary.bad_quality_per_tag.get(member, 0)
+        lines.append(f"| {_cell(member)} | {rows:,} | {bad:,} |")
+    for member in without[:limit]:
+        lines.append(f"| {_cell(member)} | 0 (gap) | 0 |")
+    hidden = max(0, len(summary.rows_per_tag) - limit) + max(0, len(without) - limit)
+    if hidden:
+        lines.append(f"| ... {hidden} more | | |")
+    return "\n".join(lines)
+
+
+def task_runner(workers: int) -> Any:
+    """Threads (default) or Dask (`HISTORIAN_TASK_RUNNER=dask`), `workers` wide."""
+    choice = os.environ.get(TASK_RUNNER_ENV, "threads").strip().lower()
+    if choice in ("", "threads", "thread"):
+        return ThreadPoolTaskRunner(max_workers=workers)
+    if choice != "dask":
+        raise ConfigError(f"{TASK_RUNNER_ENV}={choice!r}: use threads or dask")
+    try:
+        from prefect_dask import DaskTaskRunner  # type: ignore[attr-defined]
+    except ImportError:
+        raise ConfigError(
+            f"{TASK_RUNNER_ENV}=dask needs prefect-dask: pip install -e '.[dask]'"
+        ) from None
+    address = os.environ.get(DASK_ADDRESS_ENV)
+    if address:
+        return DaskTaskRunner(address=address)
+    return DaskTaskRunner(
+        cluster_kwargs={
+            "n_workers": workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            "dashboard_address": ":0",  # any free port: 8787 may be taken
+        }
+    )
+
+
+# -- the flows -------------------------------------------------------------------------------
+
+
+@flow(name="tag-history", flow_run_name=_flow_run_name, log_prints=False)
 def tag_history_flow(
     flow_name: str,
     config_path: str,
     start: str | None = None,
     end: str | None = None,
     backfill: bool = False,
+    report_dir: str | None = None,
 ) -> dict[str, object]:
-    """Extract one tag-history flow of flows.yaml."""
-    return _run(flow_name, config_path, start, end, backfill).as_dict()
+    """Extract one tag_history flow of flows.yaml (incremental unless start is given)."""
+    summary = extract(
+        flow_name, config_path, start, end, backfill, kind=KIND_TAG_HISTORY, report_dir=report_dir
+    )
+    return summary.as_dict()
 
 
-@flow(
-    name="alarm-history", flow_run_name="{flow_name}", validate_parameters=False, log_prints=False
-)
+@flow(name="alarm-history", flow_run_name=_flow_run_name, log_prints=False)
 def alarm_history_flow(
     flow_name: str,
     config_path: str,
     start: str | None = None,
     end: str | None = None,
     backfill: bool = False,
+    report_dir: str | None = None,
 ) -> dict[str, object]:
-    """Extract one alarm-history flow of flows.yaml."""
-    return _run(flow_name, config_path, start, end, backfill).as_dict()
+    """Extract one alarm_history flow of flows.yaml (incremental unless start is given)."""
+    summary = extract(
+        flow_name, config_path, start, end, backfill, kind=KIND_ALARM_HISTORY, report_dir=report_dir
+    )
+    return summary.as_dict()
 
 
-def prefect_flow_for(kind: str) -> Any:
-    return alarm_history_flow if kind == "alarm_history" else tag_history_flow
+def prefect_flow_for(kind: str) -> Flow[..., dict[str, object]]:
+    """The Prefect flow that runs flows.yaml flows of this kind."""
+    chosen = (
+        alarm_history_flow if kind in (KIND_ALARM_HISTORY, "alarm_history") else tag_history_flow
+    )
+    return cast(Flow[..., dict[str, object]], chosen)
+
+
+@contextmanager
+def _calling(caller: _Caller) -> Iterator[None]:
+    token = _CALLER.set(caller)
+    try:
+        yield
+    finally:
+        _CALLER.reset(token)
 
 
 def run_prefect(
@@ -290,70 +519,113 @@ def run_prefect(
     request: RunRequest,
     *,
     on_chunk: ProgressCallback | None = None,
+    on_plan: PlanCallback | None = None,
+    report_dir: Path | None = None,
 ) -> RunSummary:
     """Run one flow through Prefect now (what `historian run` does by default).
 
-    Node and sink errors come out as `RunFailed` with the partial summary, the original
-    error as its cause, exactly like the direct path.
+    Like `run_flow`: node and sink errors come out as `RunFailed` carrying the partial
+    summary, with the original error (its own type, not a Prefect wrapper) as `__cause__`;
+    configuration errors come out as they are. `on_chunk(outcome, summary)` is called in
+    this thread after each chunk is written.
     """
-    from connectors.errors import NodeError
-    from sinks.base import SinkError
-
     config = load_config(config_path)
+    if flow_name not in config.flows:
+        raise ConfigError(
+            f"{config_path.name}: no flow named {flow_name!r} (flows: {', '.join(config.flows)})"
+        )
     flow_config = config.flows[flow_name]
     workers = config.nodes[flow_config.node].max_connections
-    chosen = prefect_flow_for(flow_config.kind).with_options(task_runner=_task_runner(workers))
-    _Hooks.on_chunk = on_chunk
-    _Hooks.summary = None
+    chosen = prefect_flow_for(flow_config.kind).with_options(task_runner=task_runner(workers))
+    caller = _Caller(on_chunk=on_chunk, on_plan=on_plan)
     try:
-        chosen(
-            flow_name=flow_name,
-            config_path=str(config_path.resolve()),
-            start=request.start.isoformat() if request.start else None,
-            end=request.end.isoformat() if request.end else None,
-            backfill=request.backfill,
-        )
+        with _calling(caller), cli_run():
+            chosen(
+                flow_name=flow_name,
+                config_path=str(config_path.resolve()),
+                start=request.start.isoformat() if request.start else None,
+                end=request.end.isoformat() if request.end else None,
+                backfill=request.backfill,
+                report_dir=str(report_dir.resolve()) if report_dir else None,
+            )
     except (NodeError, SinkError) as exc:
-        summary = _Hooks.summary or RunSummary(flow_name, flow_name, "", flow_config.node)
-        summary.error = " ".join(str(exc).split())
+        summary = caller.summary or RunSummary(
+            flow_name, flow_name, flow_config.kind, flow_config.node
+        )
+        summary.error = " ".join(str(exc).split()) or type(exc).__name__
         raise RunFailed(summary.error, summary) from exc
-    finally:
-        _Hooks.on_chunk = None
-    final = _Hooks.summary
-    assert final is not None
-    return final
+    assert caller.summary is not None, "the flow ran without reporting a summary"
+    return caller.summary
 
 
-def build_deployments(config_path: Path, names: list[str] | None = None) -> list[Any]:
-    """One deployment per scheduled flow, with its cron or interval and parameters."""
+# -- deployments -------------------------------------------------------------------------------
+
+
+def build_deployments(
+    config_path: Path, names: list[str] | None = None, *, by_module: bool = False
+) -> list[Any]:
+    """One deployment per flow with a schedule: its cron or interval, timezone, parameters.
+
+    `by_module` names the flow by import path (`pipelines.flows.tag_history_flow`) instead of
+    by file, so a worker of a process work pool with this package installed can load it.
+    """
+    from prefect.schedules import Cron, Interval
+    from prefect.types.entrypoint import EntrypointType
+
     config = load_config(config_path)
+    entrypoint = EntrypointType.MODULE_PATH if by_module else EntrypointType.FILE_PATH
     deployments = []
     for name, flow_config in config.flows.items():
-        if flow_config.schedule is None or (names and name not in names):
-            continue
         schedule = flow_config.schedule
-        kwargs: dict[str, Any] = {
-            "name": name,
-            "parameters": {"flow_name": name, "config_path": str(config_path.resolve())},
-            "tags": ["historian", flow_config.kind],
-            "description": f"historian flow {name} ({flow_config.kind}, node {flow_config.node})",
-        }
+        if schedule is None or (names and name not in names):
+            continue
         if schedule.cron is not None:
-            kwargs["cron"] = schedule.cron
+            plan = Cron(schedule.cron, timezone=schedule.timezone)
         else:
             assert schedule.interval is not None
-            kwargs["interval"] = schedule.interval
-        if schedule.timezone and schedule.cron is not None:
-            from prefect.schedules import Cron
-
-            kwargs.pop("cron")
-            kwargs["schedules"] = [Cron(schedule.cron, timezone=schedule.timezone)]
-        deployments.append(prefect_flow_for(flow_config.kind).to_deployment(**kwargs))
+            plan = Interval(schedule.interval, timezone=schedule.timezone)
+        deployments.append(
+            prefect_flow_for(flow_config.kind).to_deployment(
+                name=name,
+                schedules=[plan],
+                parameters={"flow_name": name, "config_path": str(config_path.resolve())},
+                tags=["historian", flow_config.kind, f"node:{flow_config.node}"],
+                description=f"historian flow {name} ({flow_config.kind}, node {flow_config.node})",
+                entrypoint_type=entrypoint,
+            )
+        )
     return deployments
+
+
+def deploy_flows(
+    config_path: Path, work_pool: str, *, names: list[str] | None = None
+) -> list[uuid.UUID]:
+    """Register the scheduled flows as deployments of a work pool (docs/scaling.md).
+
+    Unlike `serve_flows`, nothing keeps running here: workers of the pool
+    (`prefect worker start --pool <name>`) pick the runs up wherever this package and
+    flows.yaml are installed at the same path.
+    """
+    from prefect import deploy
+
+    deployments = build_deployments(config_path, names, by_module=True)
+    if not deployments:
+        raise ConfigError(f"{config_path.name}: no flow has a schedule")
+    ids = deploy(
+        *deployments,
+        work_pool_name=work_pool,
+        build=False,
+        push=False,
+        print_next_steps_message=False,
+    )
+    return cast(list[uuid.UUID], ids)
 
 
 def serve_flows(config_path: Path, *, names: list[str] | None = None) -> None:
     """Register every scheduled flow as a deployment and run them on schedule (blocks)."""
     from prefect import serve
 
-    serve(*build_deployments(config_path, names))
+    deployments = build_deployments(config_path, names)
+    if not deployments:
+        raise ConfigError(f"{config_path.name}: no flow has a schedule")
+    serve(*deployments)

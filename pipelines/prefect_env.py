@@ -1,24 +1,45 @@
 """Prefect settings for a quiet, offline command line; applied before prefect is imported.
 
-* Telemetry off (`PREFECT_SERVER_ANALYTICS_ENABLED=false`, `DO_NOT_TRACK=1`): no network.
-* Prefect's own loggers at WARNING; the flow's log lines (logger `historian`) stay.
-* The throwaway ephemeral server's task-run recorder is turned off: at shutdown it
-  printed `task_run_recorder - Error flushing` tracebacks while its database went away.
-  The cost is that this throwaway server does not keep task-run rows, which nobody can
-  look at after the command exits anyway; flow runs, logs and artifacts are still
-  recorded. With `PREFECT_API_URL` set (a real server), nothing here is changed, so a
-  real server records everything.
-Every value is a default: an explicit environment variable wins.
+* Telemetry off (`PREFECT_SERVER_ANALYTICS_ENABLED=false`, `DO_NOT_TRACK=1`): no network
+  beyond the node, the sinks and the Prefect API.
+* Prefect's own loggers at WARNING; the flow-run logger (`prefect.flow_runs`) at INFO so
+  that the flow's log lines reach the API (the UI shows them). Task runs log warnings and
+  errors only: two tasks per chunk, and Prefect's "Finished in state Completed()" lines
+  are not worth a database row each. While `historian run` drives a flow,
+  `quiet_run_console()` keeps the run loggers off the terminal: the CLI prints its own
+  progress, summary and one-line errors, and a failed task's traceback stays in the API's
+  run log instead of flooding stderr. `historian serve` keeps them on the terminal.
+* The ephemeral server's task-run recorder writes in batches. With Prefect's default
+  (one event per write) the recorder lags behind a run of many chunks, and when the CLI
+  exits, the server's shutdown cancels a write in progress and prints
+  `task_run_recorder - Error flushing 1 events` with a traceback (reproduced: 121 one-minute
+  chunks, 3 of 3 runs). Batched (100 events or 1 s), the message handler only queues, the
+  periodic flush is idle at shutdown, and the final flush records the rest: 3 of 3 runs
+  quiet, and every task run is recorded (243 of 243). Turning the recorder off
+  (`PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED=false`) also silences it, but loses
+  the task runs a later `prefect server start` on the same PREFECT_HOME would show.
+  With `PREFECT_API_URL` set (a real server) the recorder settings are left alone.
+* On the ephemeral server, `historian run` turns flow-run heartbeats off (`cli_run()`):
+  Prefect's heartbeat thread sleeps in 1 s steps and the flow waits for it at the end,
+  which added ~1 s to every run (an empty flow: 1.1 s with, 0.13 s without). Heartbeats
+  let a server notice crashed runs; a throwaway server that ends with the command has
+  nothing to notice. With a real server (`PREFECT_API_URL` or a profile), they stay on.
+
+Every value is a default: an explicit environment variable always wins.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 QUIET_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
     "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL": "INFO",
     "PREFECT_LOGGING_LOG_PRINTS": "false",
     "PREFECT_UI_ENABLED": "false",
     "PREFECT_CLI_COLORS": "false",
@@ -28,8 +49,10 @@ QUIET_DEFAULTS = {
     "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED": "warning",
 }
 EPHEMERAL_ONLY = {
-    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "100",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
 }
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 
 
 def configure_prefect() -> None:
@@ -39,3 +62,35 @@ def configure_prefect() -> None:
     if not os.environ.get("PREFECT_API_URL"):
         for key, value in EPHEMERAL_ONLY.items():
             os.environ.setdefault(key, value)
+
+
+@contextmanager
+def quiet_run_console() -> Iterator[None]:
+    """Keep Prefect's run loggers off the terminal for the block; the API still gets them."""
+    loggers = [logging.getLogger(name) for name in RUN_LOGGERS]
+    before = [logger.propagate for logger in loggers]
+    for logger in loggers:
+        logger.propagate = False
+    try:
+        yield
+    finally:
+        for logger, propagate in zip(loggers, before, strict=True):
+            logger.propagate = propagate
+
+
+@contextmanager
+def cli_run() -> Iterator[None]:
+    """Settings for one run driven by the command line (see the module docstring)."""
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
+
+    with ExitStack() as stack:
+        stack.enter_context(quiet_run_console())
+        if not get_current_settings().api.url:
+            stack.enter_context(
+                temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+            )
+        yield

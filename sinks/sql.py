@@ -1,34 +1,32 @@
-"""The SQL warehouse: PostgreSQL (COPY + one transaction per chunk) or embedded DuckDB.
+"""The SQL warehouse: PostgreSQL (binary COPY, one transaction per chunk) or embedded DuckDB.
 
-Every chunk write is ONE transaction: bulk-load the frame into a temporary staging
-table, delete the chunk's scope from the target, insert the staged rows, record the chunk
-(rows fetched and committed) and merge its window into the progress of every member.
-The state therefore lives with the data: a crash at any point leaves either the whole
-chunk or nothing.
+Every chunk write is ONE transaction: delete the chunk's scope from the target, bulk-load
+the frame (PostgreSQL: binary COPY; DuckDB: a registered Arrow view), record the chunk
+(rows fetched and committed), merge its window into the progress of every member, and
+check the count. The state therefore lives with the data: a crash or a dropped connection
+at any point leaves either the whole chunk or nothing, and a re-run replaces instead of
+adding.
 
-Tables (in `schema` when given): one per dataset, named after it, with the kind's typed
-columns and primary key; `tag_metadata` (the tag dimension); `historian_datasets`,
-`historian_chunks`, `historian_progress` and `historian_schema_version`.
+Tables (in `schema` when given, created if missing) are described in sinks/sql_tables.py;
+loading in sinks/sql_load.py and sinks/sql_copy.py; locks in sinks/sql_locks.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.csv as pacsv
+import pyarrow.compute as pc
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from connectors.schema import (
     KEYS,
@@ -36,6 +34,7 @@ from connectors.schema import (
     KIND_TAG_HISTORY,
     KIND_TAG_METADATA,
     SCHEMAS,
+    SCOPE_COLUMN,
     frame_from_table,
     table_from_frame,
 )
@@ -44,58 +43,34 @@ from sinks.base import (
     ChunkRecord,
     ChunkScope,
     CountMismatch,
-    FlowLocked,
     Progress,
     SinkError,
     SinkUnavailable,
     merge_windows,
 )
+from sinks.sql_errors import is_database_error, is_duplicate_key, is_transient, one_line
+from sinks.sql_load import (
+    copy_binary,
+    epoch_ms_sql,
+    load_duckdb,
+    scalar_list,
+    select_arrow,
+    upsert_postgres,
+)
+from sinks.sql_locks import advisory_key, advisory_lock, file_lock, lock_file_path, memory_lock
+from sinks.sql_tables import (
+    CHUNKS_TABLE,
+    DATASETS_TABLE,
+    METADATA_TABLE,
+    PROGRESS_TABLE,
+    VERSION_TABLE,
+    Layout,
+    check_dataset_name,
+    quote,
+)
 
 log = logging.getLogger("historian.sql")
-SCHEMA_VERSION = 1
-METADATA_TABLE = "tag_metadata"
-
-
-def _sql_type(field: pa.Field) -> str:
-    kind = field.type
-    if pa.types.is_timestamp(kind):
-        return "TIMESTAMP WITH TIME ZONE"
-    if pa.types.is_float64(kind):
-        return "DOUBLE PRECISION"
-    if pa.types.is_boolean(kind):
-        return "BOOLEAN"
-    if pa.types.is_int16(kind):
-        return "SMALLINT"
-    if pa.types.is_int64(kind):
-        return "BIGINT"
-    return "TEXT"
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, OperationalError | DBAPIError) and getattr(
-        exc, "connection_invalidated", False
-    ):
-        return True
-    text = str(exc).lower()
-    return any(
-        needle in text
-        for needle in (
-            "connection refused",
-            "server closed the connection",
-            "terminating connection",
-            "connection is closed",
-            "could not connect",
-            "connection reset",
-            "the database system is starting up",
-            "the database system is shutting down",
-            "consuming input failed",
-            "connection already closed",
-        )
-    )
+HISTORY_KINDS = (KIND_TAG_HISTORY, KIND_ALARM_HISTORY)
 
 
 class SqlWarehouse:
@@ -110,26 +85,43 @@ class SqlWarehouse:
         connect_args: Mapping[str, object] | None = None,
     ) -> None:
         self.name = name
-        self.url = sa.engine.make_url(url)
-        self.schema = schema
-        self.dialect = self.url.get_backend_name()
-        if self.dialect not in ("postgresql", "duckdb"):
+        try:
+            parsed = sa.engine.make_url(url)
+        except sa.exc.ArgumentError:
+            raise SinkError(f"sink {name}: not a database URL") from None
+        self.dialect = parsed.get_backend_name()
+        if self.dialect == "postgresql":
+            if parsed.get_driver_name() not in ("psycopg", "psycopg2"):
+                raise SinkError(
+                    f"sink {name}: PostgreSQL is reached through psycopg 3 "
+                    "(postgresql+psycopg://...)"
+                )
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        elif self.dialect != "duckdb":
             raise SinkError(f"sink {name}: {self.dialect} is not supported (postgresql or duckdb)")
+        self.url = parsed
+        self.schema = schema
+        self.layout = Layout(self.dialect, schema)
         args = dict(connect_args or {})
         if self.dialect == "postgresql":
             args.setdefault("connect_timeout", 10)
             args.setdefault("application_name", "historian")
         self._connect_args = args
+        # Masked in every message: the URL's password and libpq's PGPASSWORD.
+        self._secrets = tuple(
+            s for s in (parsed.password, os.environ.get("PGPASSWORD")) if isinstance(s, str) and s
+        )
         self._engine: Engine | None = None
+        self._ready: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"SqlWarehouse({self.describe()!r}, name={self.name!r})"
 
     # -- plumbing ---------------------------------------------------------------------
 
     def describe(self) -> str:
         where = self.url.render_as_string(hide_password=True)
-        return f"{where}" + (f" (schema {self.schema})" if self.schema else "")
-
-    def _table(self, name: str) -> str:
-        return f"{_quote(self.schema)}.{_quote(name)}" if self.schema else _quote(name)
+        return where + (f" (schema {self.schema})" if self.schema else "")
 
     @property
     def engine(self) -> Engine:
@@ -137,269 +129,208 @@ class SqlWarehouse:
             raise SinkError(f"sink {self.name}: not open")
         return self._engine
 
+    @property
+    def _database_file(self) -> str | None:
+        database = self.url.database if self.dialect == "duckdb" else None
+        return database if database and database != ":memory:" else None
+
     @contextlib.contextmanager
     def _errors(self, doing: str) -> Iterator[None]:
+        """Database and socket errors -> one-line SinkUnavailable (transient) or SinkError."""
         try:
             yield
-        except (SinkError, CountMismatch):
+        except SinkError:
             raise
-        except SQLAlchemyError as exc:
-            reason = " ".join(str(getattr(exc, "orig", exc) or exc).split())[:300]
-            if _is_transient(exc):
+        except Exception as exc:
+            if not (is_database_error(exc) or isinstance(exc, OSError)):
+                raise
+            reason = one_line(exc, self._secrets)
+            log.debug("sink %s: %s failed: %s", self.name, doing, reason)
+            if is_transient(exc):
                 raise SinkUnavailable(
                     f"sink {self.name}: {doing}: database unavailable: {reason}"
                 ) from None
             raise SinkError(f"sink {self.name}: {doing}: {reason}") from None
-        except OSError as exc:
-            raise SinkUnavailable(f"sink {self.name}: {doing}: {exc.strerror or exc}") from None
 
     def open(self) -> None:
         if self._engine is not None:
             return
-        if self.dialect == "duckdb":
-            database = self.url.database or ""
-            if database and database != ":memory:":
-                Path(database).parent.mkdir(parents=True, exist_ok=True)
+        database = self._database_file
         with self._errors("connect"):
-            self._engine = sa.create_engine(
-                self.url, connect_args=self._connect_args, pool_pre_ping=True
+            if database:
+                Path(database).parent.mkdir(parents=True, exist_ok=True)
+            engine = sa.create_engine(
+                self.url,
+                connect_args=self._connect_args,
+                pool_pre_ping=self.dialect == "postgresql",
             )
-            with self._engine.begin() as conn:
-                self._create_state_tables(conn)
+            try:
+                with engine.begin() as conn:
+                    self._ddl_lock(conn)
+                    self.layout.ensure_state(conn)
+            except BaseException:
+                engine.dispose()
+                raise
+        self._engine = engine
 
     def close(self) -> None:
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
+        self._ready.clear()
 
     def check_writable(self) -> None:
-        with self._errors("write check"), self.engine.begin() as conn:
+        with self._errors("write check"), self.engine.connect() as conn:
             conn.execute(
-                sa.text(f"UPDATE {self._table('historian_schema_version')} SET version = version")
+                sa.text(f"UPDATE {self.layout.table(VERSION_TABLE)} SET version = version")
             )
-
-    def _create_state_tables(self, conn: Connection) -> None:
-        if self.schema:
-            conn.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {_quote(self.schema)}"))
-        ts = "TIMESTAMP WITH TIME ZONE"
-        statements = [
-            f"CREATE TABLE IF NOT EXISTS {self._table('historian_schema_version')} (version INTEGER NOT NULL)",
-            f"CREATE TABLE IF NOT EXISTS {self._table('historian_datasets')} ("
-            "dataset TEXT PRIMARY KEY, kind TEXT NOT NULL, attrs TEXT NOT NULL)",
-            f"CREATE TABLE IF NOT EXISTS {self._table('historian_chunks')} ("
-            f"flow TEXT NOT NULL, chunk_id TEXT NOT NULL, dataset TEXT NOT NULL, "
-            f"window_start {ts} NOT NULL, window_end {ts} NOT NULL, members INTEGER NOT NULL, "
-            f"rows_fetched BIGINT NOT NULL, rows_committed BIGINT NOT NULL, committed_at {ts} NOT NULL, "
-            "PRIMARY KEY (flow, chunk_id))",
-            f"CREATE TABLE IF NOT EXISTS {self._table('historian_progress')} ("
-            f"flow TEXT NOT NULL, member TEXT NOT NULL, window_start {ts} NOT NULL, "
-            f"window_end {ts} NOT NULL, PRIMARY KEY (flow, member, window_start))",
-        ]
-        for statement in statements:
-            conn.execute(sa.text(statement))
-        version = conn.execute(
-            sa.text(f"SELECT version FROM {self._table('historian_schema_version')}")
-        ).fetchall()
-        if not version:
-            conn.execute(
-                sa.text(f"INSERT INTO {self._table('historian_schema_version')} VALUES (:v)"),
-                {"v": SCHEMA_VERSION},
-            )
-        self._ensure_table(conn, METADATA_TABLE, KIND_TAG_METADATA)
-
-    def _ensure_table(self, conn: Connection, table: str, kind: str) -> None:
-        """Create the dataset table, or add columns it lacks; refuse incompatible types."""
-        schema = SCHEMAS[kind]
-        existing = self._columns(conn, table)
-        if not existing:
-            columns = ", ".join(
-                f"{_quote(f.name)} {_sql_type(f)}{'' if f.nullable else ' NOT NULL'}"
-                for f in schema
-            )
-            key = ", ".join(_quote(k) for k in KEYS[kind])
-            conn.execute(
-                sa.text(
-                    f"CREATE TABLE IF NOT EXISTS {self._table(table)} ({columns}, PRIMARY KEY ({key}))"
-                )
-            )
-            return
-        for field in schema:
-            have = existing.get(field.name)
-            if have is None:
-                conn.execute(
-                    sa.text(
-                        f"ALTER TABLE {self._table(table)} ADD COLUMN {_quote(field.name)} {_sql_type(field)}"
+            if self.dialect == "postgresql":
+                target = self.layout.catalog_schema
+                allowed = conn.execute(
+                    sa.text("SELECT has_schema_privilege(:s, 'CREATE')"), {"s": target}
+                ).scalar()
+                if not allowed:
+                    raise SinkError(
+                        f"sink {self.name}: no CREATE privilege on schema {target} "
+                        "(needed for new dataset tables)"
                     )
-                )
-            elif not _compatible(have, _sql_type(field)):
-                raise SinkError(
-                    f"sink {self.name}: table {table} column {field.name} is {have}, "
-                    f"expected {_sql_type(field).lower()}"
-                )
+            conn.rollback()
 
-    def _columns(self, conn: Connection, table: str) -> dict[str, str]:
-        schema = self.schema or ("public" if self.dialect == "postgresql" else "main")
-        rows = conn.execute(
-            sa.text(
-                "SELECT column_name, data_type FROM information_schema.columns "
-                "WHERE table_schema = :schema AND table_name = :table"
-            ),
-            {"schema": schema, "table": table},
-        ).fetchall()
-        return {str(name): str(kind).lower() for name, kind in rows}
+    def _ddl_lock(self, conn: Connection) -> None:
+        """Serialise CREATE/ALTER of this warehouse's tables across processes (PostgreSQL)."""
+        if self.dialect == "postgresql":
+            conn.execute(
+                sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"),
+                {"k": f"historian-ddl:{self.layout.catalog_schema}"},
+            )
 
     # -- locks ------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def lock(self, flow: str) -> Iterator[None]:
-        if self.dialect == "duckdb":
-            from sinks.locks import flow_flock
-
-            database = self.url.database or "memory"
-            lock_path = f"{database}.locks/{_safe_name(flow)}.lock"
-            with flow_flock(lock_path, flow):
+        if self.dialect == "postgresql":
+            with contextlib.ExitStack() as stack:
+                with self._errors("lock"):
+                    stack.enter_context(
+                        advisory_lock(
+                            self.engine, flow, advisory_key(flow, self.schema), self.describe()
+                        )
+                    )
                 yield
             return
-        key = f"historian:{self.schema or ''}:{flow}"
-        with self._errors("lock"):
-            conn = self.engine.connect()
-        try:
-            with self._errors("lock"):
-                got = conn.execute(
-                    sa.text("SELECT pg_try_advisory_lock(hashtext(:k))"), {"k": key}
-                ).scalar()
-                conn.commit()
-            if not got:
-                raise FlowLocked(
-                    f"flow '{flow}' is already running (advisory lock held in {self.describe()})"
-                )
-            try:
-                yield
-            finally:
-                with contextlib.suppress(SQLAlchemyError):
-                    conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": key})
-                    conn.commit()
-        finally:
-            with contextlib.suppress(SQLAlchemyError):
-                conn.close()
+        database = self._database_file
+        guard = (
+            file_lock(lock_file_path(database, flow), flow)
+            if database
+            else memory_lock(f"{id(self)}:{flow}", flow)
+        )
+        with guard:
+            yield
 
     # -- writes -----------------------------------------------------------------------
 
-    def _check_attrs(self, conn: Connection, scope: ChunkScope) -> None:
-        attrs = json.dumps(dict(scope.attrs), sort_keys=True, default=str)
-        row = conn.execute(
-            sa.text(
-                f"SELECT kind, attrs FROM {self._table('historian_datasets')} WHERE dataset = :d"
-            ),
-            {"d": scope.dataset},
-        ).fetchone()
-        if row is None:
-            conn.execute(
-                sa.text(f"INSERT INTO {self._table('historian_datasets')} VALUES (:d, :k, :a)"),
-                {"d": scope.dataset, "k": scope.kind, "a": attrs},
-            )
-            return
-        stored = json.loads(row[1])
-        wanted = json.loads(attrs)
-        if row[0] != scope.kind or stored != wanted:
-            differences = sorted(
-                key for key in set(stored) | set(wanted) if stored.get(key) != wanted.get(key)
-            ) or ["kind"]
-            key = differences[0]
-            raise SinkError(
-                f"sink {self.name}: dataset {scope.dataset} holds {key}={stored.get(key, row[0])!r}, "
-                f"the flow writes {key}={wanted.get(key, scope.kind)!r}: use another dataset name "
-                "or reset it"
-            )
-
     def write(self, scope: ChunkScope, frame: pd.DataFrame, rows_fetched: int) -> int:
-        table = (
-            table_from_frame(frame, scope.kind) if len(frame) else SCHEMAS[scope.kind].empty_table()
-        )
+        check_dataset_name(scope.dataset)
+        if scope.kind not in HISTORY_KINDS:
+            raise SinkError(f"chunk {scope.chunk_id}: cannot write kind {scope.kind!r}")
+        table = _typed_table(frame, scope.kind)
         _check_scope(table, scope)
+        self._ensure_dataset(scope.dataset, scope.kind)
         with self._errors(f"write chunk {scope.chunk_id}"), self.engine.begin() as conn:
-            self._ensure_table(conn, scope.dataset, scope.kind)
             self._check_attrs(conn, scope)
             self._delete_scope(conn, scope)
-            committed = self._insert(conn, scope.dataset, table)
+            committed = self._load(conn, scope, table)
             if committed != rows_fetched:
                 raise CountMismatch(
                     f"sink {self.name}: chunk {scope.chunk_id} committed {committed} rows, "
-                    f"fetched {rows_fetched}"
+                    f"fetched {rows_fetched}: nothing committed"
                 )
-            self._record(conn, scope, rows_fetched, committed)
+            self._record_chunk(conn, scope, rows_fetched, committed)
+            self._merge_progress(conn, scope)
         return committed
 
-    def _delete_scope(self, conn: Connection, scope: ChunkScope) -> None:
-        params: dict[str, Any] = {"start": scope.window.start, "end": scope.window.end}
-        where = "ts >= :start AND ts < :end"
-        if scope.kind == KIND_TAG_HISTORY:
-            if self.dialect == "postgresql":
-                where += " AND tag = ANY(:members)"
-                params["members"] = list(scope.members)
-                conn.execute(
-                    sa.text(f"DELETE FROM {self._table(scope.dataset)} WHERE {where}"), params
-                )
-                return
-            statement = sa.text(
-                f"DELETE FROM {self._table(scope.dataset)} WHERE {where} AND tag IN :members"
-            ).bindparams(sa.bindparam("members", expanding=True))
-            params["members"] = list(scope.members)
-            conn.execute(statement, params)
+    def _ensure_dataset(self, dataset: str, kind: str) -> None:
+        """Create or migrate a dataset's table once per open sink, in its own transaction."""
+        if dataset in self._ready:
             return
-        conn.execute(sa.text(f"DELETE FROM {self._table(scope.dataset)} WHERE {where}"), params)
+        with self._errors(f"prepare table {dataset}"), self.engine.begin() as conn:
+            self._ddl_lock(conn)
+            self.layout.ensure_table(conn, dataset, kind)
+        self._ready.add(dataset)
 
-    def _insert(self, conn: Connection, target: str, table: pa.Table) -> int:
-        if table.num_rows == 0:
-            return 0
-        columns = ", ".join(_quote(name) for name in table.column_names)
-        if self.dialect == "duckdb":
-            raw = conn.connection.dbapi_connection
-            view = f"historian_stage_{os.getpid()}_{id(table)}"
-            raw.register(view, table)  # type: ignore[union-attr]
-            try:
-                result = conn.exec_driver_sql(
-                    f"INSERT INTO {self._table(target)} ({columns}) SELECT {columns} FROM {_quote(view)}"
-                )
-                count = result.rowcount
-            finally:
-                raw.unregister(view)  # type: ignore[union-attr]
-            return int(count if count is not None and count >= 0 else table.num_rows)
-        stage = "historian_stage"
-        conn.exec_driver_sql(
-            f"CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {self._table(target)} INCLUDING DEFAULTS) "
-            "ON COMMIT DROP"
+    def _check_attrs(self, conn: Connection, scope: ChunkScope) -> None:
+        """Register the dataset's facts on first write; refuse a write whose facts differ."""
+        wanted = json.loads(json.dumps(dict(scope.attrs), sort_keys=True, default=str))
+        datasets = self.layout.table(DATASETS_TABLE)
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {datasets} (dataset, kind, attrs, created_at) "
+                f"VALUES (:d, :k, CAST(:a AS {self.layout.json_type}), :t) "
+                "ON CONFLICT (dataset) DO NOTHING"
+            ),
+            {"d": scope.dataset, "k": scope.kind, "a": json.dumps(wanted), "t": datetime.now(UTC)},
         )
-        buffer = io.BytesIO()
-        pacsv.write_csv(
-            table,
-            buffer,
-            pacsv.WriteOptions(include_header=False, quoting_style="all_valid"),
-        )
-        raw_conn: Any = conn.connection.dbapi_connection
-        with (
-            raw_conn.cursor() as cursor,
-            cursor.copy(f"COPY {stage} ({columns}) FROM STDIN WITH (FORMAT csv)") as copy,
-        ):
-            data = buffer.getbuffer()
-            step = 1 << 20
-            for offset in range(0, len(data), step):
-                copy.write(data[offset : offset + step])
-        result = conn.exec_driver_sql(
-            f"INSERT INTO {self._table(target)} ({columns}) SELECT {columns} FROM {stage}"
-        )
-        conn.exec_driver_sql(f"DROP TABLE {stage}")
-        return int(result.rowcount)
+        kind, raw = conn.execute(
+            sa.text(f"SELECT kind, CAST(attrs AS TEXT) FROM {datasets} WHERE dataset = :d"),
+            {"d": scope.dataset},
+        ).one()
+        stored = {"kind": kind, **json.loads(raw)}
+        wanted = {"kind": scope.kind, **wanted}
+        differences = [
+            f"{key}: stored {stored.get(key)!r}, this write {wanted.get(key)!r}"
+            for key in sorted(set(stored) | set(wanted))
+            if stored.get(key) != wanted.get(key)
+        ]
+        if differences:
+            raise SinkError(
+                f"sink {self.name}: dataset {scope.dataset} was written with other settings "
+                f"({'; '.join(differences)}): use another dataset name or reset it"
+            )
 
-    def _record(self, conn: Connection, scope: ChunkScope, fetched: int, committed: int) -> None:
-        now = datetime.now(UTC)
-        chunks = self._table("historian_chunks")
-        conn.execute(
-            sa.text(f"DELETE FROM {chunks} WHERE flow = :f AND chunk_id = :c"),
-            {"f": scope.flow, "c": scope.chunk_id},
+    def _delete_scope(self, conn: Connection, scope: ChunkScope) -> None:
+        target = self.layout.table(scope.dataset)
+        params: dict[str, Any] = {"s": scope.window.start, "e": scope.window.end}
+        where = "ts >= :s AND ts < :e"
+        if scope.kind == KIND_TAG_HISTORY:
+            params["members"] = list(scope.members)
+            where += " AND tag = ANY(:members)"
+            if self.dialect == "postgresql":
+                # The key leads with node: name the nodes so the delete can use it.
+                params["nodes"] = scalar_list(conn, _distinct_nodes_sql(target), {})
+                if not params["nodes"]:
+                    return
+                where += " AND node = ANY(:nodes)"
+        conn.execute(sa.text(f"DELETE FROM {target} WHERE {where}"), params)
+
+    def _load(self, conn: Connection, scope: ChunkScope, table: pa.Table) -> int:
+        target = self.layout.table(scope.dataset)
+        key = KEYS[scope.kind]
+        try:
+            if self.dialect == "postgresql":
+                return copy_binary(conn, target, table) if table.num_rows else 0
+            return load_duckdb(conn, target, table, key)
+        except Exception as exc:
+            if is_database_error(exc) and is_duplicate_key(exc):
+                raise CountMismatch(
+                    f"sink {self.name}: chunk {scope.chunk_id}: rows share one key "
+                    f"({', '.join(key)}); fetched {table.num_rows}, nothing committed"
+                ) from None
+            raise
+
+    def _record_chunk(
+        self, conn: Connection, scope: ChunkScope, fetched: int, committed: int
+    ) -> None:
+        columns = (
+            "flow, chunk_id, dataset, window_start, window_end, members, rows_fetched, "
+            "rows_committed, committed_at"
         )
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns.split(", ")[2:])
         conn.execute(
-            sa.text(f"INSERT INTO {chunks} VALUES (:f, :c, :d, :s, :e, :m, :rf, :rc, :t)"),
+            sa.text(
+                f"INSERT INTO {self.layout.table(CHUNKS_TABLE)} ({columns}) "
+                "VALUES (:f, :c, :d, :s, :e, :m, :rf, :rc, :t) "
+                f"ON CONFLICT (flow, chunk_id) DO UPDATE SET {updates}"
+            ),
             {
                 "f": scope.flow,
                 "c": scope.chunk_id,
@@ -409,59 +340,50 @@ class SqlWarehouse:
                 "m": len(scope.members),
                 "rf": fetched,
                 "rc": committed,
-                "t": now,
+                "t": datetime.now(UTC),
             },
         )
-        self._merge_progress(conn, scope.flow, scope.members, scope.window)
 
-    def _merge_progress(
-        self, conn: Connection, flow: str, members: Sequence[str], window: Window
-    ) -> None:
-        progress = self._table("historian_progress")
-        select = sa.text(
-            f"SELECT member, window_start, window_end FROM {progress} WHERE flow = :f "
-            "AND member IN :members AND window_end >= :s AND window_start <= :e"
-        ).bindparams(sa.bindparam("members", expanding=True))
-        touching: dict[str, list[Window]] = {member: [window] for member in members}
+    def _merge_progress(self, conn: Connection, scope: ChunkScope) -> None:
+        """Set-based merge: read the touching windows of all members, replace them merged."""
+        progress = self.layout.table(PROGRESS_TABLE)
+        members = list(dict.fromkeys(scope.members))
+        window = scope.window
+        touching = "flow = :f AND member = ANY(:m) AND window_end >= :s AND window_start <= :e"
+        params = {"f": scope.flow, "m": members, "s": window.start, "e": window.end}
+        windows: dict[str, list[Window]] = {member: [window] for member in members}
         for member, start, end in conn.execute(
-            select, {"f": flow, "members": list(members), "s": window.start, "e": window.end}
+            sa.text(f"SELECT member, window_start, window_end FROM {progress} WHERE {touching}"),
+            params,
         ):
-            touching[member].append(Window(_aware(start), _aware(end)))
-        delete = sa.text(
-            f"DELETE FROM {progress} WHERE flow = :f AND member IN :members "
-            "AND window_end >= :s AND window_start <= :e"
-        ).bindparams(sa.bindparam("members", expanding=True))
+            windows[member].append(Window(_aware(start), _aware(end)))
+        conn.execute(sa.text(f"DELETE FROM {progress} WHERE {touching}"), params)
+        rows = [(m, w) for m, found in windows.items() for w in merge_windows(found)]
         conn.execute(
-            delete, {"f": flow, "members": list(members), "s": window.start, "e": window.end}
+            sa.text(
+                f"INSERT INTO {progress} (flow, member, window_start, window_end) "
+                "SELECT :f, unnest(CAST(:m AS TEXT[])), unnest(CAST(:s AS TIMESTAMPTZ[])), "
+                "unnest(CAST(:e AS TIMESTAMPTZ[]))"
+            ),
+            {
+                "f": scope.flow,
+                "m": [m for m, _ in rows],
+                "s": [w.start for _, w in rows],
+                "e": [w.end for _, w in rows],
+            },
         )
-        rows = [
-            {"f": flow, "m": member, "s": merged.start, "e": merged.end}
-            for member, windows in touching.items()
-            for merged in merge_windows(windows)
-        ]
-        conn.execute(sa.text(f"INSERT INTO {progress} VALUES (:f, :m, :s, :e)"), rows)
 
     def write_metadata(self, frame: pd.DataFrame) -> int:
         if frame.empty:
             return 0
-        table = table_from_frame(frame, KIND_TAG_METADATA)
+        unique = frame.drop_duplicates(subset=list(KEYS[KIND_TAG_METADATA]), keep="last")
+        table = _typed_table(unique, KIND_TAG_METADATA)
+        target = self.layout.table(METADATA_TABLE)
+        key = KEYS[KIND_TAG_METADATA]
         with self._errors("write tag metadata"), self.engine.begin() as conn:
-            statement = sa.text(
-                f"DELETE FROM {self._table(METADATA_TABLE)} WHERE node = :n AND tag IN :tags"
-            ).bindparams(sa.bindparam("tags", expanding=True))
-            for node in set(table.column("node").to_pylist()):
-                tags = [
-                    t
-                    for n, t in zip(
-                        table.column("node").to_pylist(),
-                        table.column("tag").to_pylist(),
-                        strict=True,
-                    )
-                    if n == node
-                ]
-                for start in range(0, len(tags), 5000):
-                    conn.execute(statement, {"n": node, "tags": tags[start : start + 5000]})
-            return self._insert(conn, METADATA_TABLE, table)
+            if self.dialect == "postgresql":
+                return upsert_postgres(conn, target, table, key)
+            return load_duckdb(conn, target, table, key)
 
     # -- state ------------------------------------------------------------------------
 
@@ -469,8 +391,9 @@ class SqlWarehouse:
         with self._errors("read progress"), self.engine.connect() as conn:
             rows = conn.execute(
                 sa.text(
-                    f"SELECT member, window_start, window_end FROM {self._table('historian_progress')} "
-                    "WHERE flow = :f ORDER BY member, window_start"
+                    "SELECT member, window_start, window_end FROM "
+                    f"{self.layout.table(PROGRESS_TABLE)} WHERE flow = :f "
+                    "ORDER BY member, window_start"
                 ),
                 {"f": flow},
             ).fetchall()
@@ -483,15 +406,15 @@ class SqlWarehouse:
         with self._errors("read chunk log"), self.engine.connect() as conn:
             rows = conn.execute(
                 sa.text(
-                    f"SELECT chunk_id, window_start, window_end, members, rows_fetched, rows_committed, "
-                    f"committed_at FROM {self._table('historian_chunks')} WHERE flow = :f "
-                    "ORDER BY committed_at DESC LIMIT :n"
+                    "SELECT chunk_id, window_start, window_end, members, rows_fetched, "
+                    f"rows_committed, committed_at FROM {self.layout.table(CHUNKS_TABLE)} "
+                    "WHERE flow = :f ORDER BY committed_at DESC, chunk_id LIMIT :n"
                 ),
-                {"f": flow, "n": limit},
+                {"f": flow, "n": max(0, int(limit))},
             ).fetchall()
         return [
             ChunkRecord(
-                flow, cid, Window(_aware(s), _aware(e)), int(m), int(rf), int(rc), _aware(t)
+                flow, str(cid), Window(_aware(s), _aware(e)), int(m), int(rf), int(rc), _aware(t)
             )
             for cid, s, e, m, rf, rc, t in rows
         ]
@@ -500,83 +423,94 @@ class SqlWarehouse:
         with self._errors("read flows"), self.engine.connect() as conn:
             rows = conn.execute(
                 sa.text(
-                    f"SELECT DISTINCT flow FROM {self._table('historian_progress')} ORDER BY flow"
+                    f"SELECT flow FROM {self.layout.table(PROGRESS_TABLE)} UNION "
+                    f"SELECT flow FROM {self.layout.table(CHUNKS_TABLE)} ORDER BY flow"
                 )
             ).fetchall()
         return [str(row[0]) for row in rows]
 
     def reset(self, flow: str, member: str | None = None) -> int:
+        condition = "flow = :f" + (" AND member = :m" if member is not None else "")
+        tables = [(PROGRESS_TABLE, condition)]
+        if member is None:
+            tables.append((CHUNKS_TABLE, "flow = :f"))
+        removed = 0
         with self._errors("reset"), self.engine.begin() as conn:
-            params = {"f": flow, "m": member}
-            condition = "flow = :f" + (" AND member = :m" if member is not None else "")
-            removed = conn.execute(
-                sa.text(f"DELETE FROM {self._table('historian_progress')} WHERE {condition}"),
-                params,
-            ).rowcount
-            if member is None:
-                removed += conn.execute(
-                    sa.text(f"DELETE FROM {self._table('historian_chunks')} WHERE flow = :f"),
-                    params,
-                ).rowcount
-        return int(removed)
+            for table, where in tables:
+                # RETURNING counts in both dialects (DuckDB reports no rowcount).
+                removed += len(
+                    conn.execute(
+                        sa.text(
+                            f"DELETE FROM {self.layout.table(table)} WHERE {where} RETURNING 1"
+                        ),
+                        {"f": flow, "m": member},
+                    ).fetchall()
+                )
+        return removed
 
     def read(self, dataset: str, kind: str) -> pd.DataFrame:
         schema = SCHEMAS[kind]
-        with self._errors("read"), self.engine.connect() as conn:
-            if not self._columns(conn, dataset):
+        name = METADATA_TABLE if kind == KIND_TAG_METADATA else dataset
+        if kind != KIND_TAG_METADATA:
+            check_dataset_name(dataset)
+        with self._errors(f"read {name}"), self.engine.connect() as conn:
+            if not self.layout.columns(conn, name):
                 return frame_from_table(schema.empty_table())
-            columns = ", ".join(_quote(name) for name in schema.names)
-            order = ", ".join(_quote(k) for k in KEYS[kind])
-            result = conn.execute(
-                sa.text(f"SELECT {columns} FROM {self._table(dataset)} ORDER BY {order}")
+            columns = ", ".join(
+                epoch_ms_sql(f.name, self.dialect)
+                if pa.types.is_timestamp(f.type)
+                else quote(f.name)
+                for f in schema
             )
-            rows = result.fetchall()
-        arrays = []
-        for index, field in enumerate(schema):
-            values = [row[index] for row in rows]
-            if pa.types.is_timestamp(field.type):
-                values = [_aware(v) if v is not None else None for v in values]
-            arrays.append(pa.array(values, type=field.type))
-        return frame_from_table(pa.Table.from_arrays(arrays, schema=schema))
+            order = ", ".join(quote(k) for k in KEYS[kind])
+            sql = f"SELECT {columns} FROM {self.layout.table(name)} ORDER BY {order}"
+            table = select_arrow(conn, self.dialect, sql, schema)
+        return frame_from_table(table)
 
 
-def _aware(moment: Any) -> datetime:
-    value: datetime = datetime.fromisoformat(moment) if isinstance(moment, str) else moment
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+def _distinct_nodes_sql(target: str) -> str:
+    """The distinct nodes of a table by skipping through its key index (loose index scan)."""
+    return (
+        "WITH RECURSIVE nodes AS ("
+        f"(SELECT node FROM {target} ORDER BY node LIMIT 1) UNION ALL "
+        f"SELECT (SELECT t.node FROM {target} t WHERE t.node > nodes.node ORDER BY t.node "
+        "LIMIT 1) FROM nodes WHERE nodes.node IS NOT NULL) "
+        "SELECT node FROM nodes WHERE node IS NOT NULL"
+    )
 
 
-def _compatible(have: str, want: str) -> bool:
-    want = want.lower()
-    aliases = {
-        "timestamp with time zone": {"timestamp with time zone", "timestamptz"},
-        "double precision": {"double precision", "double", "float8"},
-        "boolean": {"boolean", "bool"},
-        "smallint": {"smallint", "int2"},
-        "bigint": {"bigint", "int8"},
-        "text": {"text", "varchar", "character varying"},
-    }
-    return have in aliases.get(want, {want})
-
-
-def _safe_name(flow: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in flow)[:100]
+def _typed_table(frame: pd.DataFrame, kind: str) -> pa.Table:
+    """The frame as an Arrow table of the kind's exact schema, or a one-line SinkError."""
+    if frame.empty:
+        return SCHEMAS[kind].empty_table()
+    try:
+        return table_from_frame(frame, kind)
+    except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
+        reason = " ".join(str(exc).split())[:200]
+        raise SinkError(f"frame does not match the {kind} schema: {reason}") from None
 
 
 def _check_scope(table: pa.Table, scope: ChunkScope) -> None:
     """Rows outside the chunk's scope would escape its replace: refuse them."""
     if table.num_rows == 0:
         return
-    import pyarrow.compute as pc
-
     ts = table.column("ts").cast(pa.int64())
     inside = pc.and_(pc.greater_equal(ts, scope.window.start_ms), pc.less(ts, scope.window.end_ms))
     if scope.kind == KIND_TAG_HISTORY:
-        inside = pc.and_(
-            inside, pc.is_in(table.column("tag"), value_set=pa.array(list(scope.members)))
+        members = pa.array(list(scope.members), type=pa.string())
+        inside = pc.and_(inside, pc.is_in(table.column(SCOPE_COLUMN[scope.kind]), members))
+    outside = table.num_rows - pc.sum(pc.cast(inside, pa.int64())).as_py()
+    if outside:
+        raise SinkError(
+            f"chunk {scope.chunk_id}: {outside} row(s) outside its scope "
+            f"({'tags or ' if scope.kind == KIND_TAG_HISTORY else ''}window {scope.window})"
         )
-    if not pc.all(inside).as_py():
-        raise SinkError(f"chunk {scope.chunk_id}: rows outside its scope (tags or window)")
-    if scope.kind == KIND_ALARM_HISTORY:
-        return
+
+
+def _aware(moment: Any) -> datetime:
+    """A driver's timestamp as an aware UTC datetime."""
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment)
+    if not isinstance(moment, datetime):
+        raise SinkError(f"unexpected timestamp value {type(moment).__name__}")
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)

@@ -1,7 +1,14 @@
-"""Prefect flows end to end on the ephemeral server: same rows as the direct path, schedules."""
+"""Prefect flows end to end against the simulator, on one throwaway Prefect server.
+
+Same rows as the direct path in every sink, incremental re-runs, task retries for
+transient failures only, errors out as their own type with a quiet console, run names,
+the summary artifact, the coverage report, the per-node concurrency limit, schedules.
+"""
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,15 +20,30 @@ from pipelines.prefect_env import configure_prefect
 
 configure_prefect()
 
+from connectors.errors import MalformedAnswer, RetriesExhausted  # noqa: E402
 from connectors.simulator import SimConfig, SimulatedNode, run_server  # noqa: E402
 from pipelines.destinations import SinkSet  # noqa: E402
-from pipelines.flows import build_deployments, run_prefect  # noqa: E402
+from pipelines.flows import (  # noqa: E402
+    artifact_key,
+    build_deployments,
+    deploy_flows,
+    run_prefect,
+)
 from pipelines.nodes import NodePool  # noqa: E402
-from pipelines.runner import RunRequest, run_flow  # noqa: E402
+from pipelines.runner import RunFailed, RunRequest, run_flow  # noqa: E402
 from tests.pipeline_helpers import canonical, load, write_config  # noqa: E402
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 START = NOW - timedelta(hours=1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_server() -> Iterator[None]:
+    """One throwaway Prefect server with its own database for the whole module."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +153,95 @@ def test_a_transient_failure_is_retried_by_the_task(
     assert summary.chunks_done == summary.chunks_planned
 
 
+@pytest.mark.parametrize(
+    ("fault", "client_retries", "error", "requests"),
+    [
+        # Malformed answers: the engine asks 3 more times, then the chunk fails for good.
+        ("nonjson", 0, MalformedAnswer, 4),
+        # The client already retried (1 + 1 attempts): the task must not multiply them.
+        ("503", 1, RetriesExhausted, 2),
+    ],
+)
+def test_fatal_and_exhausted_errors_fail_once_as_themselves_and_quietly(
+    tmp_path: Path,
+    server: Any,
+    node: SimulatedNode,
+    capfd: pytest.CaptureFixture[str],
+    fault: str,
+    client_retries: int,
+    error: type[Exception],
+    requests: int,
+) -> None:
+    path = write_config(
+        tmp_path,
+        node={"url": server.http_url, "retries": client_retries},
+        flows=flows(batch=50),  # one chunk: the count of requests is exact
+        sinks=["lake"],
+    )
+    before = node.faults.injected[fault]
+    node.faults.fail_next(fault, count=50, operations=["tag.historyMany"])
+    try:
+        with pytest.raises(RunFailed) as failed:
+            run_prefect(path, "f", RunRequest(start=START, end=START + timedelta(minutes=15)))
+    finally:
+        injected = node.faults.injected[fault] - before
+        node.faults.clear()
+    assert type(failed.value.__cause__) is error
+    assert injected == requests, "a chunk that cannot succeed is not re-run by Prefect"
+    assert failed.value.summary.chunks_done == 0
+    assert failed.value.summary.error
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    assert "Task run" not in err, err
+
+
+def test_a_run_is_named_summarised_reported_and_holds_the_node_limit(
+    tmp_path: Path, server: Any, node: SimulatedNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import prefect.concurrency.sync as prefect_concurrency
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name="historian-node-n", limit=2)
+        )
+    held: list[str] = []
+    real = prefect_concurrency.concurrency
+
+    def recording(names: str, *args: Any, **kwargs: Any) -> Any:
+        held.append(names)
+        return real(names, *args, **kwargs)
+
+    monkeypatch.setattr(prefect_concurrency, "concurrency", recording)
+    path = write_config(tmp_path, node={"url": server.http_url}, flows=flows(), sinks=["lake"])
+    reports = tmp_path / "reports"
+    summary = run_prefect(
+        path, "f", RunRequest(start=START, end=START + timedelta(minutes=30)), report_dir=reports
+    )
+    assert held == ["historian-node-n"] * summary.chunks_done
+
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name("historian-node-n")
+        runs = client.read_flow_runs()
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key("f")]))
+        )
+    assert limit.active_slots == 0, "every slot is given back"
+    assert any(re.fullmatch(r"f \d{4}-\d\d-\d\dT\d\d:\d\dZ", run.name) for run in runs)
+    markdown = str(max(artifacts, key=lambda artifact: artifact.created or NOW).data)
+    assert f"rows: {summary.rows:,}" in markdown
+    busiest, count = summary.rows_per_tag.most_common(1)[0]
+    assert f"| {busiest} | {count:,} |" in markdown
+
+    page = (reports / "f-coverage.html").read_text(encoding="utf-8")
+    tags = {row[1] for row in contents(path, "f", "tag_history")["lake"]}
+    assert len(tags) == summary.tags == len(node.tag_paths())
+    for tag in tags:
+        assert html.escape(tag) in page
+
+
 def test_deployments_carry_the_schedules_of_flows_yaml(tmp_path: Path, server: Any) -> None:
     path = write_config(tmp_path, node={"url": server.http_url}, flows=flows(), sinks=["lake"])
     deployments = {d.name: d for d in build_deployments(path)}
@@ -141,7 +252,32 @@ def test_deployments_carry_the_schedules_of_flows_yaml(tmp_path: Path, server: A
     interval = deployments["alarms"].schedules[0].schedule
     assert interval.interval == timedelta(hours=1)
     assert deployments["f"].parameters == {"flow_name": "f", "config_path": str(path.resolve())}
+    assert deployments["f"].flow_name == "tag-history"
     assert deployments["alarms"].flow_name == "alarm-history"
+    assert build_deployments(path, names=["alarms"])[0].name == "alarms"
+
+
+def test_flows_deploy_to_a_process_work_pool_by_module_path(tmp_path: Path, server: Any) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.workers.process import ProcessWorker
+
+    path = write_config(tmp_path, node={"url": server.http_url}, flows=flows(), sinks=["lake"])
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(
+            WorkPoolCreate(
+                name="historian",
+                type="process",
+                base_job_template=ProcessWorker.get_default_base_job_template(),
+            )
+        )
+    assert len(deploy_flows(path, "historian")) == 2
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("tag-history/f")
+    assert deployment.work_pool_name == "historian"
+    assert deployment.entrypoint == "pipelines.flows.tag_history_flow"
+    assert deployment.parameters == {"flow_name": "f", "config_path": str(path.resolve())}
+    assert deployment.schedules[0].schedule.cron == "5 * * * *"
 
 
 @pytest.mark.slow
@@ -160,7 +296,7 @@ def test_the_dask_task_runner_on_a_local_cluster(
     (tmp_path / "dask").mkdir()
     dask = write_config(
         tmp_path / "dask",
-        node={"url": server.http_url, "max_connections": 2},
+        node={"url": server.http_url, "max_connections": 1},  # one worker process
         flows=flows(),
         sinks=["lake", "duck"],
     )

@@ -449,13 +449,14 @@ class Admin:
         for lic in licenses:
             if not isinstance(lic, dict):
                 raise RequestError(400, "license entries must be objects")
-            expires = str(lic.get("expires", ""))
+            expires = _epoch_ms(lic.get("expires"))
+            expired = isinstance(expires, int) and expires < self._node.now_ms()
             entries.append(
                 {
                     **lic,
                     "uid": self.uid if lic.get("uid") == "*" else lic.get("uid"),
                     "supportExpires": _epoch_ms(lic.get("supportExpires")),
-                    "error": "" if expires >= iso_ms(self._node.now_ms()) else "license expired",
+                    "error": "license expired" if expired else "",
                     "modules": [{**m, "used": 0} for m in lic.get("modules", [])],
                 }
             )

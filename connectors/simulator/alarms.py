@@ -4,7 +4,8 @@ Time is cut into 30-minute slots per alarm; in about one slot of three the alarm
 activates (status 3), may be acknowledged while active (3 -> 1), clears (1 -> 0, or
 3 -> 2) and may be acknowledged after clearing (2 -> 0). Every change is one history
 event shaped like the alarm record, plus an `origin` object the spec does not show
-(kept by the extractor as unknown fields).
+(kept by the extractor as unknown fields). Acknowledgements through `alarm?cmd=ack` are
+kept as events too, so they show in the state and in the history.
 """
 
 from __future__ import annotations

@@ -50,11 +50,27 @@ def _values(spec: TagSpec, k: np.ndarray, ts: np.ndarray) -> list[Any]:
     if spec.type == "number":
         noise = (mix(k, spec.salt + 5) % np.uint64(1000)).astype(np.float64) / 1000.0 - 0.5
         wave = np.sin(2 * math.pi * ts.astype(np.float64) / spec.wave_ms)
-        return np.round(spec.offset + spec.amplitude * wave + noise, 3).tolist()
+        numbers: list[Any] = np.round(spec.offset + spec.amplitude * wave + noise, 3).tolist()
+        return numbers
     if spec.type == "boolean":
-        return ((mix(k // np.int64(30), spec.salt + 6) & np.uint64(1)) == 1).tolist()
+        flags: list[Any] = ((mix(k // np.int64(30), spec.salt + 6) & np.uint64(1)) == 1).tolist()
+        return flags
     picks = (mix(k // np.int64(40), spec.salt + 7) % np.uint64(len(STATES))).astype(np.int64)
     return [STATES[p] for p in picks.tolist()]
+
+
+def _stored(
+    spec: TagSpec, lower: int, upper: int, history_start_ms: int, first_k: int, last_k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices k in [first_k, last_k] and stamps of the stored samples in [lower, upper]."""
+    k = np.arange(first_k, last_k + 1, dtype=np.int64)
+    ts = history_start_ms + k * spec.period_ms
+    if spec.irregular:
+        ts = ts + (mix(k, spec.salt + 1) % np.uint64(spec.period_ms // 2)).astype(np.int64)
+    keep = (ts >= lower) & (ts <= upper)
+    # Gaps: whole blocks of samples that the node never stored.
+    keep &= (mix(k // GAP_BLOCK, spec.salt + 2) % np.uint64(20)) != 0
+    return k[keep], ts[keep]
 
 
 def generate(
@@ -65,24 +81,34 @@ def generate(
     history_start_ms: int,
     visible_until_ms: int,
     late: Sequence[tuple[int, Any, int]] = (),
+    max_count: int | None = None,
 ) -> Samples:
-    """Events with start_ms <= ts <= end_ms (inclusive), visible at `visible_until_ms`."""
+    """Events with start_ms <= ts <= end_ms (inclusive), visible at `visible_until_ms`.
+
+    `max_count`: only the first `max_count` events are needed (a capped raw answer), so a
+    long range is generated block by block until there are enough.
+    """
     upper = min(end_ms, visible_until_ms - spec.remote_lag_ms)
     lower = max(start_ms, history_start_ms)
     if upper < lower:
-        return _with_late(_empty(), spec, start_ms, end_ms, late, visible_until_ms)
+        return _with_late(_empty(), spec, start_ms, end_ms, late, visible_until_ms, max_count)
     period = spec.period_ms
     k_first = max(0, (lower - history_start_ms) // period - 1)
     k_last = (upper - history_start_ms) // period + 1
-    k = np.arange(k_first, k_last + 1, dtype=np.int64)
-    ts = history_start_ms + k * period
-    if spec.irregular:
-        ts = ts + (mix(k, spec.salt + 1) % np.uint64(period // 2)).astype(np.int64)
-    keep = (ts >= lower) & (ts <= upper)
-    # Gaps: whole blocks of samples that the node never stored.
-    gap = (mix(k // GAP_BLOCK, spec.salt + 2) % np.uint64(20)) == 0
-    keep &= ~gap
-    k, ts = k[keep], ts[keep]
+    if max_count is None:
+        k, ts = _stored(spec, lower, upper, history_start_ms, k_first, k_last)
+    else:
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        found = 0
+        step = max(4 * GAP_BLOCK, 2 * max_count)
+        while k_first <= k_last and found < max_count:
+            block_last = min(k_last, k_first + step - 1)
+            part = _stored(spec, lower, upper, history_start_ms, k_first, block_last)
+            parts.append(part)
+            found += len(part[0])
+            k_first = block_last + 1
+        k = np.concatenate([p[0] for p in parts])[:max_count]
+        ts = np.concatenate([p[1] for p in parts])[:max_count]
     block = mix(k // QUALITY_BLOCK, spec.salt + 3) % np.uint64(40)
     quality = np.full(len(k), GOOD, dtype=np.int64)
     quality[block == 0] = BAD
@@ -105,7 +131,7 @@ def generate(
                 for position in np.flatnonzero(second).tolist():
                     values[position] = round(values[position] + 0.125, 3)
     samples = Samples(ts, values, quality, extra)
-    return _with_late(samples, spec, start_ms, end_ms, late, visible_until_ms)
+    return _with_late(samples, spec, start_ms, end_ms, late, visible_until_ms, max_count)
 
 
 def _empty() -> Samples:
@@ -119,12 +145,20 @@ def _with_late(
     end_ms: int,
     late: Sequence[tuple[int, Any, int]],
     visible_until_ms: int,
+    max_count: int | None = None,
 ) -> Samples:
-    """Merge store-and-forward samples (ts, value, arrived_at) that have arrived by now."""
+    """Merge store-and-forward samples (ts, value, arrived_at) that have arrived by now.
+
+    With `max_count`, `samples` may be the first events only: a late sample after the last
+    of them may not belong to the first `max_count`, and the result is cut to that many.
+    """
+    last = end_ms
+    if max_count is not None and len(samples) >= max_count:
+        last = int(samples.ts[-1])
     extra = [
         (ts, value)
         for ts, value, arrived in late
-        if start_ms <= ts <= end_ms and arrived <= visible_until_ms
+        if start_ms <= ts <= last and arrived <= visible_until_ms
     ]
     if not extra:
         return samples
@@ -133,6 +167,8 @@ def _with_late(
     quality = np.concatenate([samples.quality, np.full(len(extra), GOOD, dtype=np.int64)])
     extras = np.concatenate([samples.extra, np.zeros(len(extra), dtype=np.int64)])
     order = np.argsort(ts, kind="stable")
+    if max_count is not None:
+        order = order[:max_count]
     return Samples(ts[order], [values[i] for i in order.tolist()], quality[order], extras[order])
 
 
@@ -199,60 +235,125 @@ def _rows_at(samples: Samples, indices: list[int]) -> list[tuple[Any, ...]]:
     return [(ts[i], samples.values[i], quality[i], extra[i]) for i in indices]
 
 
+def previous_event(
+    spec: TagSpec,
+    before_ms: int,
+    *,
+    history_start_ms: int,
+    visible_until_ms: int,
+    late: Sequence[tuple[int, Any, int]] = (),
+) -> tuple[Any, int] | None:
+    """(value, quality) of the last event stamped before `before_ms`, or None.
+
+    Searches back window by window (a gap is a block of `GAP_BLOCK` samples), so the
+    answer does not depend on where a query starts.
+    """
+    newest = visible_until_ms - spec.remote_lag_ms
+    newest = max([newest] + [ts for ts, _, arrived in late if arrived <= visible_until_ms])
+    window_end = min(before_ms, newest + 1)
+    span = (GAP_BLOCK + 100) * spec.period_ms
+    while window_end > history_start_ms:
+        found = generate(
+            spec,
+            window_end - span,
+            window_end - 1,
+            history_start_ms=history_start_ms,
+            visible_until_ms=visible_until_ms,
+            late=late,
+        )
+        if len(found):
+            return found.values[-1], int(found.quality[-1])
+        window_end -= span
+        span = min(span * 2, 64 * GAP_BLOCK * spec.period_ms)
+    return None
+
+
 def aggregated_rows(
-    samples: Samples, start_ms: int, end_ms: int, interval_ms: int, method: str, tag_type: str
+    samples: Samples,
+    start_ms: int,
+    end_ms: int,
+    interval_ms: int,
+    method: str,
+    tag_type: str,
+    previous: tuple[Any, int] | None = None,
 ) -> list[tuple[Any, ...]]:
     """One row per bucket [b, b+interval) with b = start + n*interval and start <= b < end.
 
-    Only good-quality events count. `avg` is time-weighted: each value holds until the next
-    event or the end of the bucket; the part of the bucket before its first event is not
-    counted. An empty bucket is `[b, null, 0, 0]`. Booleans count as 0/1; strings have
-    `first` and `last` only.
+    `samples` covers [start, end + interval); `previous` is the (value, quality) of the last
+    event before `start`. Only good-quality events count. `avg` is time-weighted: each
+    value holds from its event to the next event (also across a bucket boundary, so the
+    start of a bucket carries the previous event's value); time after a non-good event
+    does not count. `min`/`max`/`first`/`last`/`delta` (last - first)/`stddev`
+    (population) use the good events inside the bucket. A bucket without a good event is
+    `[b, null, 0, 0]`. Booleans count as 0/1 (`first`/`last` stay booleans); strings
+    have `first` and `last` only.
     """
-    rows: list[tuple[Any, ...]] = []
-    good = samples.quality >= GOOD
-    ts_all = samples.ts[good]
-    values_all = [v for v, g in zip(samples.values, good.tolist(), strict=True) if g]
-    if tag_type == "boolean":
-        values_all = [1.0 if v else 0.0 for v in values_all]
+    ts_all = samples.ts
+    good_all = samples.quality >= GOOD
     numeric = tag_type != "string"
+    if numeric:
+        as_float = [float(v) if v is not None else math.nan for v in samples.values]
+        numbers = np.asarray(as_float, dtype=np.float64)
+    rows: list[tuple[Any, ...]] = []
     bucket = start_ms
     while bucket < end_ms:
         upper = bucket + interval_ms
         lo = int(np.searchsorted(ts_all, bucket, side="left"))
         hi = int(np.searchsorted(ts_all, upper, side="left"))
-        if hi <= lo:
+        good = np.flatnonzero(good_all[lo:hi]) + lo
+        if not len(good):
             rows.append((bucket, None, 0, 0))
-            bucket = upper
-            continue
-        ts = ts_all[lo:hi]
-        values = values_all[lo:hi]
-        result: Any
-        if method == "first":
-            result = values[0]
-        elif method == "last":
-            result = values[-1]
-        elif not numeric:
-            result = None
         else:
-            array = np.asarray(values, dtype=np.float64)
-            if method == "min":
-                result = float(array.min())
-            elif method == "max":
-                result = float(array.max())
-            elif method == "delta":
-                result = float(array[-1] - array[0])
-            elif method == "stddev":
-                result = float(array.std())
-            else:  # avg, time-weighted
-                ends = np.append(ts[1:], upper)
-                weights = (ends - ts).astype(np.float64)
-                total = float(weights.sum())
-                result = (
-                    float((array * weights).sum() / total) if total > 0 else float(array.mean())
-                )
-        if isinstance(result, float):
-            result = round(result, 6)
-        rows.append((bucket, result, GOOD if result is not None else 0, 0))
+            first, last = int(good[0]), int(good[-1])
+            result: Any = None
+            if method == "first":
+                result = samples.values[first]
+            elif method == "last":
+                result = samples.values[last]
+            elif numeric:
+                values = numbers[good]
+                if method == "min":
+                    result = float(values.min())
+                elif method == "max":
+                    result = float(values.max())
+                elif method == "delta":
+                    result = float(numbers[last] - numbers[first])
+                elif method == "stddev":
+                    result = float(values.std())
+                else:
+                    result = _time_weighted(
+                        ts_all, numbers, good_all, lo, hi, bucket, upper, previous
+                    )
+            if isinstance(result, float):
+                result = round(result, 6)
+            rows.append((bucket, result, GOOD if result is not None else 0, 0))
+        if hi > lo:
+            previous = (samples.values[hi - 1], int(samples.quality[hi - 1]))
         bucket = upper
     return rows
+
+
+def _time_weighted(
+    ts_all: np.ndarray,
+    numbers: np.ndarray,
+    good_all: np.ndarray,
+    lo: int,
+    hi: int,
+    bucket: int,
+    upper: int,
+    previous: tuple[Any, int] | None,
+) -> float:
+    """Time-weighted mean over [bucket, upper) of the held good values."""
+    ts = ts_all[lo:hi]
+    ends = np.append(ts[1:], upper)
+    weights = np.where(good_all[lo:hi], (ends - ts).astype(np.float64), 0.0)
+    total = float(weights.sum())
+    weighted = float(np.where(weights > 0, numbers[lo:hi] * weights, 0.0).sum())
+    if previous is not None and previous[1] >= GOOD and previous[0] is not None:
+        lead = float(ts[0] - bucket)
+        if lead > 0:
+            total += lead
+            weighted += float(previous[0]) * lead
+    if total <= 0:
+        return float(numbers[lo:hi][good_all[lo:hi]].mean())
+    return weighted / total

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,8 +28,18 @@ from connectors.simulator.tagtree import TagSpec, TagTree, build_tags
 # Remote nodes reachable with `options.remoteNode`: same shapes, a different seed.
 REMOTE_NODES = ("sim-remote",)
 RESOURCES = frozenset(
-    ("alarm", "backup", "certificate", "module", "link", "license", "log")
-    + ("redundancy", "system", "tag")
+    [
+        "alarm",
+        "backup",
+        "certificate",
+        "module",
+        "link",
+        "license",
+        "log",
+        "redundancy",
+        "system",
+        "tag",
+    ]
 )
 POSTS = frozenset(
     (
@@ -166,8 +177,15 @@ class SimulatedNode:
             raise RequestError(404, f"unknown remote node {route[-1]!r}")
         return tree
 
-    def samples(self, tree: TagTree, spec: TagSpec, start_ms: int, end_ms: int) -> history.Samples:
-        """Every event with start_ms <= ts <= end_ms that is visible now."""
+    def samples(
+        self,
+        tree: TagTree,
+        spec: TagSpec,
+        start_ms: int,
+        end_ms: int,
+        max_count: int | None = None,
+    ) -> history.Samples:
+        """The events with start_ms <= ts <= end_ms visible now (at least the first `max_count`)."""
         with self._lock:
             late = tuple(self._late.get((tree.node_name, spec.path), ()))
         return history.generate(
@@ -177,6 +195,7 @@ class SimulatedNode:
             history_start_ms=self.config.history_start_ms,
             visible_until_ms=self.now_ms(),
             late=late,
+            max_count=max_count,
         )
 
     def history_rows(
@@ -197,19 +216,39 @@ class SimulatedNode:
         if mode == "aggregated":
             interval = options.interval_ms or 60_000
             method = options.method or spec.default_method
-            samples = self.samples(tree, spec, start_ms, end_ms + interval)
-            return history.aggregated_rows(samples, start_ms, end_ms, interval, method, spec.type)
-        samples = self.samples(tree, spec, start_ms, end_ms)
+            samples = self.samples(tree, spec, start_ms, end_ms + interval - 1)
+            previous = None
+            if method == "avg" and spec.type != "string":
+                previous = self.previous_event(tree, spec, start_ms)
+            return history.aggregated_rows(
+                samples, start_ms, end_ms, interval, method, spec.type, previous
+            )
         if mode == "raw":
             limit = None
             if capped:
                 limit = min(options.limit or self.config.raw_cap, self.config.raw_cap)
+            samples = self.samples(tree, spec, start_ms, end_ms, max_count=limit)
             invalid_as_null = True if options.invalid_as_null is None else options.invalid_as_null
             return history.raw_rows(samples, invalid_as_null=invalid_as_null, limit=limit)
+        samples = self.samples(tree, spec, start_ms, end_ms)
         deadband = float(options.deadband) if options.deadband is not None else spec.deadband
         if mode == "delta":
             return history.delta_rows(samples, deadband)
         return history.filter_rows(samples, deadband)
+
+    def previous_event(
+        self, tree: TagTree, spec: TagSpec, before_ms: int
+    ) -> tuple[Any, int] | None:
+        """(value, quality) of the last visible event stamped before `before_ms`."""
+        with self._lock:
+            late = tuple(self._late.get((tree.node_name, spec.path), ()))
+        return history.previous_event(
+            spec,
+            before_ms,
+            history_start_ms=self.config.history_start_ms,
+            visible_until_ms=self.now_ms(),
+            late=late,
+        )
 
     def last_sample(self, spec: TagSpec) -> tuple[Any, int, int]:
         """(value, quality, ts) of the last visible sample of the last hour."""
@@ -247,6 +286,9 @@ class SimulatedNode:
             return handler(source)
         except RequestError as exc:
             return error_answer(exc.status, str(exc))
+        except Exception as exc:  # a simulator bug: say so, as a node would, with a 500
+            traceback.print_exc()
+            return error_answer(500, f"internal error in {operation}: {type(exc).__name__}")
 
     def cached(self, key: str, produce: Callable[[], Answer]) -> Answer:
         """Replay mode (`cache_answers`): a history answer rendered once per query string."""

@@ -64,8 +64,8 @@ def parse_history_options(params: Params) -> HistoryOptions:
         except ValueError:
             raise RequestError(400, "options.deadband is not a number") from None
     return HistoryOptions(
-        mode=mode,
-        method=method,
+        mode=mode,  # type: ignore[arg-type]  # checked against MODES above
+        method=method,  # checked against METHODS above
         interval_ms=(interval or DEFAULT_INTERVAL_MS) if mode == "aggregated" else None,
         deadband=deadband,
         invalid_as_null=parse_optional_bool(params.get("options.invalidAsNull")),

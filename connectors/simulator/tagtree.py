@@ -87,6 +87,17 @@ class TagSpec:
         return self.path.rsplit("/", 1)[0] + "/"
 
 
+def _tag_type(index: int, h: int) -> str:
+    """Every tenth tag boolean, the next one string (so any tree of 10 has all three),
+    the rest mostly numbers."""
+    if index % 10 == 8:
+        return "boolean"
+    if index % 10 == 9:
+        return "string"
+    pick = h % 20
+    return "boolean" if pick == 0 else "string" if pick == 1 else "number"
+
+
 def build_tags(seed: int, count: int, hostile: bool) -> list[TagSpec]:
     specs: list[TagSpec] = []
     paths: list[str] = []
@@ -98,8 +109,7 @@ def build_tags(seed: int, count: int, hostile: bool) -> list[TagSpec]:
         paths[: len(HOSTILE)] = HOSTILE[: min(len(HOSTILE), count)]
     for i, path in enumerate(paths):
         h = mix1(i, seed * 7919 + 17)
-        kind_pick = h % 10
-        tag_type = "number" if kind_pick < 8 else ("boolean" if kind_pick == 8 else "string")
+        tag_type = _tag_type(i, h)
         period = PERIODS_MS[(h >> 8) % len(PERIODS_MS)]
         name = path.rsplit("/", 1)[1].rsplit(" ", 1)[0]
         specs.append(

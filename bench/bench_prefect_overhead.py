@@ -1,0 +1,148 @@
+"""What Prefect costs: one workload run direct (`run_flow`) and through Prefect (`run_prefect`).
+
+The workload, by default the shape of the embedded flows.yaml `raw_history`: the simulator
+on loopback, raw history of 200 tags over 6 hours in one-hour windows and batches of 100
+tags (12 chunks), into a fresh Parquet lake each time. The two paths
+alternate (direct, Prefect, direct, ...), after one warm-up of each (the warm-up starts
+the ephemeral Prefect server, which `historian run` pays once per command). Prints the
+median wall time of each and the overhead in percent (target < 10 %), plus the chunk
+count so the overhead per task can be read off.
+
+Prefect state goes to a throwaway PREFECT_HOME, not the user's.
+
+    .venv/bin/python bench/bench_prefect_overhead.py [--tags 200] [--hours 6] [--batch 100]
+        [--window 1h] [--repeat 5]
+
+Prefect's cost is per run (~0.2 s on an idle machine: flow run, states, artifact) plus a
+few ms per task (two per chunk); small chunks or a busy machine make it show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import yaml
+
+HOME = tempfile.mkdtemp(prefix="historian-bench-prefect-")
+os.environ.setdefault("PREFECT_HOME", HOME)
+
+from pipelines.prefect_env import configure_prefect  # noqa: E402
+
+configure_prefect()
+
+from connectors.simulator import SimConfig, SimulatedNode, run_server  # noqa: E402
+from pipelines.config import load_config  # noqa: E402
+from pipelines.destinations import SinkSet  # noqa: E402
+from pipelines.flows import run_prefect  # noqa: E402
+from pipelines.nodes import NodePool  # noqa: E402
+from pipelines.runner import RunRequest, RunSummary, run_flow  # noqa: E402
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def write_config(
+    directory: Path, url: str, tags: list[str], start: datetime, batch: int, window: str
+) -> Path:
+    document = {
+        "nodes": {"sim": {"url": url, "max_connections": 2}},
+        "sinks": {"lake": {"type": "parquet", "url": "lake"}},
+        "flows": {
+            "bench": {
+                "node": "sim",
+                "tags": {"paths": tags},
+                "mode": "raw",
+                "window": window,
+                "batch": batch,
+                "start": start.isoformat(),
+                "settle": "0s",
+                "metadata": False,
+                "sinks": ["lake"],
+            }
+        },
+    }
+    path = directory / "flows.yaml"
+    path.write_text(yaml.safe_dump(document, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def direct(path: Path, request: RunRequest) -> RunSummary:
+    config = load_config(path)
+    with NodePool(config) as nodes, SinkSet(config, path.parent) as sinks:
+        return run_flow(config, "bench", nodes=nodes, sinks=sinks, request=request)
+
+
+def via_prefect(path: Path, request: RunRequest) -> RunSummary:
+    return run_prefect(path, "bench", request)
+
+
+def timed(
+    run: Callable[[Path, RunRequest], RunSummary],
+    url: str,
+    tags: list[str],
+    request: RunRequest,
+    shape: tuple[int, str],
+) -> tuple[float, RunSummary]:
+    """One run into a fresh lake; wall seconds including opening and closing everything."""
+    assert request.start is not None
+    directory = Path(tempfile.mkdtemp(prefix="historian-bench-run-"))
+    try:
+        path = write_config(directory, url, tags, request.start, *shape)
+        began = time.perf_counter()
+        summary = run(path, request)
+        return time.perf_counter() - began, summary
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tags", type=int, default=200)
+    parser.add_argument("--hours", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--window", default="1h")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    node = SimulatedNode(SimConfig(seed=5, tags=max(10, args.tags)))
+    node.set_clock(int(NOW.timestamp() * 1000))
+    tags = node.tag_paths()[: args.tags]
+    request = RunRequest(start=NOW - timedelta(hours=args.hours), end=NOW)
+    shape = (args.batch, args.window)
+    times: dict[str, list[float]] = {"direct": [], "prefect": []}
+    runs = {"direct": direct, "prefect": via_prefect}
+    try:
+        with run_server(node, http_port=0, https_port=None) as server:
+            for run in runs.values():  # warm-up: imports, server start, caches
+                _, summary = timed(run, server.http_url, tags, request, shape)
+            rows, chunks = summary.rows, summary.chunks_done
+            for _ in range(args.repeat):
+                for name, run in runs.items():
+                    seconds, summary = timed(run, server.http_url, tags, request, shape)
+                    assert summary.rows == rows, "both paths must do the same work"
+                    times[name].append(seconds)
+    finally:
+        shutil.rmtree(HOME, ignore_errors=True)
+    plain = statistics.median(times["direct"])
+    prefect = statistics.median(times["prefect"])
+    overhead = (prefect - plain) / plain * 100
+    print(
+        f"workload: {len(tags)} tags x {args.hours} h raw, batch {args.batch}, window "
+        f"{args.window}: {chunks} chunks, {rows:,} rows"
+    )
+    print(f"direct  median {plain:.2f} s over {args.repeat} runs ({rows / plain:,.0f} rows/s)")
+    print(f"prefect median {prefect:.2f} s over {args.repeat} runs ({rows / prefect:,.0f} rows/s)")
+    print(
+        f"overhead {overhead:+.1f} % ({(prefect - plain) / max(1, chunks) * 1000:.0f} ms per chunk; "
+        "target < 10 %)"
+    )
+
+
+if __name__ == "__main__":
+    main()

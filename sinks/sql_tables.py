@@ -1,0 +1,210 @@
+"""Warehouse DDL: the dataset tables (typed from connectors/schema.py) and the state tables.
+
+Creation and migration are idempotent and run on `open()` (state tables) or on a
+dataset's first write (its table). Migration only ever adds nullable columns; a column
+whose type cannot hold the schema's values is an error, never silently converted.
+Identifiers are always quoted; nothing but validated dataset names and fixed names reach
+SQL text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from connectors.schema import KEYS, KIND_ALARM_HISTORY, KIND_TAG_METADATA, SCHEMAS
+from sinks.base import SinkError
+
+SCHEMA_VERSION = 1
+VERSION_TABLE = "historian_schema_version"
+DATASETS_TABLE = "historian_datasets"
+CHUNKS_TABLE = "historian_chunks"
+PROGRESS_TABLE = "historian_progress"
+METADATA_TABLE = "tag_metadata"
+STATE_TABLES = (VERSION_TABLE, DATASETS_TABLE, CHUNKS_TABLE, PROGRESS_TABLE, METADATA_TABLE)
+DATASET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+TS = "TIMESTAMP WITH TIME ZONE"
+
+# Types each schema type accepts in an existing column (information_schema spelling,
+# lower case, PostgreSQL and DuckDB). Wider integers hold narrower values.
+_ACCEPTED = {
+    "timestamp with time zone": {"timestamp with time zone", "timestamptz"},
+    "double precision": {"double precision", "double", "float8"},
+    "boolean": {"boolean", "bool"},
+    "smallint": {"smallint", "int2", "integer", "int4", "bigint", "int8"},
+    "bigint": {"bigint", "int8"},
+    "text": {"text", "varchar", "character varying"},
+}
+
+
+def quote(name: str) -> str:
+    """A quoted SQL identifier (any text, quotes doubled)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def check_dataset_name(name: str) -> None:
+    """Dataset names become table names: refuse anything but the validated config form."""
+    if not DATASET_NAME.match(name) or name in STATE_TABLES:
+        raise SinkError(
+            f"dataset name {name[:80]!r} is not usable as a table name "
+            "([A-Za-z_][A-Za-z0-9_]{0,62}, not a historian_* state table)"
+        )
+
+
+def sql_type(field: pa.Field) -> str:
+    """The column type of an Arrow field (the only mapping between the two type systems)."""
+    kind = field.type
+    if pa.types.is_timestamp(kind):
+        return TS
+    if pa.types.is_float64(kind):
+        return "DOUBLE PRECISION"
+    if pa.types.is_boolean(kind):
+        return "BOOLEAN"
+    if pa.types.is_int16(kind):
+        return "SMALLINT"
+    if pa.types.is_int64(kind):
+        return "BIGINT"
+    if pa.types.is_string(kind):
+        return "TEXT"
+    raise SinkError(f"column {field.name}: no warehouse type for {kind}")
+
+
+def compatible(have: str, want: str) -> bool:
+    """Can an existing column of type `have` hold values of the schema type `want`?"""
+    want = want.lower()
+    return have.lower() in _ACCEPTED.get(want, {want})
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the warehouse's tables live and how to spell them for one dialect."""
+
+    dialect: str
+    schema: str | None
+
+    @property
+    def catalog_schema(self) -> str:
+        """The schema name information_schema reports for our tables."""
+        return self.schema or ("public" if self.dialect == "postgresql" else "main")
+
+    def table(self, name: str) -> str:
+        return f"{quote(self.schema)}.{quote(name)}" if self.schema else quote(name)
+
+    def _text(self, key: bool = False) -> str:
+        # Key text in PostgreSQL compares bytewise: exact for any tag path and much faster
+        # to index than a linguistic collation.
+        return 'TEXT COLLATE "C"' if key and self.dialect == "postgresql" else "TEXT"
+
+    @property
+    def json_type(self) -> str:
+        return "JSONB" if self.dialect == "postgresql" else "JSON"
+
+    def column_ddl(self, field: pa.Field, key: bool) -> str:
+        kind = sql_type(field)
+        if kind == "TEXT":
+            kind = self._text(key)
+        return f"{quote(field.name)} {kind}{'' if field.nullable else ' NOT NULL'}"
+
+    def state_ddl(self) -> list[str]:
+        """CREATE statements of the state tables, in order."""
+        key_text = self._text(key=True)
+        return [
+            f"CREATE TABLE IF NOT EXISTS {self.table(VERSION_TABLE)} ("
+            f"version INTEGER NOT NULL, migrated_at {TS} NOT NULL)",
+            f"CREATE TABLE IF NOT EXISTS {self.table(DATASETS_TABLE)} ("
+            f"dataset TEXT PRIMARY KEY, kind TEXT NOT NULL, attrs {self.json_type} NOT NULL, "
+            f"created_at {TS} NOT NULL)",
+            f"CREATE TABLE IF NOT EXISTS {self.table(CHUNKS_TABLE)} ("
+            f"flow TEXT NOT NULL, chunk_id TEXT NOT NULL, dataset TEXT NOT NULL, "
+            f"window_start {TS} NOT NULL, window_end {TS} NOT NULL, members INTEGER NOT NULL, "
+            "rows_fetched BIGINT NOT NULL, rows_committed BIGINT NOT NULL, "
+            f"committed_at {TS} NOT NULL, PRIMARY KEY (flow, chunk_id))",
+            f"CREATE TABLE IF NOT EXISTS {self.table(PROGRESS_TABLE)} ("
+            f"flow TEXT NOT NULL, member {key_text} NOT NULL, window_start {TS} NOT NULL, "
+            f"window_end {TS} NOT NULL, PRIMARY KEY (flow, member, window_start))",
+        ]
+
+    def columns(self, conn: Connection, table: str) -> dict[str, str]:
+        """Existing columns of a table and their lower-case types; empty when it is absent."""
+        rows = conn.execute(
+            sa.text(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = :schema AND table_name = :table"
+            ),
+            {"schema": self.catalog_schema, "table": table},
+        ).fetchall()
+        return {str(name): str(kind).lower() for name, kind in rows}
+
+    def ensure_table(self, conn: Connection, table: str, kind: str) -> None:
+        """Create a typed table for `kind`, or add the columns it lacks; refuse wrong types."""
+        schema = SCHEMAS[kind]
+        key = KEYS[kind]
+        existing = self.columns(conn, table)
+        if not existing:
+            columns = ", ".join(self.column_ddl(f, f.name in key) for f in schema)
+            keys = ", ".join(quote(k) for k in key)
+            conn.execute(
+                sa.text(
+                    f"CREATE TABLE IF NOT EXISTS {self.table(table)} "
+                    f"({columns}, PRIMARY KEY ({keys}))"
+                )
+            )
+            if kind == KIND_ALARM_HISTORY and self.dialect == "postgresql":
+                # Alarm scopes are replaced by time alone: the key's leading node/path
+                # columns cannot serve that delete.
+                digest = hashlib.sha1(table.encode()).hexdigest()[:8]
+                index = quote(f"{table[:40]}_ts_{digest}")
+                conn.execute(
+                    sa.text(f"CREATE INDEX IF NOT EXISTS {index} ON {self.table(table)} (ts)")
+                )
+            return
+        missing_keys = [k for k in key if k not in existing]
+        if missing_keys:
+            raise SinkError(
+                f"table {table} exists without key column(s) {', '.join(missing_keys)}: "
+                "it was not made for this kind of data; use another dataset name"
+            )
+        for field in schema:
+            have = existing.get(field.name)
+            want = sql_type(field)
+            if have is None:
+                conn.execute(
+                    sa.text(
+                        f"ALTER TABLE {self.table(table)} ADD COLUMN {quote(field.name)} {want}"
+                    )
+                )
+            elif not compatible(have, want):
+                raise SinkError(
+                    f"table {table} column {field.name} is {have}, expected {want.lower()}: "
+                    "migrate or drop it, or use another dataset name"
+                )
+
+    def ensure_state(self, conn: Connection) -> None:
+        """Schema, state tables, the tag dimension and the schema version row."""
+        if self.schema:
+            conn.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {quote(self.schema)}"))
+        for statement in self.state_ddl():
+            conn.execute(sa.text(statement))
+        self.ensure_table(conn, METADATA_TABLE, KIND_TAG_METADATA)
+        versions = [
+            int(row[0])
+            for row in conn.execute(sa.text(f"SELECT version FROM {self.table(VERSION_TABLE)}"))
+        ]
+        if not versions:
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {self.table(VERSION_TABLE)} (version, migrated_at) "
+                    "VALUES (:v, CURRENT_TIMESTAMP)"
+                ),
+                {"v": SCHEMA_VERSION},
+            )
+        elif max(versions) > SCHEMA_VERSION:
+            raise SinkError(
+                f"warehouse schema version {max(versions)} is newer than this program's "
+                f"({SCHEMA_VERSION}): upgrade historian-extract"
+            )

@@ -1,0 +1,667 @@
+"""The SQL warehouse against real databases: DuckDB in tmp_path and the real PostgreSQL.
+
+The contract tests run over both; PostgreSQL-only tests cover column types, a connection
+killed in the middle of a write, and binary COPY of awkward values.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+import sqlalchemy as sa
+
+from connectors import schema
+from connectors.timewindow import Window
+from sinks.base import CountMismatch, FlowLocked, Sink, SinkError, SinkUnavailable
+from sinks.sql import SqlWarehouse
+from sinks.sql_copy import encode_binary_copy
+from tests._sql_frames import ATTRS, alarms, history, hours, rows, scope, sort_key
+
+REPO = Path(__file__).resolve().parents[1]
+HIST = schema.KIND_TAG_HISTORY
+ALARM = schema.KIND_ALARM_HISTORY
+HOSTILE_TAGS = [
+    "..",
+    "/",
+    "a/b/../../c",
+    "'; drop table x; --",
+    'say "hi"',
+    "x" * 1000,
+    "ünïcödé 漢字 🙂",
+    "comma, dot. semicolon;",
+    " leading and trailing ",
+    "tab\there\nnewline",
+    "back\\slash",
+    "%s %(x)s :members ?",
+    "",
+]
+
+
+@pytest.fixture(
+    params=["duckdb", "duckdb-schema", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str | None]:
+    """(url, schema) of an empty warehouse of each dialect."""
+    if request.param.startswith("duckdb"):
+        schema_name = "historian" if request.param == "duckdb-schema" else None
+        return f"duckdb:///{tmp_path}/wh/warehouse.duckdb", schema_name
+    return request.getfixturevalue("pg_url"), request.getfixturevalue("pg_schema")
+
+
+@pytest.fixture
+def sink(where: tuple[str, str | None]) -> Iterator[SqlWarehouse]:
+    warehouse = SqlWarehouse(where[0], schema=where[1])
+    warehouse.open()
+    yield warehouse
+    warehouse.close()
+
+
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows as plain values, NaN spelled out so that it compares equal to itself."""
+    out = pa.Table.from_pandas(frame, preserve_index=False).to_pylist()
+    for row in out:
+        for key, value in row.items():
+            if isinstance(value, float) and math.isnan(value):
+                row[key] = "NaN"
+    return out
+
+
+def assert_same(actual: pd.DataFrame, expected: pd.DataFrame, kind: str) -> None:
+    assert list(actual.dtypes.astype(str)) == list(schema.empty_frame(kind).dtypes.astype(str))
+    assert records(actual) == records(sort_key(expected, kind))
+
+
+def tables_of(sink: SqlWarehouse) -> set[str]:
+    with sink.engine.connect() as conn:
+        return {
+            str(r[0])
+            for r in conn.execute(
+                sa.text("SELECT table_name FROM information_schema.tables WHERE table_schema = :s"),
+                {"s": sink.layout.catalog_schema},
+            )
+        }
+
+
+# -- contract, over both dialects ---------------------------------------------------------
+
+
+def test_sink_implements_the_protocol(sink: SqlWarehouse) -> None:
+    assert isinstance(sink, Sink)
+
+
+def test_written_rows_read_back_with_exact_values_and_types(sink: SqlWarehouse) -> None:
+    window = hours(0, 1)
+    frame = rows(
+        HIST,
+        [
+            {"node": "n", "tag": "a", "ts": window.start, "seq": 0, "value": 1.5, "quality": 192},
+            {"node": "n", "tag": "a", "ts": window.start, "seq": 1, "value": math.nan},
+            {
+                "node": "n",
+                "tag": "a",
+                "ts": datetime(2024, 3, 1, 0, 0, 0, 7000, UTC),
+                "seq": 0,
+                "value": math.inf,
+                "value_bool": True,
+                "value_str": "",
+                "extra": -(2**62),
+            },
+            {
+                "node": "n",
+                "tag": "b",
+                "ts": datetime(2024, 3, 1, 0, 59, 59, 999000, UTC),
+                "seq": 0,
+                "value_bool": False,
+                "value_str": 'line\nbreak, "quoted"',
+                "quality": -1,
+            },
+        ],
+    )
+    assert sink.write(scope(["a", "b"], window), frame, 4) == 4
+    back = sink.read("hist", HIST)
+    assert_same(back, frame, HIST)
+    assert str(back["ts"].dtype) == "timestamp[ms, tz=UTC][pyarrow]"
+    assert back["ts"].iloc[2] == pd.Timestamp("2024-03-01T00:00:00.007Z")
+    assert back["value_str"].isna().tolist() == [True, True, False, False]  # '' is not NULL
+
+
+def test_same_chunk_written_twice_keeps_one_copy_of_each_row(sink: SqlWarehouse) -> None:
+    window = hours(0, 2)
+    frame = history(["a", "b", "c"], window)
+    first = sink.write(scope(["a", "b", "c"], window), frame, len(frame))
+    second = sink.write(scope(["a", "b", "c"], window), frame, len(frame))
+    assert first == second == len(frame) == 36
+    assert_same(sink.read("hist", HIST), frame, HIST)
+    assert len(sink.chunk_log("f1")) == 1
+
+
+def test_rewrite_with_another_window_size_leaves_every_row_once(sink: SqlWarehouse) -> None:
+    tags = ["a", "b"]
+    for start in range(4):
+        window = hours(start, start + 1)
+        frame = history(tags, window)
+        sink.write(scope(tags, window), frame, len(frame))
+    wide = hours(0.5, 3.5)  # straddles three earlier chunks, for one of the two tags
+    frame = history(["a"], wide, step_s=300)
+    sink.write(scope(["a"], wide), frame, len(frame))
+    old = history(tags, hours(0, 4))
+    outside = ~((old["tag"] == "a") & (old["ts"] >= wide.start) & (old["ts"] < wide.end))
+    expected = pd.concat([old[outside], frame], ignore_index=True)
+    back = sink.read("hist", HIST)
+    assert_same(back, expected, HIST)
+    assert not back.duplicated(["node", "tag", "ts", "seq"]).any()
+    assert sink.progress("f1").windows_of("a") == [hours(0, 4)]
+
+
+def test_count_mismatch_commits_nothing_and_keeps_earlier_rows(sink: SqlWarehouse) -> None:
+    window = hours(0, 1)
+    before = history(["a"], window)
+    sink.write(scope(["a"], window), before, len(before))
+    again = history(["a"], window, step_s=60)
+    with pytest.raises(CountMismatch, match="committed 60 rows, fetched 61"):
+        sink.write(scope(["a"], window, flow="f2"), again, 61)
+    assert_same(sink.read("hist", HIST), before, HIST)
+    assert sink.progress("f2").completed == {}
+    assert sink.chunk_log("f2") == []
+
+
+def test_rows_sharing_a_key_commit_nothing(sink: SqlWarehouse) -> None:
+    window = hours(0, 1)
+    frame = history(["a"], window)
+    doubled = pd.concat([frame, frame.iloc[:1]], ignore_index=True)
+    with pytest.raises(CountMismatch, match="nothing committed"):
+        sink.write(scope(["a"], window), doubled, len(doubled))
+    assert sink.read("hist", HIST).empty
+    assert sink.chunk_log("f1") == []
+
+
+@pytest.mark.parametrize(
+    ("members", "window"),
+    [(["a"], hours(0, 1)), (["a", "b"], hours(0, 0.5))],
+    ids=["tag-outside", "ts-at-window-end"],
+)
+def test_rows_outside_the_scope_are_refused(
+    sink: SqlWarehouse, members: list[str], window: Window
+) -> None:
+    frame = history(["a", "b"], hours(0, 1))
+    with pytest.raises(SinkError, match="outside its scope"):
+        sink.write(scope(members, window), frame, len(frame))
+    assert sink.read("hist", HIST).empty
+
+
+def test_other_dataset_settings_are_refused_by_name(sink: SqlWarehouse) -> None:
+    window = hours(0, 1)
+    frame = history(["a"], window)
+    sink.write(scope(["a"], window), frame, len(frame))
+    aggregated = dict(ATTRS, mode="aggregated", interval_ms=60_000)
+    with pytest.raises(SinkError) as caught:
+        sink.write(scope(["a"], hours(1, 2), attrs=aggregated), history(["a"], hours(1, 2)), 6)
+    message = str(caught.value)
+    assert "dataset hist" in message
+    assert "mode: stored 'raw', this write 'aggregated'" in message
+    assert "use another dataset name or reset it" in message
+    assert "\n" not in message
+    assert len(sink.read("hist", HIST)) == len(frame)
+
+
+def test_progress_merges_windows_and_reset_forgets_it_but_keeps_data(
+    sink: SqlWarehouse,
+) -> None:
+    for window, tags in [
+        (hours(0, 1), ["a", "b"]),
+        (hours(1, 2), ["a"]),
+        (hours(3, 4), ["a", "b"]),
+        (hours(0.5, 1.5), ["b"]),
+    ]:
+        frame = history(tags, window)
+        sink.write(scope(tags, window), frame, len(frame))
+    progress = sink.progress("f1")
+    assert progress.windows_of("a") == [hours(0, 2), hours(3, 4)]
+    assert progress.windows_of("b") == [hours(0, 1.5), hours(3, 4)]
+    assert sink.flows() == ["f1"]
+    assert [c.window for c in sink.chunk_log("f1", limit=2)] == [hours(0.5, 1.5), hours(3, 4)]
+    assert sink.chunk_log("f1")[0].rows_committed == 6
+
+    assert sink.reset("f1", "b") == 2
+    assert set(sink.progress("f1").completed) == {"a"}
+    assert sink.reset("f1") == 2 + 4
+    assert sink.progress("f1").completed == {}
+    assert sink.chunk_log("f1") == []
+    assert sink.flows() == []
+    assert len(sink.read("hist", HIST)) > 0
+
+
+def test_empty_chunk_is_recorded_as_complete(sink: SqlWarehouse) -> None:
+    window = hours(0, 1)
+    assert sink.write(scope(["a"], window), schema.empty_frame(HIST), 0) == 0
+    assert sink.progress("f1").windows_of("a") == [window]
+    assert sink.chunk_log("f1")[0].rows_fetched == 0
+
+
+def test_hostile_tag_paths_round_trip_and_create_no_other_table(
+    sink: SqlWarehouse, tmp_path: Path
+) -> None:
+    files_before = sorted(p.name for p in tmp_path.rglob("*"))
+    tables_before = tables_of(sink)
+    window = hours(0, 1)
+    frame = history(HOSTILE_TAGS, window, step_s=1800)
+    sink.write(scope(HOSTILE_TAGS, window), frame, len(frame))
+    sink.write(scope(HOSTILE_TAGS, window), frame, len(frame))
+    back = sink.read("hist", HIST)
+    assert_same(back, frame, HIST)
+    assert set(back["tag"]) == set(HOSTILE_TAGS)
+    assert set(sink.progress("f1").completed) == set(HOSTILE_TAGS)
+    assert sink.reset("f1", "'; drop table x; --") == 1
+    assert tables_of(sink) - tables_before == {"hist"}
+    assert sorted(p.name for p in tmp_path.rglob("*")) == files_before
+
+
+def test_alarm_write_replaces_every_path_inside_the_window(sink: SqlWarehouse) -> None:
+    attrs = dict(ATTRS, kind=ALARM, mode=None)
+    first = alarms(["Plant/A", "Plant/B"], hours(0, 2))
+    sink.write(scope(["*"], hours(0, 2), dataset="alarms", kind=ALARM, attrs=attrs), first, 16)
+    second = alarms(["Plant/C"], hours(1, 2), step_s=1200)
+    sink.write(scope(["*"], hours(1, 2), dataset="alarms", kind=ALARM, attrs=attrs), second, 3)
+    kept = first[first["ts"] < hours(1, 2).start]
+    back = sink.read("alarms", ALARM)
+    assert_same(back, pd.concat([kept, second], ignore_index=True), ALARM)
+    assert back["ack_user"].isna().sum() == 4  # NULL stays NULL, '' stays ''
+    assert sink.progress("f1").windows_of("*") == [hours(0, 2)]
+
+
+def test_tag_metadata_is_upserted_by_node_and_tag(sink: SqlWarehouse) -> None:
+    now = datetime(2024, 3, 2, tzinfo=UTC)
+    first = rows(
+        schema.KIND_TAG_METADATA,
+        [
+            {
+                "node": "n",
+                "tag": t,
+                "description": f"old {t}",
+                "eng_units": "bar",
+                "history_enabled": True,
+                "updated_at": now,
+            }
+            for t in ["a", "b", HOSTILE_TAGS[3]]
+        ],
+    )
+    assert sink.write_metadata(first) == 3
+    newer = rows(
+        schema.KIND_TAG_METADATA,
+        [
+            {"node": "n", "tag": "a", "description": "stale", "updated_at": now},
+            {"node": "n", "tag": "a", "description": "new a", "updated_at": now},
+            {"node": "m", "tag": "a", "description": "other node", "updated_at": now},
+        ],
+    )
+    assert sink.write_metadata(newer) == 2
+    back = sink.read("", schema.KIND_TAG_METADATA)
+    assert list(zip(back["node"], back["tag"], back["description"], strict=True)) == [
+        ("m", "a", "other node"),
+        ("n", "'; drop table x; --", "old '; drop table x; --"),
+        ("n", "a", "new a"),
+        ("n", "b", "old b"),
+    ]
+    assert pd.isna(back["eng_units"].iloc[2])  # the upsert replaces the whole row
+
+
+def test_second_lock_of_a_flow_is_refused_at_once(sink: SqlWarehouse) -> None:
+    other = SqlWarehouse(sink.url.render_as_string(hide_password=False), schema=sink.schema)
+    other.open()
+    try:
+        with sink.lock("f1"):
+            started = time.monotonic()
+            with pytest.raises(FlowLocked, match="flow 'f1' is already running"), other.lock("f1"):
+                pass
+            assert time.monotonic() - started < 2
+            with other.lock("f2"):
+                pass
+        with other.lock("f1"):
+            pass
+    finally:
+        other.close()
+
+
+CHILD = """
+import sys, time
+from sinks.sql import SqlWarehouse
+sink = SqlWarehouse(sys.argv[1], schema=sys.argv[2] or None)
+if sink.dialect == "postgresql":  # a DuckDB file admits one process; its lock needs no open
+    sink.open()
+with sink.lock("f1"):
+    print("locked", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_lock_of_a_killed_process_is_free_again(sink: SqlWarehouse) -> None:
+    url = sink.url.render_as_string(hide_password=False)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, url, sink.schema or ""],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "locked"
+        with pytest.raises(FlowLocked), sink.lock("f1"):
+            pass
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+        if child.stdout is not None:
+            child.stdout.close()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with sink.lock("f1"):
+                return
+        except FlowLocked:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_missing_columns_are_added_and_wrong_types_refused(
+    sink: SqlWarehouse, where: tuple[str, str | None]
+) -> None:
+    table = sink.layout.table("old")
+    with sink.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                f"CREATE TABLE {table} (node TEXT NOT NULL, tag TEXT NOT NULL, "
+                "ts TIMESTAMP WITH TIME ZONE NOT NULL, seq SMALLINT NOT NULL, value DOUBLE PRECISION, "
+                "PRIMARY KEY (node, tag, ts, seq))"
+            )
+        )
+        conn.execute(
+            sa.text(
+                f"CREATE TABLE {sink.layout.table('bad')} (node TEXT, tag TEXT, ts TEXT, seq INTEGER)"
+            )
+        )
+    window = hours(0, 1)
+    frame = history(["a"], window)
+    sink.write(scope(["a"], window, dataset="old"), frame, len(frame))
+    assert_same(sink.read("old", HIST), frame, HIST)
+    with pytest.raises(
+        SinkError, match=r"table bad column ts is .*expected timestamp with time zone"
+    ):
+        sink.write(scope(["a"], window, dataset="bad"), frame, len(frame))
+
+
+def test_invalid_dataset_names_never_reach_sql(sink: SqlWarehouse) -> None:
+    window = hours(0, 1)
+    for name in ['x"; drop table y; --', "historian_chunks", "a" * 64]:
+        with pytest.raises(SinkError, match="not usable as a table name"):
+            sink.write(scope(["a"], window, dataset=name), schema.empty_frame(HIST), 0)
+
+
+def test_check_writable_and_describe(sink: SqlWarehouse) -> None:
+    sink.check_writable()
+    assert "\n" not in sink.describe()
+    assert sink.describe().startswith(("duckdb:///", "postgresql+psycopg://"))
+
+
+# -- connection failures and secrets (no server needed) -----------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_unreachable_server_is_unavailable_in_one_line_without_password() -> None:
+    url = f"postgresql+psycopg://etl:s3cr%40t-pw@127.0.0.1:{_closed_port()}/plant"
+    sink = SqlWarehouse(url, name="wh", schema="hist")
+    assert (
+        sink.describe()
+        == f"postgresql+psycopg://etl:***@127.0.0.1:{sink.url.port}/plant (schema hist)"
+    )
+    assert "s3cr" not in repr(sink)
+    with pytest.raises(SinkUnavailable) as caught:
+        sink.open()
+    message = str(caught.value)
+    assert message.startswith("sink wh: connect: database unavailable:")
+    assert "\n" not in message
+    assert "s3cr" not in message
+    assert caught.value.__cause__ is None
+
+
+def test_unsupported_urls_are_refused() -> None:
+    with pytest.raises(SinkError, match="not supported"):
+        SqlWarehouse("sqlite:///x.db")
+    with pytest.raises(SinkError, match="psycopg 3"):
+        SqlWarehouse("postgresql+asyncpg://u@h/db")
+    assert SqlWarehouse("postgresql://u@h/db").url.drivername == "postgresql+psycopg"
+
+
+def test_a_duckdb_file_in_use_by_another_process_is_unavailable(tmp_path: Path) -> None:
+    url = f"duckdb:///{tmp_path}/w.duckdb"
+    holder = SqlWarehouse(url)
+    holder.open()
+    try:
+        probe = (
+            "import sys\nfrom sinks.sql import SqlWarehouse\n"
+            "try:\n    SqlWarehouse(sys.argv[1]).open()\n"
+            "except Exception as exc:\n    print(type(exc).__name__, exc, sep='|')\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", probe, url],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    finally:
+        holder.close()
+    kind, message = out.rstrip("\n").split("|", 1)
+    assert kind == "SinkUnavailable"
+    assert message.startswith("sink warehouse: connect: database unavailable:")
+    assert "lock" in message
+    assert "\n" not in message
+
+
+def test_a_duckdb_parent_directory_is_created(tmp_path: Path) -> None:
+    sink = SqlWarehouse(f"duckdb:///{tmp_path}/a/b/w.duckdb")
+    sink.open()
+    sink.close()
+    assert (tmp_path / "a" / "b" / "w.duckdb").exists()
+
+
+# -- PostgreSQL only ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_sink(pg_url: str, pg_schema: str) -> Iterator[SqlWarehouse]:
+    warehouse = SqlWarehouse(pg_url, schema=pg_schema)
+    warehouse.open()
+    yield warehouse
+    warehouse.close()
+
+
+@pytest.mark.postgres
+def test_pg_tables_have_the_schema_types(pg_sink: SqlWarehouse) -> None:
+    window = hours(0, 1)
+    pg_sink.write(scope(["a"], window), history(["a"], window), 6)
+    attrs = dict(ATTRS, kind=ALARM)
+    pg_sink.write(
+        scope(["*"], window, dataset="al", kind=ALARM, attrs=attrs), alarms(["p"], window), 4
+    )
+    with pg_sink.engine.connect() as conn:
+        found = {
+            (t, c): (d, n)
+            for t, c, d, n in conn.execute(
+                sa.text(
+                    "SELECT table_name, column_name, data_type, is_nullable "
+                    "FROM information_schema.columns WHERE table_schema = :s"
+                ),
+                {"s": pg_sink.schema},
+            )
+        }
+        keys = conn.execute(
+            sa.text(
+                "SELECT tc.table_name, string_agg(k.column_name, ',' ORDER BY k.ordinal_position) "
+                "FROM information_schema.table_constraints tc JOIN information_schema.key_column_usage k "
+                "USING (constraint_schema, constraint_name) WHERE tc.constraint_type = 'PRIMARY KEY' "
+                "AND tc.table_schema = :s GROUP BY tc.table_name"
+            ),
+            {"s": pg_sink.schema},
+        ).fetchall()
+    assert found[("hist", "ts")] == ("timestamp with time zone", "NO")
+    assert found[("hist", "seq")] == ("smallint", "NO")
+    assert found[("hist", "value")] == ("double precision", "YES")
+    assert found[("hist", "value_bool")] == ("boolean", "YES")
+    assert found[("hist", "value_str")] == ("text", "YES")
+    assert found[("hist", "extra")] == ("bigint", "YES")
+    assert found[("al", "ack_ts")] == ("timestamp with time zone", "YES")
+    assert found[("tag_metadata", "updated_at")] == ("timestamp with time zone", "NO")
+    assert found[("historian_datasets", "attrs")] == ("jsonb", "NO")
+    assert found[("historian_chunks", "rows_committed")] == ("bigint", "NO")
+    assert dict(keys) == {
+        "hist": "node,tag,ts,seq",
+        "al": "node,path,ts,status",
+        "tag_metadata": "node,tag",
+        "historian_datasets": "dataset",
+        "historian_chunks": "flow,chunk_id",
+        "historian_progress": "flow,member,window_start",
+    }
+
+
+@pytest.mark.postgres
+def test_pg_open_creates_a_missing_schema(pg_url: str, pg_schema: str) -> None:
+    fresh = f"{pg_schema}_new"
+    sink = SqlWarehouse(pg_url, schema=fresh)
+    try:
+        sink.open()
+        assert "historian_progress" in tables_of(sink)
+    finally:
+        with sink.engine.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{fresh}" CASCADE'))
+        sink.close()
+
+
+@pytest.mark.postgres
+def test_pg_connection_killed_mid_write_commits_nothing_and_next_write_succeeds(
+    pg_sink: SqlWarehouse, pg_url: str
+) -> None:
+    window = hours(0, 1)
+    frame = history(["a", "b"], window, step_s=60)
+    pg_sink.write(scope(["a"], hours(5, 6)), history(["a"], hours(5, 6)), 6)  # tables exist
+    outcome: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            pg_sink.write(scope(["a", "b"], window), frame, len(frame))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    admin = sa.create_engine(pg_url)
+    with admin.connect() as blocker:
+        # Hold the chunk log: the write gets as far as loading its rows, then waits.
+        blocker.execute(
+            sa.text(
+                f"LOCK TABLE {pg_sink.layout.table('historian_chunks')} IN ACCESS EXCLUSIVE MODE"
+            )
+        )
+        me = blocker.execute(sa.text("SELECT pg_backend_pid()")).scalar()
+        writer = threading.Thread(target=write)
+        writer.start()
+        victim = None
+        deadline = time.monotonic() + 15
+        while victim is None and time.monotonic() < deadline:
+            victim = blocker.execute(
+                sa.text("SELECT pid FROM pg_stat_activity WHERE :me = ANY(pg_blocking_pids(pid))"),
+                {"me": me},
+            ).scalar()
+            time.sleep(0.05)
+        assert victim is not None
+        with admin.connect() as killer:
+            assert killer.execute(
+                sa.text("SELECT pg_terminate_backend(:p)"), {"p": victim}
+            ).scalar()
+        blocker.rollback()
+        writer.join(timeout=15)
+    admin.dispose()
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], SinkUnavailable), outcome[0]
+    assert "\n" not in str(outcome[0])
+    assert sorted(set(pg_sink.read("hist", HIST)["tag"])) == ["a"]
+    assert len(pg_sink.read("hist", HIST)) == 6
+    assert pg_sink.progress("f1").windows_of("b") == []
+    assert len(pg_sink.chunk_log("f1")) == 1
+    assert pg_sink.write(scope(["a", "b"], window), frame, len(frame)) == len(frame) == 120
+    assert pg_sink.progress("f1").windows_of("b") == [window]
+
+
+@pytest.mark.postgres
+def test_pg_binary_copy_keeps_awkward_values_exactly(pg_sink: SqlWarehouse) -> None:
+    ts = pa.array([0, -1, 1_709_251_200_123, 253_402_300_799_999, None], pa.int64()).cast(
+        schema.TS_TYPE
+    )
+    table = pa.table(
+        {
+            "t": pa.array(["", None, "ü\u0001", "x" * 5000, "'\"\\,\n"]).slice(0),
+            "d": pa.array(["k", "k", "j", None, "k"]).dictionary_encode(),
+            "l": pa.array(["a", "bb", None, "", "e"], pa.large_string()),
+            "ts": ts,
+            "f": pa.array([math.nan, -0.0, math.inf, 1e-308, None]),
+            "b": pa.array([True, False, None, True, False]),
+            "i2": pa.array([-32768, 32767, 0, None, 1], pa.int16()),
+            "i8": pa.array([-(2**63), 2**63 - 1, 0, 1, None], pa.int64()),
+        }
+    )
+    sliced = pa.concat_tables([table.slice(1), table.slice(0, 1)])  # offsets and two chunks
+    with pg_sink.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE TEMP TABLE awkward (t TEXT, d TEXT, l TEXT, ts TIMESTAMPTZ, f FLOAT8, "
+            "b BOOL, i2 INT2, i8 INT8)"
+        )
+        from sinks.sql_load import copy_binary
+
+        assert copy_binary(conn, "awkward", sliced) == 5
+        got = conn.exec_driver_sql(
+            "SELECT t, d, l, (extract(epoch FROM ts) * 1000)::bigint, f::text, b, i2, i8 "
+            "FROM awkward"
+        ).fetchall()
+    expected = [
+        (None, "k", "bb", -1, "-0", False, 32767, 2**63 - 1),
+        ("ü\u0001", "j", None, 1_709_251_200_123, "Infinity", None, 0, 0),
+        ("x" * 5000, None, "", 253_402_300_799_999, "1e-308", True, None, 1),
+        ("'\"\\,\n", "k", "e", None, None, False, 1, None),
+        ("", "k", "a", 0, "NaN", True, -32768, -(2**63)),
+    ]
+    assert got == expected
+
+
+def test_binary_copy_of_no_rows_is_header_and_trailer() -> None:
+    empty = schema.TAG_HISTORY_SCHEMA.empty_table()
+    assert encode_binary_copy(empty) == b"PGCOPY\n\xff\r\n\x00" + bytes(8) + b"\xff\xff"
+
+
+def test_binary_copy_row_layout() -> None:
+    table = pa.table({"s": ["ab", None], "n": pa.array([1, 2], pa.int16())})
+    data = encode_binary_copy(table)[19:-2]
+    assert data == (
+        b"\x00\x02"
+        + b"\x00\x00\x00\x02ab"
+        + b"\x00\x00\x00\x02\x00\x01"
+        + b"\x00\x02"
+        + b"\xff\xff\xff\xff"
+        + b"\x00\x00\x00\x02\x00\x02"
+    )
