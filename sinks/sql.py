@@ -105,7 +105,10 @@ class SqlWarehouse:
         args = dict(connect_args or {})
         if self.dialect == "postgresql":
             args.setdefault("connect_timeout", 10)
-            args.setdefault("application_name", "historian")
+            # Visible in pg_stat_activity: which warehouse schema a connection writes.
+            args.setdefault(
+                "application_name", f"historian {schema}"[:63] if schema else "historian"
+            )
         self._connect_args = args
         # Masked in every message: the URL's password and libpq's PGPASSWORD.
         self._secrets = tuple(

@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-from connectors.simulator import SimConfig, SimulatedNode, run_server
 
+from connectors.simulator import SimConfig, SimulatedNode, run_server
 from tests.pipeline_helpers import write_config
 
 HISTORIAN = str(Path(sys.executable).with_name("historian"))

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from connectors.simulator import SimConfig, SimulatedNode, run_server
 
 from connectors.options import HistoryOptions
+from connectors.simulator import SimConfig, SimulatedNode, run_server
 from pipelines.destinations import SinkSet
 from pipelines.nodes import NodePool
 from pipelines.runner import RunFailed, RunRequest, run_flow
