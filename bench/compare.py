@@ -98,7 +98,8 @@ def measured(command: list[str], env: dict[str, str] | None = None) -> tuple[str
     process = subprocess.Popen(["/usr/bin/time", "-f", "__maxrss_kb=%M", *command],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env={**os.environ, **(env or {})})
-    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout is not None
+    assert process.stderr is not None
     out = process.stdout.read()
     err = process.stderr.read()
     _, status, usage = os.wait4(process.pid, 0)
@@ -114,7 +115,7 @@ def measured(command: list[str], env: dict[str, str] | None = None) -> tuple[str
 
 
 def run_contender(name: str, target: str, url: str, tags_file: Path, start: str, end: str,
-                  pg_url: str) -> Measure:
+                  pg_url: str, *, extra: list[str] | None = None) -> Measure:
     work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     try:
@@ -130,7 +131,7 @@ def run_contender(name: str, target: str, url: str, tags_file: Path, start: str,
             out, wall, cpu, rss = measured(
                 [PYTHON, str(HERE / "contenders.py"), name, "--url", url, "--tags-file",
                  str(tags_file), "--start", start, "--end", end, "--target", target,
-                 "--out", str(work), "--pg-url", pg_url, "--pg-schema", schema]
+                 "--out", str(work), "--pg-url", pg_url, "--pg-schema", schema, *(extra or [])]
             )
             rows = json.loads(out.strip().splitlines()[-1])["rows"]
         return Measure(name, target, rows, wall, cpu, rss)
