@@ -21,7 +21,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import Measure, run_contender, start_simulator  # noqa: E402
+from compare import Measure, run_contender, start_simulator
 
 END = datetime(2026, 11, 1, tzinfo=UTC)
 

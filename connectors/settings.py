@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from connectors.errors import FatalNodeError
@@ -38,6 +39,9 @@ class NodeSettings:
     token_env: str | None = None
     username_env: str | None = None
     password_env: str | None = None
+    # Names of Prefect Secret blocks, the alternative to environment variables.
+    token_block: str | None = None
+    password_block: str | None = None
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0
     max_connections: int = 8
@@ -57,9 +61,16 @@ class NodeSettings:
             )
         if self.max_connections < 1:
             raise SettingsError(f"node {self.name}: max_connections must be at least 1")
-        if (self.username_env is None) != (self.password_env is None):
-            raise SettingsError(f"node {self.name}: username_env and password_env go together")
-        if self.token_env and self.username_env:
+        has_password = self.password_env is not None or self.password_block is not None
+        if (self.username_env is None) == has_password:
+            raise SettingsError(
+                f"node {self.name}: username_env and password_env (or password_block) go together"
+            )
+        if self.token_env and self.token_block:
+            raise SettingsError(f"node {self.name}: give token_env or token_block, not both")
+        if self.password_env and self.password_block:
+            raise SettingsError(f"node {self.name}: give password_env or password_block, not both")
+        if (self.token_env or self.token_block) and self.username_env:
             raise SettingsError(
                 f"node {self.name}: give token_env or username_env/password_env, not both"
             )
@@ -85,12 +96,32 @@ class NodeSettings:
             raise SettingsError(f"node {self.name}: environment variable {variable} is not set")
         return value
 
+    def _block(self, name: str) -> str:
+        """The value of a Prefect Secret block (read now, never stored here)."""
+        try:
+            from prefect.blocks.system import Secret
+
+            block: Any = Secret.load(name)  # sync here: no event loop runs in this thread
+            value = block.get()
+        except Exception as exc:
+            raise SettingsError(
+                f"node {self.name}: Prefect Secret block {name!r} cannot be read "
+                f"({type(exc).__name__})"
+            ) from None
+        if not isinstance(value, str) or not value:
+            raise SettingsError(f"node {self.name}: Prefect Secret block {name!r} is empty")
+        return value
+
     def bearer_token(self) -> str | None:
-        """The token from `token_env`, if one is configured (read now, never stored here)."""
+        """The token from `token_env` or `token_block`, if configured (read now, never kept)."""
+        if self.token_block:
+            return self._block(self.token_block)
         return self._env(self.token_env) if self.token_env else None
 
     def basic_credentials(self) -> tuple[str, str] | None:
         """(user, password) from `username_env`/`password_env`, if configured."""
+        if self.username_env and self.password_block:
+            return self._env(self.username_env), self._block(self.password_block)
         if self.username_env and self.password_env:
             return self._env(self.username_env), self._env(self.password_env)
         return None

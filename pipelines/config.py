@@ -93,6 +93,8 @@ class NodeConfig(_Strict):
     token_env: str | None = None
     username_env: str | None = None
     password_env: str | None = None
+    token_block: str | None = None
+    password_block: str | None = None
     connect_timeout: timedelta = timedelta(seconds=5)
     read_timeout: timedelta = timedelta(seconds=60)
     max_connections: int = Field(default=4, ge=1, le=64)
@@ -111,8 +113,12 @@ class NodeConfig(_Strict):
     def _one_target(self) -> NodeConfig:
         if (self.url is None) == (self.simulator is None):
             raise ValueError("give exactly one of url or simulator")
-        if (self.username_env is None) != (self.password_env is None):
-            raise ValueError("username_env and password_env go together")
+        if (self.username_env is None) != (
+            self.password_env is None and self.password_block is None
+        ):
+            raise ValueError("username_env and password_env (or password_block) go together")
+        if self.token_env is not None and self.token_block is not None:
+            raise ValueError("give token_env or token_block, not both")
         return self
 
 

@@ -36,6 +36,8 @@ from typing import Protocol
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from connectors.errors import MalformedAnswer
 from connectors.normalise import (
     HistoryPage,
     assign_seq,
@@ -43,8 +45,6 @@ from connectors.normalise import (
     parse_alarm_history_answer,
     parse_history_answer,
 )
-
-from connectors.errors import MalformedAnswer
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.schema import (
     ALARM_HISTORY_SCHEMA,

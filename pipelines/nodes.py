@@ -13,7 +13,6 @@ from typing import Any
 
 from connectors.client import NodeClient
 from connectors.settings import NodeSettings
-
 from pipelines.config import Config, NodeConfig
 
 
@@ -37,6 +36,8 @@ def node_settings(name: str, node: NodeConfig, url: str | None = None) -> NodeSe
         token_env=node.token_env,
         username_env=node.username_env,
         password_env=node.password_env,
+        token_block=node.token_block,
+        password_block=node.password_block,
         connect_timeout_s=node.connect_timeout.total_seconds(),
         read_timeout_s=node.read_timeout.total_seconds(),
         max_connections=node.max_connections,

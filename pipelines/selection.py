@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 import httpx
 import pyarrow as pa
-from connectors.normalise import parse_tag_details
 
 from connectors.errors import UnknownTag
+from connectors.normalise import parse_tag_details
 from connectors.schema import TAG_METADATA_SCHEMA
 from pipelines.config import TagSelectionConfig
 from pipelines.engine import FilterQuery

@@ -9,19 +9,17 @@ the kernel drops it when the process dies. Both refuse at once, never wait.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
-import os
 import re
 import threading
 from collections.abc import Iterator
-from typing import IO
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from sinks.base import FlowLocked
+from sinks.locks import flow_flock
 
 _PLAIN_FLOW = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 # Locks of in-memory DuckDB databases: the database lives and dies with this process.
@@ -83,32 +81,12 @@ def lock_file_path(database: str, flow: str) -> str:
     return f"{database}.{name}.lock"
 
 
-@contextlib.contextmanager
-def file_lock(path: str, flow: str) -> Iterator[None]:
-    """Hold an exclusive, non-blocking flock on `path`, or FlowLocked naming the holder."""
-    handle: IO[bytes] = open(path, "a+b")  # noqa: SIM115 - held for the lock's lifetime
-    try:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            pid = handle.read(32).decode("ascii", "replace").strip()
-            holder = f" by pid {pid}" if pid.isdigit() else ""
-            raise FlowLocked(
-                f"flow '{flow}' is already running (lock held in {path}{holder})"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()).encode())
-        handle.flush()
-        try:
-            yield
-        finally:
-            with contextlib.suppress(OSError):
-                handle.truncate(0)
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-    finally:
-        handle.close()
+def file_lock(path: str, flow: str) -> contextlib.AbstractContextManager[None]:
+    """Hold an exclusive, non-blocking flock on `path`, or FlowLocked naming the holder.
+
+    The same primitive as the lake's flow lock: the kernel frees it when the holder dies.
+    """
+    return flow_flock(path, flow)
 
 
 @contextlib.contextmanager

@@ -306,3 +306,24 @@ def test_the_dask_task_runner_on_a_local_cluster(
     expected = contents(threads, "f", "tag_history")["lake"]
     for name, rows in contents(dask, "f", "tag_history").items():
         assert rows == expected, name
+
+
+def test_the_token_can_come_from_a_prefect_secret_block(tmp_path: Path) -> None:
+    from prefect.blocks.system import Secret
+
+    secret = "bl0ck-t0ken-value"
+    Secret(value=secret).save("historian-test-node-token", overwrite=True)
+    sim = SimulatedNode(SimConfig(seed=2, tags=10, token=secret))
+    sim.set_clock(int(NOW.timestamp() * 1000))
+    with run_server(sim, http_port=0, https_port=None) as handle:
+        path = write_config(
+            tmp_path,
+            node={"url": handle.http_url, "token_block": "historian-test-node-token"},
+            flows={"f": flows()["f"]},
+            sinks=["lake"],
+        )
+        summary = run_prefect(path, "f", RunRequest(start=START, end=START + timedelta(minutes=15)))
+    assert summary.rows > 0
+    for file in tmp_path.rglob("*"):
+        if file.is_file():
+            assert secret.encode() not in file.read_bytes(), file
