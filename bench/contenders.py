@@ -50,6 +50,9 @@ def history_url(base: str, paths: list[str], start: datetime, end: datetime) -> 
 
 
 def run_pipeline(args: argparse.Namespace, tags: list[str]) -> int:
+    from pipelines.memory import bound_memory
+
+    bound_memory()  # as the `historian` command does at start
     from pipelines.config import parse_config
     from pipelines.destinations import SinkSet
     from pipelines.nodes import NodePool

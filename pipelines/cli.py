@@ -612,8 +612,10 @@ def report(
 
 def main() -> None:
     """Console entry point."""
+    from pipelines.memory import bound_memory
     from pipelines.prefect_env import configure_prefect
 
+    bound_memory()
     configure_prefect()
     try:
         app()
