@@ -95,7 +95,8 @@ def measured(command: list[str], env: dict[str, str] | None = None) -> tuple[str
     parent's high-water mark, so the child's own `ru_maxrss` would report ours.
     """
     began = time.perf_counter()
-    process = subprocess.Popen(["/usr/bin/time", "-f", "__maxrss_kb=%M", *command],
+    wrapper = ["/usr/bin/time", "-f", "__maxrss_kb=%M"] if Path("/usr/bin/time").exists() else []
+    process = subprocess.Popen([*wrapper, *command],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env={**os.environ, **(env or {})})
     assert process.stdout is not None
@@ -107,7 +108,7 @@ def measured(command: list[str], env: dict[str, str] | None = None) -> tuple[str
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
         raise SystemExit(f"{command[:3]} failed: {err.decode(errors='replace')[-2000:]}")
-    peak_kb = 0
+    peak_kb = 0 if wrapper else usage.ru_maxrss  # without GNU time: may include ours
     for line in err.decode(errors="replace").splitlines():
         if line.startswith("__maxrss_kb="):
             peak_kb = int(line.split("=", 1)[1])
