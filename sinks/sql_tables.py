@@ -190,6 +190,15 @@ class Layout:
             conn.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {quote(self.schema)}"))
         for statement in self.state_ddl():
             conn.execute(sa.text(statement))
+        # State tables made by an earlier version lack later columns: add them (nullable).
+        for table, column, kind in (
+            (VERSION_TABLE, "migrated_at", TS),
+            (DATASETS_TABLE, "created_at", TS),
+        ):
+            if column not in self.columns(conn, table):
+                conn.execute(
+                    sa.text(f"ALTER TABLE {self.table(table)} ADD COLUMN {quote(column)} {kind}")
+                )
         self.ensure_table(conn, METADATA_TABLE, KIND_TAG_METADATA)
         versions = [
             int(row[0])

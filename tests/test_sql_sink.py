@@ -665,3 +665,38 @@ def test_binary_copy_row_layout() -> None:
         + b"\xff\xff\xff\xff"
         + b"\x00\x00\x00\x02\x00\x02"
     )
+
+
+def test_state_tables_of_an_earlier_version_are_migrated(tmp_path: Path) -> None:
+    """A warehouse made before `created_at`/`migrated_at` existed opens and takes writes."""
+    import sqlalchemy as sa
+
+    url = f"duckdb:///{tmp_path / 'old.duckdb'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE historian_schema_version (version INTEGER NOT NULL)"))
+        conn.execute(sa.text("INSERT INTO historian_schema_version VALUES (1)"))
+        conn.execute(
+            sa.text(
+                "CREATE TABLE historian_datasets (dataset TEXT PRIMARY KEY, kind TEXT NOT NULL, "
+                "attrs TEXT NOT NULL)"
+            )
+        )
+    engine.dispose()
+    warehouse = SqlWarehouse(url)
+    warehouse.open()
+    try:
+        warehouse.check_writable()
+        with warehouse.engine.connect() as conn:
+            columns = {
+                row[0]
+                for row in conn.execute(
+                    sa.text(
+                        "SELECT column_name FROM information_schema.columns "
+                        "WHERE table_name = 'historian_datasets'"
+                    )
+                )
+            }
+        assert "created_at" in columns
+    finally:
+        warehouse.close()
