@@ -48,7 +48,6 @@ from connectors.normalise import (
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.schema import (
     ALARM_HISTORY_SCHEMA,
-    KIND_ALARM_HISTORY,
     TAG_HISTORY_SCHEMA,
     frame_from_table,
 )
@@ -219,72 +218,57 @@ class HistoryEngine:
         """Pages after the last timestamp of every tag that may have hit a cap."""
         window = chunk.window
         limit = self.options.limit
-        members = set(chunk.members)
-        page = first
-        # tag -> (rows in its first page, last ts, rows already seen at that ts)
-        pending: dict[str, tuple[int, int, int]] = {}
+        # tag -> (last ts, rows of that tag already seen on it)
+        pending: dict[str, tuple[int, int]] = {}
         first_rows: dict[str, int] = {}
-        self._collect(page, members, window, limit, pending, first_rows)
+        busiest = max((s.rows for s in first.tags.values()), default=0)
+        for tag, stats in first.tags.items():
+            if tag not in chunk.members or stats.last_ts_ms is None:
+                continue
+            if stats.last_ts_ms < window.end_ms and self._cap.maybe_capped(
+                stats.rows, busiest, limit
+            ):
+                pending[tag] = (stats.last_ts_ms, stats.at_last_ts)
+                if self._cap.known is None and (limit is None or stats.rows < limit):
+                    first_rows[tag] = stats.rows
         while pending:
             # Tags that stopped on the same millisecond continue together in one request.
-            by_ts: dict[int, list[str]] = {}
-            for tag, (_, last_ts, _) in pending.items():
-                by_ts.setdefault(last_ts, []).append(tag)
-            next_pending: dict[str, tuple[int, int, int]] = {}
-            for last_ts, tags in sorted(by_ts.items()):
+            by_ts: dict[int, dict[str, int]] = {}
+            for tag, (last_ts, seen) in pending.items():
+                by_ts.setdefault(last_ts, {})[tag] = seen
+            next_pending: dict[str, tuple[int, int]] = {}
+            for last_ts, seen_by_tag in sorted(by_ts.items()):
                 # 1 ms early, so that a node with an exclusive start bound still returns
                 # the samples on last_ts that the previous page could not hold.
                 start = Window.from_ms(last_ts - 1, max(last_ts + 1, window.end_ms))
                 result.continuations += 1
-                page = self._query(chunk, tags, start, result)
-                tables: list[pa.Table] = []
-                for tag in tags:
-                    _rows_before, _, seen_at_last = pending[tag]
-                    stats = page.tags.get(tag)
-                    tag_rows = _rows_of(page.table, tag)
-                    fresh = _drop_seen(tag_rows, last_ts, seen_at_last)
-                    found_more = fresh.num_rows > 0
+                page = self._query(chunk, list(seen_by_tag), start, result)
+                fresh = _fresh_rows(page.table, last_ts, seen_by_tag)
+                with_more = (
+                    set(fresh.column("tag").unique().to_pylist()) if fresh.num_rows else set()
+                )
+                busiest = max((s.rows for s in page.tags.values()), default=0)
+                for tag in seen_by_tag:
+                    found_more = tag in with_more
                     if tag in first_rows:
                         self._cap.learn(first_rows.pop(tag), found_more)
-                    if not found_more:
+                    page_stats = page.tags.get(tag)
+                    if not found_more or page_stats is None or page_stats.last_ts_ms is None:
                         continue
-                    tables.append(fresh)
-                    if stats is None or stats.last_ts_ms is None:
-                        continue
-                    busiest = max((s.rows for s in page.tags.values()), default=0)
-                    if stats.last_ts_ms < window.end_ms and self._cap.maybe_capped(
-                        stats.rows, busiest, limit
+                    if page_stats.last_ts_ms < window.end_ms and self._cap.maybe_capped(
+                        page_stats.rows, busiest, limit
                     ):
-                        if stats.last_ts_ms == last_ts:
+                        if page_stats.last_ts_ms == last_ts:
                             raise MalformedAnswer(
                                 "tag.historyMany",
                                 f"more samples on {last_ts} ms than the node returns in one "
                                 "answer; cannot page past them",
                                 where=f"{tag} in {chunk.label}",
                             )
-                        next_pending[tag] = (stats.rows, stats.last_ts_ms, stats.at_last_ts)
-                yield from tables
+                        next_pending[tag] = (page_stats.last_ts_ms, page_stats.at_last_ts)
+                if fresh.num_rows:
+                    yield fresh
             pending = next_pending
-
-    def _collect(
-        self,
-        page: HistoryPage,
-        members: set[str],
-        window: Window,
-        limit: int | None,
-        pending: dict[str, tuple[int, int, int]],
-        first_rows: dict[str, int],
-    ) -> None:
-        busiest = max((s.rows for s in page.tags.values()), default=0)
-        for tag, stats in page.tags.items():
-            if tag not in members or stats.last_ts_ms is None:
-                continue
-            if stats.last_ts_ms >= window.end_ms:
-                continue
-            if self._cap.maybe_capped(stats.rows, busiest, limit):
-                pending[tag] = (stats.rows, stats.last_ts_ms, stats.at_last_ts)
-                if self._cap.known is None and (limit is None or stats.rows < limit):
-                    first_rows[tag] = stats.rows
 
     # -- many chunks -----------------------------------------------------------------
 
@@ -381,18 +365,17 @@ def stream_bounded(
                 future.cancel()
 
 
-def _rows_of(table: pa.Table, tag: str) -> pa.Table:
-    return table.filter(pc.equal(table.column("tag"), tag))
-
-
-def _drop_seen(rows: pa.Table, last_ts: int, seen_at_last: int) -> pa.Table:
-    """Drop what the previous page already had: earlier samples and the first `seen` at last_ts."""
-    ts = rows.column("ts").cast(pa.int64())
-    after = rows.filter(pc.greater(ts, last_ts))
-    at = rows.filter(pc.equal(ts, last_ts))
-    if at.num_rows > seen_at_last:
-        return pa.concat_tables([at.slice(seen_at_last), after])
-    return after
+def _fresh_rows(table: pa.Table, last_ts: int, seen_by_tag: dict[str, int]) -> pa.Table:
+    """Rows of the asked tags that the previous page did not hold: after `last_ts`, or on it
+    beyond the first `seen` (a page's `seq` numbers a tag's rows on one ms in answer order)."""
+    position = pc.index_in(table.column("tag"), value_set=pa.array(list(seen_by_tag)))
+    seen = pc.take(pa.array(list(seen_by_tag.values()), type=pa.int64()), pc.fill_null(position, 0))
+    ts = table.column("ts").cast(pa.int64())
+    on_last = pc.and_(
+        pc.equal(ts, last_ts), pc.greater_equal(table.column("seq").cast(pa.int64()), seen)
+    )
+    keep = pc.and_(pc.is_valid(position), pc.or_(pc.greater(ts, last_ts), on_last))
+    return table.filter(keep)
 
 
 def _inside(table: pa.Table, window: Window, members: set[str]) -> pa.Table:
@@ -411,10 +394,3 @@ def _distinct(table: pa.Table, keys: list[str]) -> pa.Table:
     chosen = pc.sort_indices(first.column("__i_min"))
     rows = pc.take(first.column("__i_min"), chosen)
     return table.take(rows)
-
-
-def empty_history_frame() -> pd.DataFrame:
-    return frame_from_table(TAG_HISTORY_SCHEMA.empty_table())
-
-
-KIND_ENGINES = {KIND_ALARM_HISTORY: AlarmEngine}
