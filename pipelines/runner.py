@@ -29,10 +29,15 @@ import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from connectors.normalise import parse_history_answer
 
+from connectors.normalise import parse_history_answer
 from connectors.options import HistoryOptions
-from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY, KIND_TAG_METADATA
+from connectors.schema import (
+    KIND_ALARM_HISTORY,
+    KIND_TAG_HISTORY,
+    KIND_TAG_METADATA,
+    SCOPE_COLUMN,
+)
 from connectors.timewindow import Window, iso_utc
 from pipelines.config import Config, FlowConfig, flow_dataset, flow_kind
 from pipelines.destinations import SinkSet
@@ -345,22 +350,20 @@ class FlowRun:
             if end <= self.request.start:
                 return None, None
             return Window(self.request.start, end), None
-        end_limit = self.request.end or (self.now - flow.settle)
         span = incremental_span(
             history_start=flow.start,
             watermark=watermark,
-            now=end_limit + flow.settle,
+            now=self.request.end or self.now,
             lookback=flow.lookback,
-            settle=flow.settle,
+            # An explicit end is the end: settle applies only to "now".
+            settle=timedelta(0) if self.request.end else flow.settle,
         )
         if span is None:
             return None, None
-        always = None
-        if watermark is not None and flow.lookback > timedelta(0):
-            start = max(span.start, watermark - flow.lookback)
-            if start < span.end:
-                always = Window(start, span.end)
-        return span, always
+        # The span starts at watermark - lookback: all of it before the watermark is the
+        # look-back, re-read on every run even where already complete.
+        relook = watermark is not None and flow.lookback > timedelta(0)
+        return span, span if relook else None
 
     def _window_size(
         self, members: Sequence[str], span: Window | None, interval: timedelta | None
@@ -429,9 +432,6 @@ class FlowRun:
             rows_per_tag=rows_per_tag,
             bad_quality_per_tag=bad_per_tag,
         )
-
-    def run_chunk(self, chunk: Chunk) -> ChunkOutcome:
-        return self.write(self.fetch(chunk))
 
     def results(self) -> Iterator[ChunkResult]:
         """Fetched chunks, concurrently and bounded, in completion order."""
@@ -519,37 +519,27 @@ def _align_span(span: Window, interval: timedelta) -> Window | None:
 
 
 def _tag_counts(frame: pd.DataFrame, kind: str) -> tuple[Counter[str], Counter[str]]:
+    """Rows and bad-quality rows (quality < 192 or missing) per tag or alarm path."""
     if frame.empty or kind == KIND_TAG_METADATA:
         return Counter(), Counter()
-    column = "tag" if kind == KIND_TAG_HISTORY else "path"
-    table = pa.Table.from_pandas(frame[[column]], preserve_index=False)
-    counts = table.group_by(column).aggregate([([], "count_all")])
-    rows = Counter(
-        dict(
-            zip(
-                counts.column(column).to_pylist(),
-                counts.column("count_all").to_pylist(),
-                strict=True,
-            )
-        )
-    )
-    bad: Counter[str] = Counter()
+    column = SCOPE_COLUMN[kind]
+    keys = pa.array(frame[column].array)
     if kind == KIND_TAG_HISTORY:
         quality = pa.array(frame["quality"].array).cast(pa.int32())
-        mask = pc.fill_null(pc.less(quality, GOOD_QUALITY), True)
-        bad_table = pa.Table.from_pandas(frame[[column]], preserve_index=False).filter(mask)
-        if bad_table.num_rows:
-            grouped = bad_table.group_by(column).aggregate([([], "count_all")])
-            bad = Counter(
-                dict(
-                    zip(
-                        grouped.column(column).to_pylist(),
-                        grouped.column("count_all").to_pylist(),
-                        strict=True,
-                    )
-                )
-            )
-    return rows, bad
+        bad = pc.fill_null(pc.less(quality, GOOD_QUALITY), True).cast(pa.int64())
+    else:
+        bad = pa.nulls(len(frame), pa.int64()).fill_null(0)
+    grouped = (
+        pa.table({"key": keys, "bad": bad})
+        .group_by("key")
+        .aggregate([([], "count_all"), ("bad", "sum")])
+    )
+    names = grouped.column("key").to_pylist()
+    rows = Counter(dict(zip(names, grouped.column("count_all").to_pylist(), strict=True)))
+    bad_rows = Counter(
+        {name: n for name, n in zip(names, grouped.column("bad_sum").to_pylist(), strict=True) if n}
+    )
+    return rows, bad_rows
 
 
 def _one_line(exc: BaseException) -> str:
