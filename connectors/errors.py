@@ -20,6 +20,11 @@ def body_start(body: bytes | str | None, limit: int = BODY_START_CHARS) -> str:
     return text[:limit] + ("..." if len(text) > limit else "")
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception as one line for the user: its message with whitespace collapsed."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 class NodeError(Exception):
     """Anything that went wrong talking to the node."""
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -30,8 +30,12 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from connectors.errors import NodeError
+from connectors.errors import NodeError, one_line
 from pipelines.config import DEFAULT_CONFIG, Config, ConfigError, load_config, parse_moment
+
+if TYPE_CHECKING:  # the runner pulls in pandas and pyarrow: imported only when a flow runs
+    from pipelines.runner import ChunkOutcome, Plan, RunRequest, RunSummary
+    from sinks.base import ChunkRecord
 
 app = typer.Typer(
     name="historian",
@@ -68,10 +72,6 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn the project's typed errors into one line and an exit code."""
@@ -87,13 +87,13 @@ def user_errors() -> Iterator[None]:
     except UserError as exc:
         _fail(str(exc), exc.code)
     except NodeError as exc:
-        _fail(f"node: {_one_line(exc)}", EXIT_FAILED)
+        _fail(f"node: {one_line(exc)}", EXIT_FAILED)
     except SinkError as exc:
-        _fail(f"sink: {_one_line(exc)}", EXIT_FAILED)
+        _fail(f"sink: {one_line(exc)}", EXIT_FAILED)
     except KeyboardInterrupt:
         _fail("interrupted; committed chunks are kept and the next run continues", 130)
     except OSError as exc:
-        _fail(_one_line(exc), EXIT_FAILED)
+        _fail(one_line(exc), EXIT_FAILED)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -153,7 +153,7 @@ def _run_flows(
     backfill: bool,
     direct: bool,
 ) -> None:
-    from pipelines.runner import RunFailed, RunRequest, RunSummary
+    from pipelines.runner import RunFailed, RunRequest
 
     config = _load(config_path)
     for name in names:
@@ -166,14 +166,12 @@ def _run_flows(
     with _progress() as progress:
         tasks: dict[str, TaskID] = {}
 
-        def on_plan_for(name: str) -> Callable[[object], None]:
-            def on_plan(plan: object) -> None:
-                total = len(getattr(plan, "pending", []))
-                tasks[name] = progress.add_task("", total=total, flow=name, rows=0, rate=0.0)
+        def on_plan(plan: Plan) -> None:
+            tasks[plan.flow] = progress.add_task(
+                "", total=len(plan.pending), flow=plan.flow, rows=0, rate=0.0
+            )
 
-            return on_plan
-
-        def on_chunk(outcome: object, summary: RunSummary) -> None:
+        def on_chunk(outcome: ChunkOutcome, summary: RunSummary) -> None:
             task = tasks.get(summary.flow)
             if task is None:
                 task = tasks[summary.flow] = progress.add_task(
@@ -185,18 +183,14 @@ def _run_flows(
         for name in names:
             try:
                 if direct:
-                    summaries.append(
-                        cast(
-                            RunSummary,
-                            _run_direct(
-                                config, config_path, name, request, on_chunk, on_plan_for(name)
-                            ),
-                        )
-                    )
+                    summary = _run_direct(config, config_path, name, request, on_chunk, on_plan)
                 else:
                     from pipelines.flows import run_prefect
 
-                    summaries.append(run_prefect(config_path, name, request, on_chunk=on_chunk))
+                    summary = run_prefect(
+                        config_path, name, request, on_chunk=on_chunk, on_plan=on_plan
+                    )
+                summaries.append(summary)
             except RunFailed as exc:
                 summaries.append(exc.summary)
                 failed = _failure(config, name, exc.__cause__ or exc, exc.summary.chunks_done)
@@ -232,22 +226,21 @@ def _failure(config: Config, name: str, exc: BaseException, chunks_done: int) ->
         if chunks_done
         else ""
     )
-    return f"flow {name}: {where}{_one_line(exc)}{kept}"
+    return f"flow {name}: {where}{one_line(exc)}{kept}"
 
 
 def _run_direct(
     config: Config,
     config_path: Path,
     name: str,
-    request: object,
-    on_chunk: Callable[..., None],
-    on_plan: Callable[[object], None],
-) -> object:
+    request: RunRequest,
+    on_chunk: Callable[[ChunkOutcome, RunSummary], None],
+    on_plan: Callable[[Plan], None],
+) -> RunSummary:
     from pipelines.destinations import SinkSet
     from pipelines.nodes import NodePool
-    from pipelines.runner import RunRequest, run_flow
+    from pipelines.runner import run_flow
 
-    assert isinstance(request, RunRequest)
     base = config_path.resolve().parent
     with NodePool(config) as nodes, SinkSet(config, base) as sinks:
         return run_flow(
@@ -261,10 +254,9 @@ def _run_direct(
         )
 
 
-def _print_summaries(config: Config, config_path: Path, summaries: list[object]) -> None:
-    from pipelines.runner import RunSummary
+def _print_summaries(config: Config, config_path: Path, summaries: list[RunSummary]) -> None:
 
-    rows = [s for s in summaries if isinstance(s, RunSummary)]
+    rows = summaries
     if not rows:
         return
     table = Table(title="historian run", show_lines=False, title_justify="left")
@@ -301,14 +293,14 @@ def _print_summaries(config: Config, config_path: Path, summaries: list[object])
             out.print(f"  {hint}", highlight=False, soft_wrap=True)
 
 
-def _read_hints(config: Config, base: Path, summaries: Sequence[object]) -> list[str]:
+def _read_hints(config: Config, base: Path, summaries: Sequence[RunSummary]) -> list[str]:
     from pipelines.config import ParquetSinkConfig, SqlSinkConfig
     from pipelines.destinations import _local_path, _sql_url
 
     hints: list[str] = []
     for summary in summaries[:1]:
-        name = getattr(summary, "flow", "")
-        dataset = getattr(summary, "dataset", name)
+        name = summary.flow
+        dataset = summary.dataset
         flow = config.flows.get(name)
         if flow is None:
             continue
@@ -412,7 +404,7 @@ def state_show(
             table = Table(title="historian state", title_justify="left")
             for column in ("flow", "sink", "members", "watermark", "complete to (min..max)"):
                 table.add_column(column)
-            logs: list[tuple[str, str, list[object]]] = []
+            logs: list[tuple[str, str, list[ChunkRecord]]] = []
             for name in names:
                 fc = cfg.flows[name]
                 for sink_name in fc.sinks:
@@ -442,12 +434,12 @@ def state_show(
                     continue
                 out.print(f"[bold]{name}[/] -> {sink_name}: last {len(records)} chunks")
                 for record in records:
-                    fetched = getattr(record, "rows_fetched", 0)
-                    committed = getattr(record, "rows_committed", 0)
+                    fetched = record.rows_fetched
+                    committed = record.rows_committed
                     flag = "" if fetched == committed else "  [red]MISMATCH[/]"
                     mismatches += fetched != committed
                     out.print(
-                        f"  {getattr(record, 'window', '')}  {getattr(record, 'members', 0)} members"
+                        f"  {record.window}  {record.members} members"
                         f"  fetched {fetched:,}  committed {committed:,}{flag}",
                         highlight=False,
                     )
@@ -516,8 +508,8 @@ def check(
                         highlight=False,
                     )
                 except NodeError as exc:
-                    problems.append(f"node {name}: {_one_line(exc)}")
-                    err.print(f"[red]fail[/] node {name}: {_one_line(exc)}", highlight=False)
+                    problems.append(f"node {name}: {one_line(exc)}")
+                    err.print(f"[red]fail[/] node {name}: {one_line(exc)}", highlight=False)
         from sinks.base import SinkError
 
         with SinkSet(cfg, config.resolve().parent) as sinks:
@@ -527,8 +519,8 @@ def check(
                     sink.check_writable()
                     out.print(f"[green]ok[/] sink {name}: {sink.describe()}", highlight=False)
                 except SinkError as exc:
-                    problems.append(f"sink {name}: {_one_line(exc)}")
-                    err.print(f"[red]fail[/] sink {name}: {_one_line(exc)}", highlight=False)
+                    problems.append(f"sink {name}: {one_line(exc)}")
+                    err.print(f"[red]fail[/] sink {name}: {one_line(exc)}", highlight=False)
         if problems:
             raise UserError(
                 problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")

@@ -52,9 +52,6 @@ def _duration(value: object) -> timedelta:
     raise ValueError(f"{value!r} is not a duration like 15m, 1h or 1d")
 
 
-Duration = Annotated[timedelta, Field()]
-
-
 def parse_moment(value: object, *, now: datetime | None = None) -> datetime:
     """An absolute ISO 8601 time (UTC when no offset), `now`, or `-2d` / `now-2d` (relative)."""
     now = now or datetime.now(UTC)

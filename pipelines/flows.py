@@ -51,7 +51,7 @@ from prefect.futures import PrefectFuture  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
 from connectors.client import NodeClient  # noqa: E402
-from connectors.errors import NodeError, TransientNodeError  # noqa: E402
+from connectors.errors import NodeError, TransientNodeError, one_line  # noqa: E402
 from connectors.options import AlarmFilter, HistoryOptions  # noqa: E402
 from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY  # noqa: E402
 from connectors.settings import NodeSettings  # noqa: E402
@@ -278,7 +278,7 @@ def extract(
                 _fetch_and_write(run, run_id, plan, workers, caller)
                 run.finish()
         except Exception as exc:
-            run.summary.error = " ".join(str(exc).split()) or type(exc).__name__
+            run.summary.error = one_line(exc)
             raise
         finally:
             run.summary.seconds = time.perf_counter() - began
@@ -552,7 +552,7 @@ def run_prefect(
         summary = caller.summary or RunSummary(
             flow_name, flow_name, flow_config.kind, flow_config.node
         )
-        summary.error = " ".join(str(exc).split()) or type(exc).__name__
+        summary.error = one_line(exc)
         raise RunFailed(summary.error, summary) from exc
     assert caller.summary is not None, "the flow ran without reporting a summary"
     return caller.summary

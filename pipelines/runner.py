@@ -30,6 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.errors import one_line
 from connectors.normalise import parse_history_answer
 from connectors.options import HistoryOptions
 from connectors.schema import (
@@ -453,7 +454,7 @@ class FlowRun:
             self.finish()
         except Exception as exc:
             self.summary.seconds = time.perf_counter() - began
-            self.summary.error = _one_line(exc)
+            self.summary.error = one_line(exc)
             raise
         self.summary.seconds = time.perf_counter() - began
         return self.summary
@@ -498,8 +499,8 @@ def run_flow(
                 on_plan(plan)
             return run.execute(on_chunk)
     except (NodeError, SinkError) as exc:
-        run.summary.error = _one_line(exc)
-        raise RunFailed(_one_line(exc), run.summary) from exc
+        run.summary.error = one_line(exc)
+        raise RunFailed(one_line(exc), run.summary) from exc
 
 
 def _min_watermark(
@@ -540,7 +541,3 @@ def _tag_counts(frame: pd.DataFrame, kind: str) -> tuple[Counter[str], Counter[s
         {name: n for name, n in zip(names, grouped.column("bad_sum").to_pylist(), strict=True) if n}
     )
     return rows, bad_rows
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
