@@ -72,9 +72,23 @@ def free_port() -> int:
 def start_simulator(tags: int) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     process = subprocess.Popen(
-        [HISTORIAN, "simulate", "--port", str(port), "--https-port", "0", "--tags", str(tags),
-         "--seed", "42", "--replay", "--raw-cap", "1000000"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            HISTORIAN,
+            "simulate",
+            "--port",
+            str(port),
+            "--https-port",
+            "0",
+            "--tags",
+            str(tags),
+            "--seed",
+            "42",
+            "--replay",
+            "--raw-cap",
+            "1000000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -88,7 +102,9 @@ def start_simulator(tags: int) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("simulator did not start")
 
 
-def measured(command: list[str], env: dict[str, str] | None = None) -> tuple[str, float, float, float]:
+def measured(
+    command: list[str], env: dict[str, str] | None = None
+) -> tuple[str, float, float, float]:
     """Run a child; return its stdout, wall seconds, CPU seconds and peak RSS in MB.
 
     The child runs under GNU time: a process forked from this (large) parent inherits the
@@ -96,9 +112,12 @@ def measured(command: list[str], env: dict[str, str] | None = None) -> tuple[str
     """
     began = time.perf_counter()
     wrapper = ["/usr/bin/time", "-f", "__maxrss_kb=%M"] if Path("/usr/bin/time").exists() else []
-    process = subprocess.Popen([*wrapper, *command],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env={**os.environ, **(env or {})})
+    process = subprocess.Popen(
+        [*wrapper, *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
     assert process.stdout is not None
     assert process.stderr is not None
     out = process.stdout.read()
@@ -115,8 +134,17 @@ def measured(command: list[str], env: dict[str, str] | None = None) -> tuple[str
     return out.decode(), wall, usage.ru_utime + usage.ru_stime, peak_kb / 1024
 
 
-def run_contender(name: str, target: str, url: str, tags_file: Path, start: str, end: str,
-                  pg_url: str, *, extra: list[str] | None = None) -> Measure:
+def run_contender(
+    name: str,
+    target: str,
+    url: str,
+    tags_file: Path,
+    start: str,
+    end: str,
+    pg_url: str,
+    *,
+    extra: list[str] | None = None,
+) -> Measure:
     work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     try:
@@ -130,9 +158,28 @@ def run_contender(name: str, target: str, url: str, tags_file: Path, start: str,
             rows = _rows_from_sink(config)
         else:
             out, wall, cpu, rss = measured(
-                [PYTHON, str(HERE / "contenders.py"), name, "--url", url, "--tags-file",
-                 str(tags_file), "--start", start, "--end", end, "--target", target,
-                 "--out", str(work), "--pg-url", pg_url, "--pg-schema", schema, *(extra or [])]
+                [
+                    PYTHON,
+                    str(HERE / "contenders.py"),
+                    name,
+                    "--url",
+                    url,
+                    "--tags-file",
+                    str(tags_file),
+                    "--start",
+                    start,
+                    "--end",
+                    end,
+                    "--target",
+                    target,
+                    "--out",
+                    str(work),
+                    "--pg-url",
+                    pg_url,
+                    "--pg-schema",
+                    schema,
+                    *(extra or []),
+                ]
             )
             rows = json.loads(out.strip().splitlines()[-1])["rows"]
         return Measure(name, target, rows, wall, cpu, rss)
@@ -142,19 +189,33 @@ def run_contender(name: str, target: str, url: str, tags_file: Path, start: str,
             _drop_schema(pg_url, schema)
 
 
-def _cli_config(work: Path, url: str, tags_file: Path, start: str, target: str, pg_url: str,
-                schema: str) -> Path:
+def _cli_config(
+    work: Path, url: str, tags_file: Path, start: str, target: str, pg_url: str, schema: str
+) -> Path:
     import yaml
 
     tags = json.loads(tags_file.read_text(encoding="utf-8"))
-    sink = ({"type": "parquet", "url": "lake"} if target == "parquet"
-            else {"type": "sql", "url": pg_url, "schema": schema})
+    sink = (
+        {"type": "parquet", "url": "lake"}
+        if target == "parquet"
+        else {"type": "sql", "url": pg_url, "schema": schema}
+    )
     document = {
         "nodes": {"n": {"url": url, "max_connections": 2}},
         "sinks": {"s": sink},
-        "flows": {"bench": {"node": "n", "tags": {"paths": tags}, "mode": "raw", "window": "1h",
-                            "batch": 100, "start": start, "settle": "0s", "metadata": False,
-                            "sinks": ["s"]}},
+        "flows": {
+            "bench": {
+                "node": "n",
+                "tags": {"paths": tags},
+                "mode": "raw",
+                "window": "1h",
+                "batch": 100,
+                "start": start,
+                "settle": "0s",
+                "metadata": False,
+                "sinks": ["s"],
+            }
+        },
     }
     path = work / "flows.yaml"
     path.write_text(yaml.safe_dump(document, allow_unicode=True), encoding="utf-8")
@@ -199,14 +260,22 @@ def _drop_schema(pg_url: str, schema: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="small")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--targets", default="parquet,postgres")
     parser.add_argument("--contenders", default="pipeline,cli,dlt,baseline")
-    parser.add_argument("--pg-url", default=os.environ.get(
-        "HISTORIAN_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
-    parser.add_argument("--smoke", action="store_true", help="one run, check rows, no timing claims")
+    parser.add_argument(
+        "--pg-url",
+        default=os.environ.get(
+            "HISTORIAN_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+        ),
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="one run, check rows, no timing claims"
+    )
     parser.add_argument("--json", type=Path, help="also write the measures here")
     args = parser.parse_args()
     workload = WORKLOADS["smoke" if args.smoke else args.workload]
@@ -221,7 +290,9 @@ def main() -> None:
         end = datetime(2026, 11, 1, tzinfo=UTC)
         start = end - timedelta(hours=workload.hours)
         start_s, end_s = start.strftime("%Y-%m-%dT%H:%M:%SZ"), end.strftime("%Y-%m-%dT%H:%M:%SZ")
-        tags = httpx.get(f"{url}/tag?cmd=details&path=%2F&options.recurrent=true", timeout=60).json()
+        tags = httpx.get(
+            f"{url}/tag?cmd=details&path=%2F&options.recurrent=true", timeout=60
+        ).json()
         paths = sorted(entry["fullPath"] for entry in tags["tags"].values())[: workload.tags]
         tags_file = Path(tempfile.mkstemp(suffix=".json")[1])
         tags_file.write_text(json.dumps(paths), encoding="utf-8")
@@ -232,11 +303,16 @@ def main() -> None:
                     run_contender(name, target, url, tags_file, start_s, end_s, args.pg_url)
             for _ in range(runs):
                 for name in contenders:
-                    measure = run_contender(name, target, url, tags_file, start_s, end_s, args.pg_url)
+                    measure = run_contender(
+                        name, target, url, tags_file, start_s, end_s, args.pg_url
+                    )
                     results.append(measure)
-                    print(f"  {target:8} {name:9} {measure.rows:>11,} rows {measure.wall_s:7.2f} s "
-                          f"{measure.rows_per_s:>11,.0f} rows/s cpu {measure.cpu_s:6.2f} s "
-                          f"rss {measure.peak_rss_mb:6.0f} MB", flush=True)
+                    print(
+                        f"  {target:8} {name:9} {measure.rows:>11,} rows {measure.wall_s:7.2f} s "
+                        f"{measure.rows_per_s:>11,.0f} rows/s cpu {measure.cpu_s:6.2f} s "
+                        f"rss {measure.peak_rss_mb:6.0f} MB",
+                        flush=True,
+                    )
         report(workload, results, contenders, targets)
         if args.json:
             args.json.write_text(json.dumps([m.__dict__ for m in results], indent=2))
@@ -245,8 +321,9 @@ def main() -> None:
         simulator.wait(timeout=10)
 
 
-def report(workload: Workload, results: list[Measure], contenders: list[str],
-           targets: list[str]) -> None:
+def report(
+    workload: Workload, results: list[Measure], contenders: list[str], targets: list[str]
+) -> None:
     print(f"\n## {workload.name}: {workload.note} ({workload.tags} tags x {workload.hours} h)\n")
     print("| target | contender | rows | wall s | rows/s | CPU s | peak RSS MB | pipeline / this |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
@@ -265,10 +342,12 @@ def report(workload: Workload, results: list[Measure], contenders: list[str],
             if not runs:
                 continue
             ratio = medians.get("pipeline", 0) / medians[name] if medians[name] else 0
-            print(f"| {target} | {name} | {runs[0].rows:,} | "
-                  f"{statistics.median(m.wall_s for m in runs):.2f} | {medians[name]:,.0f} | "
-                  f"{statistics.median(m.cpu_s for m in runs):.2f} | "
-                  f"{statistics.median(m.peak_rss_mb for m in runs):.0f} | {ratio:.1f}x |")
+            print(
+                f"| {target} | {name} | {runs[0].rows:,} | "
+                f"{statistics.median(m.wall_s for m in runs):.2f} | {medians[name]:,.0f} | "
+                f"{statistics.median(m.cpu_s for m in runs):.2f} | "
+                f"{statistics.median(m.peak_rss_mb for m in runs):.0f} | {ratio:.1f}x |"
+            )
     counts = {(m.contender, m.target): m.rows for m in results}
     print("\nrows per contender:", counts)
 

@@ -176,8 +176,13 @@ def run_baseline(args: argparse.Namespace, tags: list[str]) -> int:
                     frame.to_parquet(out / f"part-{part:06d}.parquet", index=False)
                 else:
                     frame.to_sql(
-                        "baseline", engine, schema=args.pg_schema, if_exists="append",
-                        index=False, method="multi", chunksize=5000,
+                        "baseline",
+                        engine,
+                        schema=args.pg_schema,
+                        if_exists="append",
+                        index=False,
+                        method="multi",
+                        chunksize=5000,
                     )
                 part += 1
     return rows

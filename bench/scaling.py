@@ -38,9 +38,14 @@ def point(url: str, paths: list[str], hours: int, concurrency: int, runs: int) -
         for _ in range(runs)
     ]
     wall = statistics.median(m.wall_s for m in measures)
-    return Measure("pipeline", "parquet", measures[0].rows, wall,
-                   statistics.median(m.cpu_s for m in measures),
-                   statistics.median(m.peak_rss_mb for m in measures))
+    return Measure(
+        "pipeline",
+        "parquet",
+        measures[0].rows,
+        wall,
+        statistics.median(m.cpu_s for m in measures),
+        statistics.median(m.peak_rss_mb for m in measures),
+    )
 
 
 def main() -> None:
@@ -49,17 +54,24 @@ def main() -> None:
     args = parser.parse_args()
     simulator, url = start_simulator(400)
     try:
-        tags = httpx.get(f"{url}/tag?cmd=details&path=%2F&options.recurrent=true", timeout=60).json()
+        tags = httpx.get(
+            f"{url}/tag?cmd=details&path=%2F&options.recurrent=true", timeout=60
+        ).json()
         paths = sorted(entry["fullPath"] for entry in tags["tags"].values())
-        print("| varied | tags | hours | concurrency | rows | wall s | rows/s | CPU s | peak RSS MB |")
+        print(
+            "| varied | tags | hours | concurrency | rows | wall s | rows/s | CPU s | peak RSS MB |"
+        )
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         plan = [("tags", n, 6, 2) for n in (50, 100, 200, 400)]
         plan += [("range", 100, h, 2) for h in (3, 12, 24)]
         plan += [("concurrency", 200, 6, c) for c in (1, 4)]
         for varied, count, hours, concurrency in plan:
             m = point(url, paths[:count], hours, concurrency, args.runs)
-            print(f"| {varied} | {count} | {hours} | {concurrency} | {m.rows:,} | {m.wall_s:.2f} | "
-                  f"{m.rows_per_s:,.0f} | {m.cpu_s:.2f} | {m.peak_rss_mb:.0f} |", flush=True)
+            print(
+                f"| {varied} | {count} | {hours} | {concurrency} | {m.rows:,} | {m.wall_s:.2f} | "
+                f"{m.rows_per_s:,.0f} | {m.cpu_s:.2f} | {m.peak_rss_mb:.0f} |",
+                flush=True,
+            )
     finally:
         simulator.terminate()
         simulator.wait(timeout=10)

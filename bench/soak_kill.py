@@ -33,23 +33,41 @@ from tests.pipeline_helpers import canonical, load, write_config
 
 HISTORIAN = str(Path(sys.executable).with_name("historian"))
 START, END = "2026-11-01T00:00:00Z", "2026-11-01T08:00:00Z"
-PG_URL = os.environ.get("HISTORIAN_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+PG_URL = os.environ.get(
+    "HISTORIAN_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
 
 
 def flows() -> dict[str, Any]:
-    return {"f": {"node": "n", "tags": {"browse": "/", "include": ["."]}, "mode": "raw",
-                  "window": "20m", "batch": 8, "start": START, "settle": "0s"}}
+    return {
+        "f": {
+            "node": "n",
+            "tags": {"browse": "/", "include": ["."]},
+            "mode": "raw",
+            "window": "20m",
+            "batch": 8,
+            "start": START,
+            "settle": "0s",
+        }
+    }
 
 
 def backfill(cwd: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([HISTORIAN, "backfill", "f", "--start", START, "--end", END, "--direct"],
-                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [HISTORIAN, "backfill", "f", "--start", START, "--end", END, "--direct"],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def contents(path: Path) -> dict[str, list[Any]]:
     config = load(path)
     with SinkSet(config, path.parent) as sinks:
-        return {name: canonical(sinks.get(name).read("f", "tag_history")) for name in config.flows["f"].sinks}
+        return {
+            name: canonical(sinks.get(name).read("f", "tag_history"))
+            for name in config.flows["f"].sinks
+        }
 
 
 def diff(got: list[Any], want: list[Any]) -> tuple[int, int]:
@@ -76,7 +94,9 @@ def main() -> None:
         began = time.monotonic()
         process = backfill(reference)
         if process.wait() != 0:
-            raise SystemExit(process.stderr.read().decode() if process.stderr else "reference failed")
+            raise SystemExit(
+                process.stderr.read().decode() if process.stderr else "reference failed"
+            )
         duration = time.monotonic() - began
         expected = contents(reference / "flows.yaml")["lake"]
         print(f"reference: {len(expected):,} rows in {duration:.1f} s")
@@ -92,8 +112,13 @@ def main() -> None:
                 with engine.begin() as conn:
                     conn.execute(sa.text(f'create schema "{schema}"'))
                 engine.dispose()
-            write_config(work, node=node, flows=flows(), sinks=sinks,
-                         pg=(PG_URL, schema) if "pg" in sinks else None)
+            write_config(
+                work,
+                node=node,
+                flows=flows(),
+                sinks=sinks,
+                pg=(PG_URL, schema) if "pg" in sinks else None,
+            )
             kills = 0
             for _ in range(rng.choice([1, 1, 2, 3])):
                 process = backfill(work)
@@ -104,12 +129,16 @@ def main() -> None:
                 process.wait()
             process = backfill(work)
             if process.wait() != 0:
-                raise SystemExit(f"resume failed: {process.stderr.read().decode() if process.stderr else ''}")
+                raise SystemExit(
+                    f"resume failed: {process.stderr.read().decode() if process.stderr else ''}"
+                )
             for name, rows in contents(work / "flows.yaml").items():
                 lost, duplicated = diff(rows, expected)
                 totals["lost"] += lost
                 totals["duplicated"] += duplicated
-                print(f"cycle {cycle:3d} sink {name:5} kills {kills} lost {lost} duplicated {duplicated}")
+                print(
+                    f"cycle {cycle:3d} sink {name:5} kills {kills} lost {lost} duplicated {duplicated}"
+                )
             totals["kills"] += kills
             shutil.rmtree(work, ignore_errors=True)
             if "pg" in sinks:
@@ -119,8 +148,10 @@ def main() -> None:
                 with engine.begin() as conn:
                     conn.execute(sa.text(f'drop schema "{schema}" cascade'))
                 engine.dispose()
-        print(f"\n{args.kills} cycles, {totals['kills']} SIGKILLs into {args.sinks}: "
-              f"rows lost {totals['lost']}, rows duplicated {totals['duplicated']}")
+        print(
+            f"\n{args.kills} cycles, {totals['kills']} SIGKILLs into {args.sinks}: "
+            f"rows lost {totals['lost']}, rows duplicated {totals['duplicated']}"
+        )
         if totals["lost"] or totals["duplicated"]:
             raise SystemExit(1)
     finally:

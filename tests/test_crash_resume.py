@@ -59,7 +59,10 @@ def finish(process: subprocess.Popen[bytes]) -> None:
 def contents(path: Path) -> dict[str, list[Any]]:
     config = load(path)
     with SinkSet(config, path.parent) as sinks:
-        return {name: canonical(sinks.get(name).read("f", "tag_history")) for name in config.flows["f"].sinks}
+        return {
+            name: canonical(sinks.get(name).read("f", "tag_history"))
+            for name in config.flows["f"].sinks
+        }
 
 
 def visible_temp_files(root: Path) -> list[Path]:

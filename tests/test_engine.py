@@ -10,14 +10,14 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pytest
+
 from connectors.client import NodeClient
+from connectors.options import AlarmFilter, HistoryOptions
 from connectors.settings import NodeSettings
 from connectors.simulator import SimConfig, SimulatedNode, run_server
-from pipelines.planning import Chunk, plan_chunks
-
-from connectors.options import AlarmFilter, HistoryOptions
 from connectors.timewindow import Window
 from pipelines.engine import AlarmEngine, FilterQuery, HistoryEngine
+from pipelines.planning import Chunk, plan_chunks
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 NODE = "sim"

@@ -24,7 +24,9 @@ scalars = (
 )
 json_values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5), inner, max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5), inner, max_size=5)
+    ),
     max_leaves=30,
 )
 rows = st.lists(st.lists(scalars, min_size=0, max_size=6), max_size=6)
@@ -61,14 +63,18 @@ def test_history_shaped_answers(value: Any) -> None:
     except MalformedAnswer:
         return
     # Whatever is accepted is kept whole: one row per input row, nothing dropped.
-    expected = sum(len(entry["data"]) for entry in value.values() if isinstance(entry["data"], list))
+    expected = sum(
+        len(entry["data"]) for entry in value.values() if isinstance(entry["data"], list)
+    )
     assert page.table.num_rows == expected
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(json_values)
 def test_arbitrary_json_alarm_answers(value: Any) -> None:
-    _check(lambda b: parse_alarm_history_answer(b, "n", chunk_label="fuzz"), json.dumps(value).encode())
+    _check(
+        lambda b: parse_alarm_history_answer(b, "n", chunk_label="fuzz"), json.dumps(value).encode()
+    )
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)

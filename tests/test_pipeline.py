@@ -60,7 +60,10 @@ def run(path: Path, flow: str, *, now: datetime = NOW, request: RunRequest | Non
 def contents(path: Path, dataset: str, kind: str = "tag_history") -> dict[str, list[Any]]:
     config = load(path)
     with SinkSet(config, path.parent) as sinks:
-        return {name: canonical(sinks.get(name).read(dataset, kind), kind) for name in config.flows[next(iter(config.flows))].sinks}
+        return {
+            name: canonical(sinks.get(name).read(dataset, kind), kind)
+            for name in config.flows[next(iter(config.flows))].sinks
+        }
 
 
 def truth_keys(node: SimulatedNode, tags: list[str], start: datetime, end: datetime) -> list[Any]:
