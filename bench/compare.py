@@ -1,13 +1,21 @@
 """Side by side, one run: this pipeline vs dlt vs a hand-written baseline, same node, same data.
 
     .venv/bin/pip install -e '.[bench]'
-    .venv/bin/python bench/compare.py --workload small --runs 3
+    .venv/bin/python bench/compare.py --workload raw-small --runs 3
+    .venv/bin/python bench/compare.py --list          # every workload
 
 The simulator runs in its own process in replay mode (answers rendered once, then served
 from memory), so the node is not what is measured; a warm-up run of every contender fills
 its cache. Each measured run is a fresh child process: wall time, CPU time (user+sys) and
-peak RSS come from `os.wait4`. Contenders alternate within each round, so machine noise
-hits them alike; the report gives medians and the ratio of this pipeline to each peer.
+peak RSS (GNU time) of that process, start-up and imports included. Contenders alternate
+within each round, so machine noise hits them alike; the report gives medians and the
+ratio of this pipeline to each peer. The `node` contender only downloads the answers: its
+line is the simulator's own serving rate on the same requests.
+
+Incremental workloads first run each contender once over the span before (not measured,
+same output directory or schema), then measure the run that continues from there, as an
+hourly schedule does.
+
 `--smoke` runs the smallest workload once and checks row counts (CI), never times.
 """
 
@@ -25,28 +33,127 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from contenders import Work, flow_document, pipeline_sink  # noqa: E402
+
 PYTHON = sys.executable
 HISTORIAN = str(Path(sys.executable).with_name("historian"))
+# Every workload ends here (a Thursday: on the grid of 1-day and 7-day windows alike).
+END = datetime(2026, 10, 29, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
 class Workload:
     name: str
     tags: int
-    hours: int
+    span: timedelta
     note: str
+    mode: str = "raw"
+    method: str | None = None
+    interval: timedelta | None = None
+    window: timedelta = timedelta(hours=1)
+    period_ms: int | None = None  # the simulator samples every tag at this period
+    incremental: bool = False
+
+    def work(self) -> Work:
+        start = END - self.span
+        return Work(
+            start=_iso(start),
+            end=_iso(END),
+            mode=self.mode,
+            method=self.method,
+            interval_ms=int(self.interval.total_seconds() * 1000) if self.interval else None,
+            window_s=int(self.window.total_seconds()),
+            flow_start=_iso(start - self.span) if self.incremental else None,
+        )
+
+    def prime(self) -> Work:
+        """The span before, run once unmeasured by an incremental workload."""
+        start = END - self.span
+        return Work(
+            start=_iso(start - self.span),
+            end=_iso(start),
+            mode=self.mode,
+            method=self.method,
+            interval_ms=self.work().interval_ms,
+            window_s=int(self.window.total_seconds()),
+        )
+
+    def describe(self) -> str:
+        what = f"{self.tags:,} tags x {_span(self.span)}"
+        if self.mode == "aggregated" and self.interval:
+            what += f" at {_span(self.interval)} {self.method}"
+        elif self.period_ms:
+            what += f" at {self.period_ms / 1000:g} s"
+        else:
+            what += " (mixed 1-60 s periods)"
+        return what + (", incremental" if self.incremental else "")
 
 
+HOUR, DAY, WEEK = timedelta(hours=1), timedelta(days=1), timedelta(weeks=1)
+QUARTER = timedelta(minutes=15)
 WORKLOADS = {
-    "smoke": Workload("smoke", 20, 1, "CI smoke test: results only"),
-    "small": Workload("small", 100, 6, "raw backfill, scaled down"),
-    "raw-1k-day": Workload("raw-1k-day", 1000, 24, "raw backfill, 1,000 tags x 1 day"),
+    "smoke": Workload("smoke", 20, HOUR, "CI smoke test: results only"),
+    "small": Workload("small", 100, 6 * HOUR, "raw backfill, the 2026-11-22 comparison"),
+    "raw-small": Workload("raw-small", 100, 6 * HOUR, "raw backfill, scaled down", period_ms=1000),
+    "raw-1k-day": Workload(
+        "raw-1k-day", 1000, DAY, "raw backfill, full size (86 M samples)", period_ms=1000
+    ),
+    "agg-small": Workload(
+        "agg-small",
+        1000,
+        4 * WEEK,
+        "aggregated backfill, scaled down",
+        mode="aggregated",
+        method="avg",
+        interval=QUARTER,
+        window=WEEK,
+        period_ms=60_000,
+    ),
+    "agg-10k-year": Workload(
+        "agg-10k-year",
+        10_000,
+        52 * WEEK,
+        "aggregated backfill, full size (349 M rows)",
+        mode="aggregated",
+        method="avg",
+        interval=QUARTER,
+        window=WEEK,
+        period_ms=60_000,
+    ),
+    "incr-10k-hour": Workload(
+        "incr-10k-hour",
+        10_000,
+        HOUR,
+        "incremental hourly run (fixed costs)",
+        mode="aggregated",
+        method="avg",
+        interval=QUARTER,
+        window=HOUR,
+        period_ms=60_000,
+        incremental=True,
+    ),
 }
+
+
+def _iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _span(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    for unit, size in (("week", 604_800), ("day", 86_400), ("h", 3600), ("min", 60)):
+        if seconds % size == 0:
+            count = seconds // size
+            return f"{count} {unit}" + ("s" if count > 1 and len(unit) > 3 else "")
+    return f"{seconds} s"
 
 
 @dataclass
@@ -69,8 +176,9 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_simulator(tags: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_simulator(workload: Workload) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
+    period = ["--period-ms", str(workload.period_ms)] if workload.period_ms else []
     process = subprocess.Popen(
         [
             HISTORIAN,
@@ -80,18 +188,19 @@ def start_simulator(tags: int) -> tuple[subprocess.Popen[bytes], str]:
             "--https-port",
             "0",
             "--tags",
-            str(tags),
+            str(workload.tags),
             "--seed",
             "42",
             "--replay",
             "--raw-cap",
             "1000000",
+            *period,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
             httpx.get(f"{url}/system?cmd=status", timeout=1)
@@ -102,141 +211,157 @@ def start_simulator(tags: int) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("simulator did not start")
 
 
-def measured(
-    command: list[str], env: dict[str, str] | None = None
-) -> tuple[str, float, float, float]:
+def measured(command: list[str]) -> tuple[str, float, float, float]:
     """Run a child; return its stdout, wall seconds, CPU seconds and peak RSS in MB.
 
-    The child runs under GNU time: a process forked from this (large) parent inherits the
-    parent's high-water mark, so the child's own `ru_maxrss` would report ours.
+    The child runs under GNU time, which reports its own CPU time and high-water mark: a
+    process forked from this (large) parent inherits the parent's high-water mark, so
+    `ru_maxrss` of the children would report ours.
     """
+    if not Path("/usr/bin/time").exists():
+        raise SystemExit("bench needs GNU time (/usr/bin/time): apt-get install time")
     began = time.perf_counter()
-    wrapper = ["/usr/bin/time", "-f", "__maxrss_kb=%M"] if Path("/usr/bin/time").exists() else []
-    process = subprocess.Popen(
-        [*wrapper, *command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, **(env or {})},
+    process = subprocess.run(
+        ["/usr/bin/time", "-f", "__usage %M %U %S", *command], capture_output=True, check=False
     )
-    assert process.stdout is not None
-    assert process.stderr is not None
-    out = process.stdout.read()
-    err = process.stderr.read()
-    _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - began
-    process.returncode = os.waitstatus_to_exitcode(status)
+    err = process.stderr.decode(errors="replace")
     if process.returncode != 0:
-        raise SystemExit(f"{command[:3]} failed: {err.decode(errors='replace')[-2000:]}")
-    peak_kb = 0 if wrapper else usage.ru_maxrss  # without GNU time: may include ours
-    for line in err.decode(errors="replace").splitlines():
-        if line.startswith("__maxrss_kb="):
-            peak_kb = int(line.split("=", 1)[1])
-    return out.decode(), wall, usage.ru_utime + usage.ru_stime, peak_kb / 1024
+        raise SystemExit(f"{command[:3]} failed: {err[-2000:]}")
+    usage = [line for line in err.splitlines() if line.startswith("__usage ")][-1].split()
+    peak_kb, user_s, system_s = int(usage[1]), float(usage[2]), float(usage[3])
+    return process.stdout.decode(), wall, user_s + system_s, peak_kb / 1024
 
 
-def run_contender(
-    name: str,
-    target: str,
-    url: str,
-    tags_file: Path,
-    start: str,
-    end: str,
-    pg_url: str,
-    *,
-    extra: list[str] | None = None,
-) -> Measure:
-    work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+@dataclass(frozen=True)
+class Context:
+    url: str
+    tags_file: Path
+    pg_url: str
+
+
+def run_contender(name: str, target: str, workload: Workload, ctx: Context) -> Measure:
+    work_dir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     schema = f"bench_{uuid.uuid4().hex[:8]}"
+    work = workload.work()
     try:
         if target == "postgres":
-            _create_schema(pg_url, schema)
+            _create_schema(ctx.pg_url, schema)
+        if workload.incremental:  # the run before, as the previous hour's schedule left it
+            _invoke(
+                name,
+                target,
+                workload.prime(),
+                ctx,
+                work_dir,
+                schema,
+                incremental=False,
+                flow_start=work.flow_start,
+            )
+        out, wall, cpu, rss = _invoke(
+            name, target, work, ctx, work_dir, schema, incremental=workload.incremental
+        )
         if name == "cli":
-            config = _cli_config(work, url, tags_file, start, target, pg_url, schema)
-            out, wall, cpu, rss = measured(
-                [HISTORIAN, "backfill", "bench", "--start", start, "--end", end, "-c", str(config)]
-            )
-            rows = _rows_from_sink(config)
+            rows = _rows_from_sink(work_dir / "flows.yaml", work)
         else:
-            out, wall, cpu, rss = measured(
-                [
-                    PYTHON,
-                    str(HERE / "contenders.py"),
-                    name,
-                    "--url",
-                    url,
-                    "--tags-file",
-                    str(tags_file),
-                    "--start",
-                    start,
-                    "--end",
-                    end,
-                    "--target",
-                    target,
-                    "--out",
-                    str(work),
-                    "--pg-url",
-                    pg_url,
-                    "--pg-schema",
-                    schema,
-                    *(extra or []),
-                ]
-            )
             rows = json.loads(out.strip().splitlines()[-1])["rows"]
         return Measure(name, target, rows, wall, cpu, rss)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work_dir, ignore_errors=True)
         if target == "postgres":
-            _drop_schema(pg_url, schema)
+            _drop_schema(ctx.pg_url, schema)
 
 
-def _cli_config(
-    work: Path, url: str, tags_file: Path, start: str, target: str, pg_url: str, schema: str
-) -> Path:
+def _invoke(
+    name: str,
+    target: str,
+    work: Work,
+    ctx: Context,
+    work_dir: Path,
+    schema: str,
+    *,
+    incremental: bool,
+    flow_start: str | None = None,
+) -> tuple[str, float, float, float]:
+    if flow_start is not None:  # a priming run: the flow starts where the measured one will
+        work = Work(**{**work.__dict__, "flow_start": flow_start})
+    if name == "cli":
+        config = _cli_config(work_dir, work, ctx, target, schema)
+        if incremental:
+            command = [HISTORIAN, "run", "bench", "--end", work.end, "-c", str(config)]
+        else:
+            command = [
+                HISTORIAN,
+                "backfill",
+                "bench",
+                "--start",
+                work.start,
+                "--end",
+                work.end,
+                "-c",
+                str(config),
+            ]
+        return measured(command)
+    return measured(
+        [
+            PYTHON,
+            str(HERE / "contenders.py"),
+            name,
+            "--url",
+            ctx.url,
+            "--tags-file",
+            str(ctx.tags_file),
+            "--work",
+            work.to_json(),
+            "--target",
+            target,
+            "--out",
+            str(work_dir),
+            "--pg-url",
+            ctx.pg_url,
+            "--pg-schema",
+            schema,
+            *(["--incremental"] if incremental else []),
+        ]
+    )
+
+
+def _cli_config(work_dir: Path, work: Work, ctx: Context, target: str, schema: str) -> Path:
     import yaml
 
-    tags = json.loads(tags_file.read_text(encoding="utf-8"))
-    sink = (
-        {"type": "parquet", "url": "lake"}
-        if target == "parquet"
-        else {"type": "sql", "url": pg_url, "schema": schema}
-    )
-    document = {
-        "nodes": {"n": {"url": url, "max_connections": 2}},
-        "sinks": {"s": sink},
-        "flows": {
-            "bench": {
-                "node": "n",
-                "tags": {"paths": tags},
-                "mode": "raw",
-                "window": "1h",
-                "batch": 100,
-                "start": start,
-                "settle": "0s",
-                "metadata": False,
-                "sinks": ["s"],
-            }
-        },
-    }
-    path = work / "flows.yaml"
+    tags = json.loads(ctx.tags_file.read_text(encoding="utf-8"))
+    sink = pipeline_sink(target, Path("."), ctx.pg_url, schema)
+    if target == "parquet":
+        sink["url"] = "lake"
+    path = work_dir / "flows.yaml"
+    document = flow_document(work, ctx.url, tags, sink)
     path.write_text(yaml.safe_dump(document, allow_unicode=True), encoding="utf-8")
     return path
 
 
-def _rows_from_sink(config: Path) -> int:
-    """Count rows without loading them (keeps this parent small)."""
+def _rows_from_sink(config: Path, work: Work) -> int:
+    """Rows of the measured range, counted without loading them (keeps this parent small)."""
     import yaml
 
     document = yaml.safe_load(config.read_text(encoding="utf-8"))
     sink = document["sinks"]["s"]
+    start, end = work.start_dt, work.end_dt
     if sink["type"] == "parquet":
         import pyarrow.dataset as ds
 
-        return int(ds.dataset(config.parent / sink["url"] / "bench", format="parquet").count_rows())
+        dataset = ds.dataset(
+            config.parent / sink["url"] / "bench", format="parquet", partitioning="hive"
+        )
+        ts = ds.field("ts")
+        return int(dataset.count_rows(filter=(ts >= start) & (ts < end)))
     import sqlalchemy as sa
 
     engine = sa.create_engine(sink["url"])
     with engine.connect() as conn:
-        count = conn.execute(sa.text(f'select count(*) from "{sink["schema"]}"."bench"')).scalar()
+        count = conn.execute(
+            sa.text(f'select count(*) from "{sink["schema"]}"."bench" where ts >= :s and ts < :e'),
+            {"s": start, "e": end},
+        ).scalar()
     engine.dispose()
     return int(count or 0)
 
@@ -263,10 +388,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="small")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="raw-small")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--targets", default="parquet,postgres")
-    parser.add_argument("--contenders", default="pipeline,cli,dlt,baseline")
+    parser.add_argument("--contenders", default="pipeline,cli,dlt,baseline,node")
     parser.add_argument(
         "--pg-url",
         default=os.environ.get(
@@ -274,42 +399,48 @@ def main() -> None:
         ),
     )
     parser.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip the warm-up round (the first measured run fills the cache)",
+    )
+    parser.add_argument(
         "--smoke", action="store_true", help="one run, check rows, no timing claims"
     )
     parser.add_argument("--json", type=Path, help="also write the measures here")
+    parser.add_argument("--list", action="store_true", help="print the workloads and stop")
     args = parser.parse_args()
+    if args.list:
+        for workload in WORKLOADS.values():
+            print(f"{workload.name:14} {workload.describe()}: {workload.note}")
+        return
     workload = WORKLOADS["smoke" if args.smoke else args.workload]
     runs = 1 if args.smoke else args.runs
     contenders = args.contenders.split(",")
     targets = args.targets.split(",")
 
-    simulator, url = start_simulator(workload.tags)
+    simulator, url = start_simulator(workload)
     try:
-        from datetime import UTC, datetime, timedelta
-
-        end = datetime(2026, 11, 1, tzinfo=UTC)
-        start = end - timedelta(hours=workload.hours)
-        start_s, end_s = start.strftime("%Y-%m-%dT%H:%M:%SZ"), end.strftime("%Y-%m-%dT%H:%M:%SZ")
         tags = httpx.get(
-            f"{url}/tag?cmd=details&path=%2F&options.recurrent=true", timeout=60
+            f"{url}/tag?cmd=details&path=%2F&options.recurrent=true", timeout=120
         ).json()
         paths = sorted(entry["fullPath"] for entry in tags["tags"].values())[: workload.tags]
         tags_file = Path(tempfile.mkstemp(suffix=".json")[1])
         tags_file.write_text(json.dumps(paths), encoding="utf-8")
+        ctx = Context(url, tags_file, args.pg_url)
+        print(f"# {workload.name}: {workload.describe()}; {workload.note}", flush=True)
         results: list[Measure] = []
         for target in targets:
-            for name in contenders:  # warm-up: fills the simulator's replay cache
-                if not args.smoke:
-                    run_contender(name, target, url, tags_file, start_s, end_s, args.pg_url)
+            names = [n for n in contenders if not (n == "node" and target != targets[0])]
+            if not args.smoke and not args.no_warmup:
+                for name in names:  # warm-up: fills the simulator's replay cache
+                    run_contender(name, target, workload, ctx)
             for _ in range(runs):
-                for name in contenders:
-                    measure = run_contender(
-                        name, target, url, tags_file, start_s, end_s, args.pg_url
-                    )
+                for name in names:
+                    measure = run_contender(name, target, workload, ctx)
                     results.append(measure)
                     print(
-                        f"  {target:8} {name:9} {measure.rows:>11,} rows {measure.wall_s:7.2f} s "
-                        f"{measure.rows_per_s:>11,.0f} rows/s cpu {measure.cpu_s:6.2f} s "
+                        f"  {target:8} {name:9} {measure.rows:>12,} rows {measure.wall_s:8.2f} s "
+                        f"{measure.rows_per_s:>11,.0f} rows/s cpu {measure.cpu_s:7.2f} s "
                         f"rss {measure.peak_rss_mb:6.0f} MB",
                         flush=True,
                     )
@@ -318,38 +449,43 @@ def main() -> None:
             args.json.write_text(json.dumps([m.__dict__ for m in results], indent=2))
     finally:
         simulator.terminate()
-        simulator.wait(timeout=10)
+        simulator.wait(timeout=30)
 
 
 def report(
     workload: Workload, results: list[Measure], contenders: list[str], targets: list[str]
 ) -> None:
-    print(f"\n## {workload.name}: {workload.note} ({workload.tags} tags x {workload.hours} h)\n")
+    print(f"\n## {workload.name}: {workload.describe()}; {workload.note}\n")
     print("| target | contender | rows | wall s | rows/s | CPU s | peak RSS MB | pipeline / this |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for target in targets:
+        by_name = {
+            n: [m for m in results if m.contender == n and m.target == target] for n in contenders
+        }
+        by_name = {n: runs for n, runs in by_name.items() if runs}
+        pipeline_rows = by_name["pipeline"][0].rows if "pipeline" in by_name else 0
         medians: dict[str, float] = {}
-        for name in contenders:
-            runs = [m for m in results if m.contender == name and m.target == target]
-            if not runs:
-                continue
+        for name, runs in by_name.items():
+            if name == "node":  # bytes, not rows: its rate is the pipeline's rows over its time
+                for m in runs:
+                    m.rows = pipeline_rows
             rows = {m.rows for m in runs}
             if len(rows) != 1:
                 raise SystemExit(f"{name} {target}: row counts differ between runs: {rows}")
             medians[name] = statistics.median(m.rows_per_s for m in runs)
-        for name in contenders:
-            runs = [m for m in results if m.contender == name and m.target == target]
-            if not runs:
-                continue
+        for name, runs in by_name.items():
             ratio = medians.get("pipeline", 0) / medians[name] if medians[name] else 0
+            label = "node (serving only)" if name == "node" else name
             print(
-                f"| {target} | {name} | {runs[0].rows:,} | "
+                f"| {target} | {label} | {runs[0].rows:,} | "
                 f"{statistics.median(m.wall_s for m in runs):.2f} | {medians[name]:,.0f} | "
                 f"{statistics.median(m.cpu_s for m in runs):.2f} | "
-                f"{statistics.median(m.peak_rss_mb for m in runs):.0f} | {ratio:.1f}x |"
+                f"{statistics.median(m.peak_rss_mb for m in runs):.0f} | {ratio:.2f}x |"
             )
-    counts = {(m.contender, m.target): m.rows for m in results}
+    counts = {(m.contender, m.target): m.rows for m in results if m.contender != "node"}
     print("\nrows per contender:", counts)
+    if len(set(counts.values())) > 1:
+        raise SystemExit(f"contenders wrote different row counts: {counts}")
 
 
 if __name__ == "__main__":

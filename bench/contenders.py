@@ -1,18 +1,26 @@
-"""The contenders of bench/compare.py: the same extraction, written four ways.
+"""The contenders of bench/compare.py: the same extraction, written several ways.
 
-Run as `python bench/contenders.py NAME --url URL --tags-file F --start S --end E
---target parquet|postgres --out DIR [--pg-url URL]`; prints one JSON line
-`{"rows": N}`. The parent process measures wall time, CPU time and peak RSS of this
-process (os.wait4), so every contender pays its own imports and start-up.
+Run as `python bench/contenders.py NAME --url URL --tags-file F --work JSON
+--target parquet|postgres --out DIR [--pg-url URL --pg-schema S] [--incremental]`; prints
+one JSON line `{"rows": N}`. The parent process measures wall time, CPU time and peak RSS
+of this process, so every contender pays its own imports and start-up.
 
-* `pipeline` — this project's runner, direct (no Prefect): `run_flow` backfill.
+`--work` is a `Work` as JSON: the range, the history mode and the request grid (tag
+batches x windows aligned on the window grid) that every contender uses, so they all ask
+the node the same questions.
+
+* `pipeline` — this project's runner, direct (no Prefect): `run_flow`.
 * `dlt` — the dlt library as its docs show it: a resource that fetches `historyMany`
   answers with httpx and yields one dict per sample; filesystem (Parquet) or postgres
   destination.
 * `baseline` — what a user writes by hand: httpx + json + pandas.DataFrame +
   `to_parquet` / `to_sql`.
-The `cli` contender (this project through `historian backfill`, Prefect included) is
-launched by the parent directly.
+* `node` — fetches every answer and throws it away: the node's own serving rate.
+The `cli` contender (this project through `historian`, Prefect included) is launched by
+the parent directly, with the flows.yaml from `flow_document`.
+
+`--incremental` makes the pipeline run incrementally (from the state a previous run left
+in the same `--out`/schema) up to `end` instead of extracting [start, end).
 """
 
 from __future__ import annotations
@@ -21,35 +29,119 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 BATCH = 100
-WINDOW = timedelta(hours=1)
 
 
-def windows(start: datetime, end: datetime) -> Iterator[tuple[datetime, datetime]]:
-    cursor = start
-    while cursor < end:
-        upper = min(end, cursor + WINDOW)
-        yield cursor, upper
-        cursor = upper
+@dataclass(frozen=True)
+class Work:
+    """What every contender extracts: [start, end) in windows of `window_s`, batches of tags."""
+
+    start: str
+    end: str
+    mode: str = "raw"
+    method: str | None = None
+    interval_ms: int | None = None
+    window_s: int = 3600
+    flow_start: str | None = None  # the flow's `start` (incremental runs: the primed start)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Work:
+        return cls(**json.loads(text))
+
+    @property
+    def start_dt(self) -> datetime:
+        return parse_utc(self.start)
+
+    @property
+    def end_dt(self) -> datetime:
+        return parse_utc(self.end)
+
+    def windows(self) -> Iterator[tuple[datetime, datetime]]:
+        """The window grid of the pipeline's planner: multiples of the window since epoch."""
+        size = timedelta(seconds=self.window_s)
+        epoch = datetime(1970, 1, 1, tzinfo=UTC)
+        cursor = epoch + ((self.start_dt - epoch) // size) * size
+        while cursor < self.end_dt:
+            upper = cursor + size
+            yield max(cursor, self.start_dt), min(upper, self.end_dt)
+            cursor = upper
+
+    def query_options(self) -> str:
+        options = f"&options.mode={self.mode}"
+        if self.method:
+            options += f"&options.method={self.method}"
+        if self.interval_ms:
+            options += f"&options.interval={self.interval_ms}"
+        return options
+
+
+def parse_utc(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.000Z")
 
 
-def history_url(base: str, paths: list[str], start: datetime, end: datetime) -> str:
+def history_url(base: str, paths: list[str], start: datetime, end: datetime, work: Work) -> str:
     query = (
         f"cmd=historyMany&paths={quote(json.dumps(paths), safe='')}"
-        f"&start={quote(iso(start))}&end={quote(iso(end))}&options.mode=raw"
+        f"&start={quote(iso(start))}&end={quote(iso(end))}{work.query_options()}"
     )
     return f"{base}/tag?{query}"
 
 
-def run_pipeline(args: argparse.Namespace, tags: list[str]) -> int:
+def requests_of(base: str, tags: list[str], work: Work) -> Iterator[tuple[str, datetime, datetime]]:
+    """Every (url, lower, upper) of the work, window-major like the pipeline's plan."""
+    for lower, upper in work.windows():
+        for i in range(0, len(tags), BATCH):
+            yield history_url(base, tags[i : i + BATCH], lower, upper, work), lower, upper
+
+
+def flow_document(
+    work: Work, url: str, tags: list[str], sink: dict[str, Any], concurrency: int = 2
+) -> dict[str, Any]:
+    """The flows.yaml of the pipeline and cli contenders."""
+    flow: dict[str, Any] = {
+        "node": "n",
+        "tags": {"paths": tags},
+        "mode": work.mode,
+        "window": f"{work.window_s}s",
+        "batch": BATCH,
+        "start": work.flow_start or work.start,
+        "settle": "0s",
+        "lookback": "0s",
+        "metadata": False,
+        "sinks": ["s"],
+    }
+    if work.method:
+        flow["method"] = work.method
+    if work.interval_ms:
+        flow["interval"] = f"{work.interval_ms // 1000}s"
+    return {
+        "nodes": {"n": {"url": url, "max_connections": concurrency, "read_timeout": "300s"}},
+        "sinks": {"s": sink},
+        "flows": {"bench": flow},
+    }
+
+
+def pipeline_sink(target: str, out: Path, pg_url: str, pg_schema: str | None) -> dict[str, Any]:
+    if target == "parquet":
+        return {"type": "parquet", "url": str(out / "lake")}
+    return {"type": "sql", "url": pg_url, "schema": pg_schema}
+
+
+def run_pipeline(args: argparse.Namespace, tags: list[str], work: Work) -> int:
     from pipelines.memory import bound_memory
 
     bound_memory()  # as the `historian` command does at start
@@ -58,65 +150,44 @@ def run_pipeline(args: argparse.Namespace, tags: list[str]) -> int:
     from pipelines.nodes import NodePool
     from pipelines.runner import RunRequest, run_flow
 
-    sink = (
-        {"type": "parquet", "url": str(Path(args.out) / "lake")}
-        if args.target == "parquet"
-        else {"type": "sql", "url": args.pg_url, "schema": args.pg_schema}
+    out = Path(args.out)
+    sink = pipeline_sink(args.target, out, args.pg_url, args.pg_schema)
+    config = parse_config(flow_document(work, args.url, tags, sink, args.concurrency), env={})
+    request = (
+        RunRequest(end=work.end_dt)
+        if args.incremental
+        else RunRequest(start=work.start_dt, end=work.end_dt)
     )
-    config = parse_config(
-        {
-            "nodes": {"n": {"url": args.url, "max_connections": args.concurrency}},
-            "sinks": {"s": sink},
-            "flows": {
-                "bench": {
-                    "node": "n",
-                    "tags": {"paths": tags},
-                    "mode": "raw",
-                    "window": "1h",
-                    "batch": BATCH,
-                    "start": args.start,
-                    "settle": "0s",
-                    "metadata": False,
-                    "sinks": ["s"],
-                }
-            },
-        },
-        env={},
-    )
-    start = datetime.fromisoformat(args.start.replace("Z", "+00:00"))
-    end = datetime.fromisoformat(args.end.replace("Z", "+00:00"))
-    with NodePool(config) as nodes, SinkSet(config, Path(args.out)) as sinks:
-        summary = run_flow(
-            config, "bench", nodes=nodes, sinks=sinks, request=RunRequest(start=start, end=end)
-        )
+    with NodePool(config) as nodes, SinkSet(config, out) as sinks:
+        summary = run_flow(config, "bench", nodes=nodes, sinks=sinks, request=request)
     return summary.rows
 
 
-def run_dlt(args: argparse.Namespace, tags: list[str]) -> int:
+def _in_window(row: list[Any], lower_ms: int, upper_ms: int) -> bool:
+    return bool(lower_ms <= row[0] < upper_ms)
+
+
+def run_dlt(args: argparse.Namespace, tags: list[str], work: Work) -> int:
     import dlt
     import httpx
 
-    start = datetime.fromisoformat(args.start.replace("Z", "+00:00"))
-    end = datetime.fromisoformat(args.end.replace("Z", "+00:00"))
-
     @dlt.resource(name="tag_history", write_disposition="append")
     def tag_history() -> Iterator[dict[str, object]]:
-        with httpx.Client(timeout=120) as client:
-            for lower, upper in windows(start, end):
-                for i in range(0, len(tags), BATCH):
-                    batch = tags[i : i + BATCH]
-                    answer = client.get(history_url(args.url, batch, lower, upper)).json()
-                    for tag, entry in answer.items():
-                        for row in entry.get("data") or []:
-                            if lower.timestamp() * 1000 <= row[0] < upper.timestamp() * 1000:
-                                yield {
-                                    "node": "n",
-                                    "tag": tag,
-                                    "ts": datetime.fromtimestamp(row[0] / 1000, tz=UTC),
-                                    "value": row[1],
-                                    "quality": row[2] if len(row) > 2 else None,
-                                    "extra": row[3] if len(row) > 3 else None,
-                                }
+        with httpx.Client(timeout=300) as client:
+            for url, lower, upper in requests_of(args.url, tags, work):
+                lower_ms, upper_ms = lower.timestamp() * 1000, upper.timestamp() * 1000
+                answer = client.get(url).json()
+                for tag, entry in answer.items():
+                    for row in entry.get("data") or []:
+                        if lower_ms <= row[0] < upper_ms:
+                            yield {
+                                "node": "n",
+                                "tag": tag,
+                                "ts": datetime.fromtimestamp(row[0] / 1000, tz=UTC),
+                                "value": row[1],
+                                "quality": row[2] if len(row) > 2 else None,
+                                "extra": row[3] if len(row) > 3 else None,
+                            }
 
     if args.target == "parquet":
         destination = dlt.destinations.filesystem(bucket_url=str(Path(args.out) / "dlt_lake"))
@@ -143,12 +214,10 @@ def run_dlt(args: argparse.Namespace, tags: list[str]) -> int:
     return int(counts.get("tag_history", 0))
 
 
-def run_baseline(args: argparse.Namespace, tags: list[str]) -> int:
+def run_baseline(args: argparse.Namespace, tags: list[str], work: Work) -> int:
     import httpx
     import pandas as pd
 
-    start = datetime.fromisoformat(args.start.replace("Z", "+00:00"))
-    end = datetime.fromisoformat(args.end.replace("Z", "+00:00"))
     out = Path(args.out) / "baseline"
     out.mkdir(parents=True, exist_ok=True)
     engine = None
@@ -157,53 +226,67 @@ def run_baseline(args: argparse.Namespace, tags: list[str]) -> int:
 
         engine = sa.create_engine(args.pg_url)
     rows = 0
-    part = 0
-    with httpx.Client(timeout=120) as client:
-        for lower, upper in windows(start, end):
-            for i in range(0, len(tags), BATCH):
-                batch = tags[i : i + BATCH]
-                answer = json.loads(client.get(history_url(args.url, batch, lower, upper)).text)
-                records = []
-                for tag, entry in answer.items():
-                    for row in entry.get("data") or []:
-                        records.append((tag, *row))
-                frame = pd.DataFrame(records, columns=["tag", "ts", "value", "quality", "extra"])
-                frame["ts"] = pd.to_datetime(frame["ts"], unit="ms", utc=True)
-                frame = frame[(frame["ts"] >= lower) & (frame["ts"] < upper)]
-                frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
-                rows += len(frame)
-                if engine is None:
-                    frame.to_parquet(out / f"part-{part:06d}.parquet", index=False)
-                else:
-                    frame.to_sql(
-                        "baseline",
-                        engine,
-                        schema=args.pg_schema,
-                        if_exists="append",
-                        index=False,
-                        method="multi",
-                        chunksize=5000,
-                    )
-                part += 1
+    part = len(list(out.iterdir()))  # a second (incremental) run adds files
+    with httpx.Client(timeout=300) as client:
+        for url, lower, upper in requests_of(args.url, tags, work):
+            answer = json.loads(client.get(url).text)
+            records = []
+            for tag, entry in answer.items():
+                for row in entry.get("data") or []:
+                    records.append((tag, *row))
+            frame = pd.DataFrame(records, columns=["tag", "ts", "value", "quality", "extra"])
+            frame["ts"] = pd.to_datetime(frame["ts"], unit="ms", utc=True)
+            frame = frame[(frame["ts"] >= lower) & (frame["ts"] < upper)]
+            frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
+            rows += len(frame)
+            if engine is None:
+                frame.to_parquet(out / f"part-{part:06d}.parquet", index=False)
+            else:
+                frame.to_sql(
+                    "baseline",
+                    engine,
+                    schema=args.pg_schema,
+                    if_exists="append",
+                    index=False,
+                    method="multi",
+                    chunksize=5000,
+                )
+            part += 1
     return rows
+
+
+def run_node(args: argparse.Namespace, tags: list[str], work: Work) -> int:
+    """Fetch every answer on `concurrency` connections and drop it: what the node serves."""
+    import httpx
+
+    urls = [url for url, _, _ in requests_of(args.url, tags, work)]
+    limits = httpx.Limits(max_connections=args.concurrency)
+    with (
+        httpx.Client(timeout=300, limits=limits) as client,
+        ThreadPoolExecutor(args.concurrency) as pool,
+    ):
+        sizes = list(pool.map(lambda url: len(client.get(url).content), urls))
+    return sum(sizes)  # bytes, not rows: the parent divides the pipeline's rows by the time
+
+
+RUNNERS = {"pipeline": run_pipeline, "dlt": run_dlt, "baseline": run_baseline, "node": run_node}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("name", choices=["pipeline", "dlt", "baseline"])
+    parser.add_argument("name", choices=sorted(RUNNERS))
     parser.add_argument("--url", required=True)
     parser.add_argument("--tags-file", required=True)
-    parser.add_argument("--start", required=True)
-    parser.add_argument("--end", required=True)
+    parser.add_argument("--work", required=True, help="a Work as JSON")
     parser.add_argument("--target", choices=["parquet", "postgres"], default="parquet")
     parser.add_argument("--out", required=True)
     parser.add_argument("--pg-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
     parser.add_argument("--pg-schema", default=None)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--incremental", action="store_true")
     args = parser.parse_args()
     tags = json.loads(Path(args.tags_file).read_text(encoding="utf-8"))
-    runner = {"pipeline": run_pipeline, "dlt": run_dlt, "baseline": run_baseline}[args.name]
-    rows = runner(args, tags)
+    rows = RUNNERS[args.name](args, tags, Work.from_json(args.work))
     sys.stdout.write(json.dumps({"rows": rows}) + "\n")
 
 
