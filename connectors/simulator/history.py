@@ -5,13 +5,17 @@ tags)`, so the samples of any range come from a closed form, vectorised with num
 Gaps (blocks of 600 samples missing, about 5%), bad (0) and uncertain (64) quality
 stretches, duplicate events on one millisecond (every 97th sample of some tags) and late
 samples (tags over a link, and samples added with `add_late_sample`) are all part of it.
+
+Values stay in numpy arrays until an answer needs Python objects: aggregated answers are
+computed on the arrays (all buckets at once), a long range block by block.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -23,53 +27,122 @@ UNCERTAIN = 64
 BAD = 0
 GAP_BLOCK = 600
 QUALITY_BLOCK = 50
+# Aggregated answers generate at most about this many samples at once (whole buckets).
+BLOCK_SAMPLES = 1 << 18
+_STATES = np.array(STATES, dtype=object)
 
 
 @dataclass
 class Samples:
-    """Every stored event of one tag in a range, in time order (values as Python objects)."""
+    """Every stored event of one tag in a range, in time order.
+
+    `data` holds the values as one array (number: float64, boolean: bool, string: index
+    into STATES); `odd` holds, by position, values that came as they are (late samples,
+    any type) and stand in for `data` there.
+    """
 
     ts: np.ndarray  # int64 epoch ms
-    values: list[Any]  # float | bool | str
+    data: np.ndarray
     quality: np.ndarray  # int64
     extra: np.ndarray  # int64
+    kind: str  # number | boolean | string
+    odd: dict[int, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ts)
 
     def slice(self, start: int, stop: int) -> Samples:
+        odd = {i - start: v for i, v in self.odd.items() if start <= i < stop}
         return Samples(
             self.ts[start:stop],
-            self.values[start:stop],
+            self.data[start:stop],
             self.quality[start:stop],
             self.extra[start:stop],
+            self.kind,
+            odd,
         )
 
+    @property
+    def values(self) -> list[Any]:
+        """The values as Python objects (float | bool | str | whatever a late sample held)."""
+        return self.pick(None)
 
-def _values(spec: TagSpec, k: np.ndarray, ts: np.ndarray) -> list[Any]:
+    def pick(self, positions: np.ndarray | None) -> list[Any]:
+        """The values at `positions` (None: all) as Python objects."""
+        data = self.data if positions is None else self.data[positions]
+        out: list[Any] = (_STATES[data] if self.kind == "string" else data).tolist()
+        if self.odd:
+            if positions is None:
+                for position, value in self.odd.items():
+                    out[position] = value
+            else:
+                for index, position in enumerate(positions.tolist()):
+                    if position in self.odd:
+                        out[index] = self.odd[position]
+        return out
+
+    def value(self, position: int) -> Any:
+        """The value at `position` (negative counts from the end) as a Python object."""
+        position %= len(self)
+        if position in self.odd:
+            return self.odd[position]
+        return self.pick(np.array([position]))[0]
+
+    def numbers(self) -> tuple[np.ndarray, np.ndarray]:
+        """The values as float64 (booleans 0/1, None NaN), and where they are None."""
+        numbers = self.data.astype(np.float64)
+        missing = np.zeros(len(self), dtype=bool)
+        for position, value in self.odd.items():
+            if value is None:
+                numbers[position] = math.nan
+                missing[position] = True
+            else:
+                numbers[position] = float(value)
+        return numbers, missing
+
+
+def _hash_blocks(k: np.ndarray, size: int, salt: int) -> np.ndarray:
+    """`mix(k // size, salt)`, hashing each block once (k is ascending)."""
+    if not len(k):
+        return np.zeros(0, dtype=np.uint64)
+    blocks = k // np.int64(size)
+    first = int(blocks[0])
+    table = mix(np.arange(first, int(blocks[-1]) + 1, dtype=np.int64), salt)
+    return table[blocks - first]
+
+
+def _values(spec: TagSpec, k: np.ndarray, ts: np.ndarray) -> np.ndarray:
     if spec.type == "number":
         noise = (mix(k, spec.salt + 5) % np.uint64(1000)).astype(np.float64) / 1000.0 - 0.5
         wave = np.sin(2 * math.pi * ts.astype(np.float64) / spec.wave_ms)
-        numbers: list[Any] = np.round(spec.offset + spec.amplitude * wave + noise, 3).tolist()
-        return numbers
+        return np.round(spec.offset + spec.amplitude * wave + noise, 3)
     if spec.type == "boolean":
-        flags: list[Any] = ((mix(k // np.int64(30), spec.salt + 6) & np.uint64(1)) == 1).tolist()
+        flags: np.ndarray = (_hash_blocks(k, 30, spec.salt + 6) & np.uint64(1)) == 1
         return flags
-    picks = (mix(k // np.int64(40), spec.salt + 7) % np.uint64(len(STATES))).astype(np.int64)
-    return [STATES[p] for p in picks.tolist()]
+    picks = _hash_blocks(k, 40, spec.salt + 7) % np.uint64(len(STATES))
+    return picks.astype(np.int64)
 
 
 def _stored(
     spec: TagSpec, lower: int, upper: int, history_start_ms: int, first_k: int, last_k: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Indices k in [first_k, last_k] and stamps of the stored samples in [lower, upper]."""
+    period = spec.period_ms
+    if not spec.irregular:
+        # On the grid: the stamps in [lower, upper] are one run of k, no mask needed.
+        first_k = max(first_k, -((history_start_ms - lower) // period))
+        last_k = min(last_k, (upper - history_start_ms) // period)
     k = np.arange(first_k, last_k + 1, dtype=np.int64)
-    ts = history_start_ms + k * spec.period_ms
+    ts = history_start_ms + k * np.int64(period)
+    keep: np.ndarray | None = None
     if spec.irregular:
-        ts = ts + (mix(k, spec.salt + 1) % np.uint64(spec.period_ms // 2)).astype(np.int64)
-    keep = (ts >= lower) & (ts <= upper)
+        ts = ts + (mix(k, spec.salt + 1) % np.uint64(period // 2)).astype(np.int64)
+        keep = (ts >= lower) & (ts <= upper)
     # Gaps: whole blocks of samples that the node never stored.
-    keep &= (mix(k // GAP_BLOCK, spec.salt + 2) % np.uint64(20)) != 0
+    stored = (_hash_blocks(k, GAP_BLOCK, spec.salt + 2) % np.uint64(20)) != 0
+    keep = stored if keep is None else keep & stored
+    if keep.all():
+        return k, ts
     return k[keep], ts[keep]
 
 
@@ -91,7 +164,8 @@ def generate(
     upper = min(end_ms, visible_until_ms - spec.remote_lag_ms)
     lower = max(start_ms, history_start_ms)
     if upper < lower:
-        return _with_late(_empty(), spec, start_ms, end_ms, late, visible_until_ms, max_count)
+        empty = _empty(spec.type)
+        return _with_late(empty, start_ms, end_ms, late, visible_until_ms, max_count)
     period = spec.period_ms
     k_first = max(0, (lower - history_start_ms) // period - 1)
     k_last = (upper - history_start_ms) // period + 1
@@ -109,12 +183,12 @@ def generate(
             k_first = block_last + 1
         k = np.concatenate([p[0] for p in parts])[:max_count]
         ts = np.concatenate([p[1] for p in parts])[:max_count]
-    block = mix(k // QUALITY_BLOCK, spec.salt + 3) % np.uint64(40)
+    block = _hash_blocks(k, QUALITY_BLOCK, spec.salt + 3) % np.uint64(40)
     quality = np.full(len(k), GOOD, dtype=np.int64)
     quality[block == 0] = BAD
     quality[block == 1] = UNCERTAIN
     extra = np.zeros(len(k), dtype=np.int64)
-    values = _values(spec, k, ts)
+    data = _values(spec, k, ts)
     if spec.duplicates and len(k):
         twice = (k % 97) == 0
         if twice.any():
@@ -122,25 +196,25 @@ def generate(
             ts = np.repeat(ts, counts)
             quality = np.repeat(quality, counts)
             extra = np.repeat(extra, counts)
+            data = np.repeat(data, counts)
             dup_index = np.repeat(np.arange(len(k)), counts)
             second = np.zeros(len(ts), dtype=bool)
             second[1:] = dup_index[1:] == dup_index[:-1]
             extra[second] = 1
-            values = [values[i] for i in dup_index.tolist()]
             if spec.type == "number":
-                for position in np.flatnonzero(second).tolist():
-                    values[position] = round(values[position] + 0.125, 3)
-    samples = Samples(ts, values, quality, extra)
-    return _with_late(samples, spec, start_ms, end_ms, late, visible_until_ms, max_count)
+                data[second] = np.round(data[second] + 0.125, 3)
+    samples = Samples(ts, data, quality, extra, spec.type)
+    return _with_late(samples, start_ms, end_ms, late, visible_until_ms, max_count)
 
 
-def _empty() -> Samples:
-    return Samples(np.zeros(0, np.int64), [], np.zeros(0, np.int64), np.zeros(0, np.int64))
+def _empty(kind: str) -> Samples:
+    dtype = {"number": np.float64, "boolean": bool}.get(kind, np.int64)
+    zeros = np.zeros(0, np.int64)
+    return Samples(zeros, np.zeros(0, dtype), zeros, zeros, kind)
 
 
 def _with_late(
     samples: Samples,
-    spec: TagSpec,
     start_ms: int,
     end_ms: int,
     late: Sequence[tuple[int, Any, int]],
@@ -162,14 +236,19 @@ def _with_late(
     ]
     if not extra:
         return samples
+    count = len(samples)
     ts = np.concatenate([samples.ts, np.array([t for t, _ in extra], dtype=np.int64)])
-    values = samples.values + [v for _, v in extra]
+    data = np.concatenate([samples.data, np.zeros(len(extra), dtype=samples.data.dtype)])
     quality = np.concatenate([samples.quality, np.full(len(extra), GOOD, dtype=np.int64)])
     extras = np.concatenate([samples.extra, np.zeros(len(extra), dtype=np.int64)])
     order = np.argsort(ts, kind="stable")
     if max_count is not None:
         order = order[:max_count]
-    return Samples(ts[order], [values[i] for i in order.tolist()], quality[order], extras[order])
+    moved_to = np.full(len(ts), -1, dtype=np.int64)
+    moved_to[order] = np.arange(len(order))
+    odd = dict(samples.odd) | {count + i: value for i, (_, value) in enumerate(extra)}
+    placed = {int(moved_to[i]): value for i, value in odd.items() if moved_to[i] >= 0}
+    return Samples(ts[order], data[order], quality[order], extras[order], samples.kind, placed)
 
 
 # -- modes -------------------------------------------------------------------------------
@@ -180,7 +259,7 @@ def raw_rows(
 ) -> list[tuple[Any, ...]]:
     count = len(samples) if limit is None else min(limit, len(samples))
     part = samples.slice(0, count)
-    values = list(part.values)
+    values = part.values
     if invalid_as_null:
         for index in np.flatnonzero(part.quality < GOOD).tolist():
             values[index] = None
@@ -204,12 +283,13 @@ def _reported(samples: Samples, deadband: float) -> list[int]:
     """Indices `delta` reports: the first event, then each change beyond the deadband."""
     if not len(samples):
         return []
+    values = samples.values
     chosen = [0]
-    last_value = samples.values[0]
+    last_value = values[0]
     last_quality = int(samples.quality[0])
     qualities = samples.quality.tolist()
     for index in range(1, len(samples)):
-        value = samples.values[index]
+        value = values[index]
         if qualities[index] != last_quality or _changed(last_value, value, deadband):
             chosen.append(index)
             last_value, last_quality = value, qualities[index]
@@ -229,10 +309,16 @@ def filter_rows(samples: Samples, deadband: float) -> list[tuple[Any, ...]]:
 
 
 def _rows_at(samples: Samples, indices: list[int]) -> list[tuple[Any, ...]]:
-    ts = samples.ts.tolist()
-    quality = samples.quality.tolist()
-    extra = samples.extra.tolist()
-    return [(ts[i], samples.values[i], quality[i], extra[i]) for i in indices]
+    at = np.array(indices, dtype=np.int64)
+    return list(
+        zip(
+            samples.ts[at].tolist(),
+            samples.pick(at),
+            samples.quality[at].tolist(),
+            samples.extra[at].tolist(),
+            strict=True,
+        )
+    )
 
 
 def previous_event(
@@ -262,10 +348,64 @@ def previous_event(
             late=late,
         )
         if len(found):
-            return found.values[-1], int(found.quality[-1])
+            return found.value(-1), int(found.quality[-1])
         window_end -= span
         span = min(span * 2, 64 * GAP_BLOCK * spec.period_ms)
     return None
+
+
+def aggregate(
+    spec: TagSpec,
+    start_ms: int,
+    end_ms: int,
+    interval_ms: int,
+    method: str,
+    *,
+    history_start_ms: int,
+    visible_until_ms: int,
+    late: Sequence[tuple[int, Any, int]] = (),
+) -> list[tuple[Any, ...]]:
+    """The aggregated rows of buckets [b, b+interval), start <= b < end (`aggregated_rows`).
+
+    Samples are generated a block of whole buckets at a time (about `BLOCK_SAMPLES`), the
+    last event of a block carrying into the next, so a year of 1 s samples never sits in
+    memory at once and the rows are the same as from one pass over the whole range.
+    """
+    buckets = _bucket_count(start_ms, end_ms, interval_ms)
+    if buckets == 0:
+        return []
+    previous = None
+    if method == "avg" and spec.type != "string":
+        previous = previous_event(
+            spec,
+            start_ms,
+            history_start_ms=history_start_ms,
+            visible_until_ms=visible_until_ms,
+            late=late,
+        )
+    per_block = max(1, BLOCK_SAMPLES * spec.period_ms // interval_ms)
+    rows: list[tuple[Any, ...]] = []
+    for first in range(0, buckets, per_block):
+        block_start = start_ms + first * interval_ms
+        block_end = block_start + min(per_block, buckets - first) * interval_ms
+        samples = generate(
+            spec,
+            block_start,
+            block_end - 1,
+            history_start_ms=history_start_ms,
+            visible_until_ms=visible_until_ms,
+            late=late,
+        )
+        rows += aggregated_rows(
+            samples, block_start, block_end, interval_ms, method, spec.type, previous
+        )
+        if len(samples):
+            previous = (samples.value(-1), int(samples.quality[-1]))
+    return rows
+
+
+def _bucket_count(start_ms: int, end_ms: int, interval_ms: int) -> int:
+    return max(0, -((start_ms - end_ms) // interval_ms))
 
 
 def aggregated_rows(
@@ -287,73 +427,159 @@ def aggregated_rows(
     (population) use the good events inside the bucket. A bucket without a good event is
     `[b, null, 0, 0]`. Booleans count as 0/1 (`first`/`last` stay booleans); strings
     have `first` and `last` only.
+
+    All buckets at once: each bucket's events are one run of the arrays (searchsorted),
+    and each result is computed with the same floating-point operations in the same order
+    as numpy does for that bucket alone (sums and extremes of equal-length runs reduced
+    along rows, which numpy reduces exactly as each run on its own), then rounded to 6
+    decimals exactly as `round(value, 6)`.
     """
-    ts_all = samples.ts
-    good_all = samples.quality >= GOOD
-    numeric = tag_type != "string"
-    if numeric:
-        as_float = [float(v) if v is not None else math.nan for v in samples.values]
-        numbers = np.asarray(as_float, dtype=np.float64)
-    rows: list[tuple[Any, ...]] = []
-    bucket = start_ms
-    while bucket < end_ms:
-        upper = bucket + interval_ms
-        lo = int(np.searchsorted(ts_all, bucket, side="left"))
-        hi = int(np.searchsorted(ts_all, upper, side="left"))
-        good = np.flatnonzero(good_all[lo:hi]) + lo
-        if not len(good):
-            rows.append((bucket, None, 0, 0))
+    count = _bucket_count(start_ms, end_ms, interval_ms)
+    if count == 0:
+        return []
+    bounds = start_ms + interval_ms * np.arange(count + 1, dtype=np.int64)
+    edges = np.searchsorted(samples.ts, bounds, side="left")
+    part = samples.slice(int(edges[0]), int(edges[-1]))
+    lo = edges[:-1] - edges[0]
+    hi = edges[1:] - edges[0]
+    good = part.quality >= GOOD
+    good_before = np.zeros(len(part) + 1, dtype=np.int64)
+    np.cumsum(good, out=good_before[1:])
+    good_first = good_before[lo]
+    good_count = good_before[hi] - good_first
+    has = good_count > 0
+    good_at = np.flatnonzero(good)
+    starts, lengths = good_first[has], good_count[has]
+    first_good, last_good = good_at[starts], good_at[starts + lengths - 1]
+    results: list[Any]
+    if method in ("first", "last"):
+        picked = first_good if method == "first" else last_good
+        if tag_type == "number" and part.kind == "number" and not part.odd:
+            results = _round6(part.data[picked]).tolist()
         else:
-            first, last = int(good[0]), int(good[-1])
-            result: Any = None
-            if method == "first":
-                result = samples.values[first]
-            elif method == "last":
-                result = samples.values[last]
-            elif numeric:
-                values = numbers[good]
-                if method == "min":
-                    result = float(values.min())
-                elif method == "max":
-                    result = float(values.max())
-                elif method == "delta":
-                    result = float(numbers[last] - numbers[first])
-                elif method == "stddev":
-                    result = float(values.std())
-                else:
-                    result = _time_weighted(
-                        ts_all, numbers, good_all, lo, hi, bucket, upper, previous
-                    )
-            if isinstance(result, float):
-                result = round(result, 6)
-            rows.append((bucket, result, GOOD if result is not None else 0, 0))
-        if hi > lo:
-            previous = (samples.values[hi - 1], int(samples.quality[hi - 1]))
-        bucket = upper
-    return rows
+            if tag_type != "string" and part.odd:
+                part.numbers()  # a value that is not a number fails here, as it always did
+            results = [round(v, 6) if isinstance(v, float) else v for v in part.pick(picked)]
+    elif tag_type == "string":
+        results = [None] * len(starts)
+    else:
+        numbers, missing = part.numbers()
+        with np.errstate(all="ignore"):
+            if method in ("min", "max"):
+                found = _runs(numbers[good_at], starts, lengths, method)
+            elif method == "delta":
+                found = numbers[last_good] - numbers[first_good]
+            elif method == "stddev":
+                found = _stddev(numbers[good_at], starts, lengths)
+            else:
+                found = _time_weighted(part, numbers, missing, good, has, lo, hi, bounds, previous)
+                found = found[has]
+        results = _round6(found).tolist()
+    values: list[Any]
+    quality = np.where(has, GOOD, 0)
+    if has.all():
+        values = results
+    else:
+        spread = np.full(count, None, dtype=object)
+        spread[has] = np.array(results, dtype=object)  # keeps the Python objects
+        values = spread.tolist()
+    if (method in ("first", "last") or tag_type == "string") and None in results:
+        quality[[i for i, v in enumerate(values) if v is None]] = 0
+    return list(zip(bounds[:-1].tolist(), values, quality.tolist(), repeat(0), strict=False))
+
+
+def _runs(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, how: str) -> np.ndarray:
+    """`values[s:s+n].<how>()` for each run (n >= 1), as numpy computes it for that run.
+
+    Runs of equal length are gathered into rows and reduced along axis 1, which numpy
+    does with the same inner loop (same pairwise summation order) as a 1-D reduction.
+    """
+    out = np.empty(len(starts), dtype=np.float64)
+    if not len(starts):
+        return out
+    order = np.argsort(lengths, kind="stable")
+    cuts = np.flatnonzero(np.diff(lengths[order])) + 1
+    for group in np.split(order, cuts):
+        n = int(lengths[group[0]])
+        rows = values[starts[group][:, None] + np.arange(n)]
+        out[group] = getattr(rows, how)(axis=1)
+    return out
+
+
+def _stddev(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Population standard deviation of each run, step for step as `np.std` (runs tile
+    `values`)."""
+    means = _runs(values, starts, lengths, "sum") / lengths
+    deviations = values - np.repeat(means, lengths)
+    squares = deviations * deviations
+    deviation: np.ndarray = np.sqrt(_runs(squares, starts, lengths, "sum") / lengths)
+    return deviation
 
 
 def _time_weighted(
-    ts_all: np.ndarray,
+    part: Samples,
     numbers: np.ndarray,
-    good_all: np.ndarray,
-    lo: int,
-    hi: int,
-    bucket: int,
-    upper: int,
+    missing: np.ndarray,
+    good: np.ndarray,
+    has: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    bounds: np.ndarray,
     previous: tuple[Any, int] | None,
-) -> float:
-    """Time-weighted mean over [bucket, upper) of the held good values."""
-    ts = ts_all[lo:hi]
-    ends = np.append(ts[1:], upper)
-    weights = np.where(good_all[lo:hi], (ends - ts).astype(np.float64), 0.0)
-    total = float(weights.sum())
-    weighted = float(np.where(weights > 0, numbers[lo:hi] * weights, 0.0).sum())
+) -> np.ndarray:
+    """Time-weighted mean over each bucket [bounds[i], bounds[i+1]) of the held good values.
+
+    Each event holds until the next event in its bucket (the last one until the bucket's
+    end); the bucket's lead, before its first event, holds the last event before it
+    (from an earlier bucket, else `previous`) if that one is good and not null. A bucket
+    whose good events hold no time at all (and has no lead) is the plain mean of them.
+    """
+    ts = part.ts
+    ends = np.empty_like(ts)
+    ends[:-1] = ts[1:]
+    filled = hi > lo
+    ends[hi[filled] - 1] = bounds[1:][filled]
+    weights = np.where(good, (ends - ts).astype(np.float64), 0.0)
+    terms = np.where(weights > 0, numbers * weights, 0.0)
+    total = np.zeros(len(lo))
+    weighted = np.zeros(len(lo))
+    total[filled] = _runs(weights, lo[filled], hi[filled] - lo[filled], "sum")
+    weighted[filled] = _runs(terms, lo[filled], hi[filled] - lo[filled], "sum")
+    # The lead of each bucket, carried by the event before it.
+    lead = np.zeros(len(lo))
+    lead[filled] = (ts[lo[filled]] - bounds[:-1][filled]).astype(np.float64)
+    before = lo - 1
+    inside = before >= 0
+    carries = np.zeros(len(lo), dtype=bool)
+    carried = np.zeros(len(lo))
+    carries[inside] = (part.quality[before[inside]] >= GOOD) & ~missing[before[inside]]
+    carried[inside] = numbers[before[inside]]
     if previous is not None and previous[1] >= GOOD and previous[0] is not None:
-        lead = float(ts[0] - bucket)
-        if lead > 0:
-            total += lead
-            weighted += float(previous[0]) * lead
-    if total <= 0:
-        return float(numbers[lo:hi][good_all[lo:hi]].mean())
-    return weighted / total
+        carries[~inside] = True
+        carried[~inside] = float(previous[0])
+    lead_counts = carries & (lead > 0)
+    total = np.where(lead_counts, total + lead, total)
+    weighted = np.where(lead_counts, weighted + carried * lead, weighted)
+    result = weighted / total
+    for bucket in np.flatnonzero(has & (total <= 0)).tolist():
+        run = slice(int(lo[bucket]), int(hi[bucket]))
+        result[bucket] = float(numbers[run][good[run]].mean())
+    return result
+
+
+def _round6(values: np.ndarray) -> np.ndarray:
+    """`round(v, 6)` of each value, vectorised.
+
+    rint(v * 1e6) / 1e6 is exactly Python's correctly rounded result wherever v * 1e6 is
+    not within a few ulps of a half (the same integer is picked, and both divide it by
+    10**6 correctly rounded); those rare values, and |v| >= 1e6, NaN and inf, go through
+    `round` itself.
+    """
+    with np.errstate(all="ignore"):
+        scaled = values * 1e6
+        out = np.rint(scaled) / 1e6
+        half = np.abs(np.abs(scaled - np.trunc(scaled)) - 0.5)
+        sure = (half > 8 * np.spacing(np.abs(scaled))) & (np.abs(values) < 1e6)
+    for index in np.flatnonzero(~sure).tolist():
+        out[index] = round(float(values[index]), 6)
+    return out

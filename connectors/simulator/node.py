@@ -78,10 +78,11 @@ class SimulatedNode:
         self.config = config or SimConfig()
         self._lock = threading.RLock()
         self._clock_ms: int | None = None
-        local = build_tags(self.config.seed, self.config.tags, self.config.hostile_names)
+        period = self.config.period_ms
+        local = build_tags(self.config.seed, self.config.tags, self.config.hostile_names, period)
         self._trees = {self.config.node_name: TagTree(self.config.node_name, local)}
         for offset, name in enumerate(REMOTE_NODES, start=1):
-            specs = build_tags(self.config.seed + 1000 * offset, self.config.tags, False)
+            specs = build_tags(self.config.seed + 1000 * offset, self.config.tags, False, period)
             self._trees[name] = TagTree(name, specs)
         self._late: dict[tuple[str, str], list[tuple[int, Any, int]]] = {}
         self._cache: dict[str, Answer] = {}
@@ -214,14 +215,17 @@ class SimulatedNode:
         """
         mode = options.mode
         if mode == "aggregated":
-            interval = options.interval_ms or 60_000
-            method = options.method or spec.default_method
-            samples = self.samples(tree, spec, start_ms, end_ms + interval - 1)
-            previous = None
-            if method == "avg" and spec.type != "string":
-                previous = self.previous_event(tree, spec, start_ms)
-            return history.aggregated_rows(
-                samples, start_ms, end_ms, interval, method, spec.type, previous
+            with self._lock:
+                late = tuple(self._late.get((tree.node_name, spec.path), ()))
+            return history.aggregate(
+                spec,
+                start_ms,
+                end_ms,
+                options.interval_ms or 60_000,
+                options.method or spec.default_method,
+                history_start_ms=self.config.history_start_ms,
+                visible_until_ms=self.now_ms(),
+                late=late,
             )
         if mode == "raw":
             limit = None
@@ -256,7 +260,7 @@ class SimulatedNode:
         samples = self.samples(self.tree(), spec, now - 3_600_000, now)
         if not len(samples):
             return None, 0, now
-        return samples.values[-1], int(samples.quality[-1]), int(samples.ts[-1])
+        return samples.value(-1), int(samples.quality[-1]), int(samples.ts[-1])
 
     # -- dispatch ----------------------------------------------------------------------------
 

@@ -98,7 +98,9 @@ def _tag_type(index: int, h: int) -> str:
     return "boolean" if pick == 0 else "string" if pick == 1 else "number"
 
 
-def build_tags(seed: int, count: int, hostile: bool) -> list[TagSpec]:
+def build_tags(seed: int, count: int, hostile: bool, period_ms: int | None = None) -> list[TagSpec]:
+    """`count` tags from `seed`. `period_ms`: every tag regular at that period (gaps,
+    quality stretches, duplicates and late links stay as they are); None: mixed periods."""
     specs: list[TagSpec] = []
     paths: list[str] = []
     for i in range(count):
@@ -110,7 +112,7 @@ def build_tags(seed: int, count: int, hostile: bool) -> list[TagSpec]:
     for i, path in enumerate(paths):
         h = mix1(i, seed * 7919 + 17)
         tag_type = _tag_type(i, h)
-        period = PERIODS_MS[(h >> 8) % len(PERIODS_MS)]
+        period = PERIODS_MS[(h >> 8) % len(PERIODS_MS)] if period_ms is None else period_ms
         name = path.rsplit("/", 1)[1].rsplit(" ", 1)[0]
         specs.append(
             TagSpec(
@@ -118,7 +120,7 @@ def build_tags(seed: int, count: int, hostile: bool) -> list[TagSpec]:
                 path=path,
                 type=tag_type,
                 period_ms=period,
-                irregular=(h >> 16) % 3 == 0,
+                irregular=period_ms is None and (h >> 16) % 3 == 0,
                 duplicates=(h >> 20) % 7 == 0,
                 remote_lag_ms=120_000 if (h >> 24) % 9 == 0 else 0,
                 amplitude=float(5 + (h >> 28) % 50),
