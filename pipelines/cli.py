@@ -545,14 +545,34 @@ def simulate(
     replay: Annotated[
         bool, typer.Option("--replay", help="Serve repeated history queries from memory.")
     ] = False,
+    replay_limit_mb: Annotated[
+        int, typer.Option(help="Memory for replayed answers, MB (oldest dropped first).")
+    ] = 8192,
+    period_ms: Annotated[
+        int | None,
+        typer.Option(help="Sample every tag every N ms on a regular grid (default: mixed)."),
+    ] = None,
 ) -> None:
     """Serve the built-in node simulator (the whole REST interface) until Ctrl-C."""
     with user_errors():
         from connectors.simulator import SimConfig, serve_forever
+        from connectors.simulator.config import MAX_PERIOD_MS
 
         if not 10 <= tags <= 100_000:
             raise UserError("--tags must be between 10 and 100000", EXIT_USAGE)
-        config = SimConfig(seed=seed, tags=tags, token=token, raw_cap=raw_cap, cache_answers=replay)
+        if period_ms is not None and not 1 <= period_ms <= MAX_PERIOD_MS:
+            raise UserError(f"--period-ms must be between 1 and {MAX_PERIOD_MS}", EXIT_USAGE)
+        if replay_limit_mb < 0:
+            raise UserError("--replay-limit-mb must not be negative", EXIT_USAGE)
+        config = SimConfig(
+            seed=seed,
+            tags=tags,
+            token=token,
+            raw_cap=raw_cap,
+            cache_answers=replay,
+            cache_limit_bytes=replay_limit_mb << 20,
+            period_ms=period_ms,
+        )
         err.print(
             f"simulator: http://{host}:{port}"
             + (f" and https://{host}:{https_port}" if https_port else "")

@@ -7,9 +7,13 @@ inject faults use their own node.
 
 from __future__ import annotations
 
+import socket
 import ssl
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +22,7 @@ import pytest
 
 from connectors.options import HistoryOptions
 from connectors.simulator import SimConfig, SimulatedNode, run_server
+from connectors.simulator.protocol import Answer
 
 START = 1_750_000_000_000  # 2025-06-15T15:06:40Z
 END = START + 3_600_000
@@ -323,6 +328,31 @@ def test_replay_mode_serves_the_same_bytes_until_history_changes() -> None:
         assert [NOW - 300_000 + 1, 99.5, 192, 0] in c.get("/tag", params=params).json()["data"]
 
 
+def test_replay_mode_keeps_each_answer_once_within_its_byte_limit() -> None:
+    node = SimulatedNode(SimConfig(seed=4, tags=10, cache_answers=True, cache_limit_bytes=250))
+    renders: list[str] = []
+
+    def produce(key: str, size: int) -> Callable[[], Answer]:
+        def render() -> Answer:
+            renders.append(key)
+            return Answer(body=b"x" * size)
+
+        return render
+
+    first = node.cached("a", produce("a", 100))
+    assert node.cached("a", produce("a", 100)) is first  # the same bytes, not a copy
+    node.cached("b", produce("b", 100))
+    assert node.cache_stats() == (2, 200)
+    node.cached("c", produce("c", 100))  # over the limit: the oldest answer goes
+    assert node.cache_stats() == (2, 200)
+    node.cached("a", produce("a", 100))
+    node.cached("huge", produce("huge", 1000))  # larger than the limit: served, not kept
+    assert renders == ["a", "b", "c", "a", "huge"]
+    assert node.cache_stats() == (2, 200)
+    node.set_clock(NOW)
+    assert node.cache_stats() == (0, 0)
+
+
 def test_hostile_tag_names_round_trip_through_the_query_string() -> None:
     node = SimulatedNode(SimConfig(seed=2, tags=12, hostile_names=True))
     node.set_clock(NOW)
@@ -522,3 +552,48 @@ def test_server_restart_keeps_ports_and_state() -> None:
         read = httpx.get(f"{url}/tag", params={"cmd": "read", "path": path}).json()
         assert next(iter(read["tags"].values()))["data"]["value"] == 7
         assert node.requests_served == 2
+
+
+def test_simulate_command_serves_one_regular_period_and_refuses_a_bad_one() -> None:
+    historian = str(Path(sys.executable).with_name("historian"))
+    bad = subprocess.run(
+        [historian, "simulate", "--period-ms", "0", "--https-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert "--period-ms must be between 1 and 86400000" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [historian, "simulate", "--port", str(port), "--https-port", "0", "--tags", "20"]
+    process = subprocess.Popen(
+        [*command, "--period-ms", "2500", "--replay"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                details = httpx.get(
+                    f"http://127.0.0.1:{port}/tag",
+                    params={"cmd": "details", "path": "/Plant A/Line 1/*"},
+                    timeout=1,
+                )
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        rates = {
+            tuple(tag["config"]["extensions"]["history"]["config"]["rate"])
+            for tag in details.json()["tags"].values()
+        }
+        assert rates == {(2500, 0)}
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -28,7 +28,7 @@ BAD = 0
 GAP_BLOCK = 600
 QUALITY_BLOCK = 50
 # Aggregated answers generate at most about this many samples at once (whole buckets).
-BLOCK_SAMPLES = 1 << 18
+BLOCK_SAMPLES = 1 << 16
 _STATES = np.array(STATES, dtype=object)
 
 
@@ -101,14 +101,14 @@ class Samples:
         return numbers, missing
 
 
-def _hash_blocks(k: np.ndarray, size: int, salt: int) -> np.ndarray:
-    """`mix(k // size, salt)`, hashing each block once (k is ascending)."""
+def _hash_blocks(k: np.ndarray, size: int, salt: int, modulus: int) -> np.ndarray:
+    """`mix(k // size, salt) % modulus`, hashing each block once (k is ascending)."""
     if not len(k):
         return np.zeros(0, dtype=np.uint64)
     blocks = k // np.int64(size)
     first = int(blocks[0])
     table = mix(np.arange(first, int(blocks[-1]) + 1, dtype=np.int64), salt)
-    return table[blocks - first]
+    return (table % np.uint64(modulus))[blocks - first]
 
 
 def _values(spec: TagSpec, k: np.ndarray, ts: np.ndarray) -> np.ndarray:
@@ -117,10 +117,9 @@ def _values(spec: TagSpec, k: np.ndarray, ts: np.ndarray) -> np.ndarray:
         wave = np.sin(2 * math.pi * ts.astype(np.float64) / spec.wave_ms)
         return np.round(spec.offset + spec.amplitude * wave + noise, 3)
     if spec.type == "boolean":
-        flags: np.ndarray = (_hash_blocks(k, 30, spec.salt + 6) & np.uint64(1)) == 1
+        flags: np.ndarray = _hash_blocks(k, 30, spec.salt + 6, 2) == 1
         return flags
-    picks = _hash_blocks(k, 40, spec.salt + 7) % np.uint64(len(STATES))
-    return picks.astype(np.int64)
+    return _hash_blocks(k, 40, spec.salt + 7, len(STATES)).astype(np.int64)
 
 
 def _stored(
@@ -139,7 +138,7 @@ def _stored(
         ts = ts + (mix(k, spec.salt + 1) % np.uint64(period // 2)).astype(np.int64)
         keep = (ts >= lower) & (ts <= upper)
     # Gaps: whole blocks of samples that the node never stored.
-    stored = (_hash_blocks(k, GAP_BLOCK, spec.salt + 2) % np.uint64(20)) != 0
+    stored = _hash_blocks(k, GAP_BLOCK, spec.salt + 2, 20) != 0
     keep = stored if keep is None else keep & stored
     if keep.all():
         return k, ts
@@ -183,7 +182,7 @@ def generate(
             k_first = block_last + 1
         k = np.concatenate([p[0] for p in parts])[:max_count]
         ts = np.concatenate([p[1] for p in parts])[:max_count]
-    block = _hash_blocks(k, QUALITY_BLOCK, spec.salt + 3) % np.uint64(40)
+    block = _hash_blocks(k, QUALITY_BLOCK, spec.salt + 3, 40)
     quality = np.full(len(k), GOOD, dtype=np.int64)
     quality[block == 0] = BAD
     quality[block == 1] = UNCERTAIN
@@ -491,17 +490,28 @@ def aggregated_rows(
 def _runs(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, how: str) -> np.ndarray:
     """`values[s:s+n].<how>()` for each run (n >= 1), as numpy computes it for that run.
 
-    Runs of equal length are gathered into rows and reduced along axis 1, which numpy
-    does with the same inner loop (same pairwise summation order) as a 1-D reduction.
+    Runs of equal length are taken as the rows of one 2-D array (a view when they are
+    contiguous) and reduced along axis 1, which numpy does with the same inner loop
+    (the same pairwise summation order) as a 1-D reduction of each.
     """
     out = np.empty(len(starts), dtype=np.float64)
     if not len(starts):
         return out
-    order = np.argsort(lengths, kind="stable")
-    cuts = np.flatnonzero(np.diff(lengths[order])) + 1
-    for group in np.split(order, cuts):
+    shortest, longest = int(lengths.min()), int(lengths.max())
+    if shortest == longest:
+        groups = [np.arange(len(starts))]
+    else:
+        order = np.argsort(lengths, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(lengths[order])) + 1)
+    for group in groups:
         n = int(lengths[group[0]])
-        rows = values[starts[group][:, None] + np.arange(n)]
+        first = int(starts[group[0]])
+        if int(starts[group[-1]]) - first == n * (len(group) - 1) and (
+            len(group) < 3 or bool((np.diff(starts[group]) == n).all())
+        ):
+            rows = values[first : first + n * len(group)].reshape(len(group), n)
+        else:
+            rows = values[starts[group][:, None] + np.arange(n)]
         out[group] = getattr(rows, how)(axis=1)
     return out
 

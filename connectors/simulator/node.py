@@ -64,7 +64,6 @@ POSTS = frozenset(
         "tag.cancelSubscription",
     )
 )
-_CACHE_LIMIT = 4096
 
 
 class SimulatedNode:
@@ -86,6 +85,7 @@ class SimulatedNode:
             self._trees[name] = TagTree(name, specs)
         self._late: dict[tuple[str, str], list[tuple[int, Any, int]]] = {}
         self._cache: dict[str, Answer] = {}
+        self._cache_bytes = 0
         self.faults = Faults()
         self.requests_served = 0
         self.tags = TagService(self)
@@ -112,7 +112,7 @@ class SimulatedNode:
         """Freeze "now" at `now_ms` (None: the wall clock again)."""
         with self._lock:
             self._clock_ms = now_ms
-            self._cache.clear()
+            self._clear_cache()
 
     def now_ms(self) -> int:
         clock = self._clock_ms
@@ -128,7 +128,7 @@ class SimulatedNode:
             self._late.setdefault((self.config.node_name, spec.path), []).append(
                 (ts_ms, value, self.now_ms())
             )
-            self._cache.clear()
+            self._clear_cache()
 
     def ground_truth(
         self, path: str, start_ms: int, end_ms: int, options: HistoryOptions
@@ -295,16 +295,40 @@ class SimulatedNode:
             return error_answer(500, f"internal error in {operation}: {type(exc).__name__}")
 
     def cached(self, key: str, produce: Callable[[], Answer]) -> Answer:
-        """Replay mode (`cache_answers`): a history answer rendered once per query string."""
+        """Replay mode (`cache_answers`): a history answer rendered once per query string.
+
+        The answer's bytes are kept once (a second render of the same query, made while
+        the first was on its way, is dropped), up to `cache_limit_bytes` in all: past
+        that the oldest answers go first.
+        """
         if not self.config.cache_answers:
             return produce()
         with self._lock:
             answer = self._cache.get(key)
-        if answer is None:
-            answer = produce()
-            if answer.status == 200:
-                with self._lock:
-                    if len(self._cache) >= _CACHE_LIMIT:
-                        self._cache.clear()
-                    self._cache[key] = answer
+        if answer is not None:
+            return answer
+        answer = produce()
+        size = len(answer.body)
+        limit = self.config.cache_limit_bytes
+        if answer.status != 200 or size > limit:
+            return answer
+        with self._lock:
+            kept = self._cache.get(key)
+            if kept is not None:
+                return kept
+            while self._cache and self._cache_bytes + size > limit:
+                oldest = next(iter(self._cache))
+                self._cache_bytes -= len(self._cache.pop(oldest).body)
+            self._cache[key] = answer
+            self._cache_bytes += size
         return answer
+
+    def cache_stats(self) -> tuple[int, int]:
+        """(answers, bytes of their bodies) held by replay mode."""
+        with self._lock:
+            return len(self._cache), self._cache_bytes
+
+    def _clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
+            self._cache_bytes = 0

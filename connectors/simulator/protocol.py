@@ -7,8 +7,11 @@ string or a single value; times as ISO 8601 or epoch milliseconds.
 
 from __future__ import annotations
 
+import gc
 import re
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +20,9 @@ import orjson
 
 Params = Mapping[str, Any]
 _EPOCH = re.compile(r"-?\d+")
+_gc_lock = threading.Lock()
+_gc_pausing = 0
+_gc_was_enabled = False
 
 
 class RequestError(Exception):
@@ -43,6 +49,29 @@ Handler = Callable[[Params], Answer]
 def json_answer(value: Any) -> Answer:
     """A 200 answer with `value` as JSON."""
     return Answer(body=orjson.dumps(value))
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic collector (not reference counting) while an answer is built.
+
+    A history answer is millions of row tuples with no cycles among them; with the
+    collector on, every answer in the making is scanned again and again. Counted across
+    threads: the first one in pauses it, the last one out resumes it (if it was on).
+    """
+    global _gc_pausing, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pausing == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausing += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pausing -= 1
+            if _gc_pausing == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 def error_answer(status: int, message: str) -> Answer:

@@ -19,6 +19,7 @@ from connectors.simulator.protocol import (
     Handler,
     Params,
     RequestError,
+    gc_paused,
     json_answer,
     parse_bool,
     parse_int,
@@ -106,9 +107,9 @@ class TagService:
             "tag.browse": self.browse,
             "tag.read": self.read,
             "tag.details": self.details,
-            "tag.history": self.history,
-            "tag.historyMany": self.history_many,
-            "tag.historyFilter": self.history_filter,
+            "tag.history": _paused(self.history),
+            "tag.historyMany": _paused(self.history_many),
+            "tag.historyFilter": _paused(self.history_filter),
             "tag.getViews": lambda _: json_answer(list(VIEWS)),
             "tag.write": self.write,
             "tag.writeMany": self.write_many,
@@ -318,6 +319,16 @@ class TagService:
         writes = [(self._checked(p, v), v) for p, v in zip(paths, values, strict=True)]
         self._apply(writes)
         return Answer()
+
+
+def _paused(handler: Handler) -> Handler:
+    """`handler` with the cyclic collector paused while it builds its answer."""
+
+    def paused(params: Params) -> Answer:
+        with gc_paused():
+            return handler(params)
+
+    return paused
 
 
 def _flat_listing(
