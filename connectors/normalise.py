@@ -7,13 +7,17 @@ booleans; `value_bool`; `value_str`). The timestamp must be an integer (an integ
 float is accepted), quality and the fourth element integers or null. Anything of another
 shape raises `MalformedAnswer` naming the tag, the row and the chunk; nothing is dropped.
 
-Speed (bench/bench_normalise.py): orjson parses the answer while the cyclic garbage
-collector is paused (millions of fresh lists would trigger it again and again). Each
-tag's rows are columnised by one list comprehension per column, and pyarrow converts and
-type-checks each column in C; only the value column needs a Python type census, because
-pyarrow would read `true` as 1.0 after a float. Whatever the fast path does not accept
-goes to a careful path that handles short rows and mixed types, and that names the first
-offending row when the answer is wrong.
+Speed (bench/bench_normalise.py): a compact answer is walked once by msgspec, which keeps
+each tag's rows as raw text; tags of number or boolean rows become CSV by one byte
+translation and Arrow's CSV reader types them in C, outside the GIL (connectors/fastrows.py
+says why that reading is exact); other tags are parsed by orjson. Whatever that reading
+cannot vouch for, a wrong answer included, is read again the careful way: orjson parses
+the whole answer while the cyclic garbage collector is paused (millions of fresh lists
+would trigger it again and again), each tag's rows are columnised by one list
+comprehension per column and pyarrow converts and type-checks each column in C; only the
+value column needs a Python type census, because pyarrow would read `true` as 1.0 after a
+float. Whatever that does not accept goes row by row, handling short rows and mixed
+types, and naming the first offending row when the answer is wrong.
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors import fastrows
 from connectors.errors import MalformedAnswer
 from connectors.schema import (
     ALARM_HISTORY_SCHEMA,
@@ -332,27 +338,16 @@ def _short(item: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _add_tag(pieces: _Pieces, tag: str, data: Any, operation: str, chunk_label: str) -> TagStats:
-    """Columnise one tag's rows into `pieces`; its stats for continuation."""
-    if data is None or (type(data) is list and not data):
-        pieces.add(tag, None, None)
-        return TagStats(0, None, None, 0)
-    if type(data) is not list:
-        raise MalformedAnswer(
-            operation,
-            f"data is {_json_type(data)}, not a list of rows",
-            where=_where(f"tag {tag!r}", chunk_label),
-        )
+def _columns_of(data: list[Any]) -> _Columns6:
+    """A tag's rows as columns: the fast path, else the careful one (which raises _RowError)."""
     columns = _fast_tag(data)
-    if columns is None:
-        try:
-            columns = _careful_tag(data)
-        except _RowError as exc:
-            raise MalformedAnswer(
-                operation,
-                f"row {exc.index}: {exc.message}",
-                where=_where(f"tag {tag!r}", chunk_label),
-            ) from None
+    return columns if columns is not None else _careful_tag(data)
+
+
+def _finish_tag(
+    pieces: _Pieces, tag: str, columns: _Columns6, operation: str, chunk_label: str
+) -> TagStats:
+    """Number the samples of one tag sharing a millisecond, add them to `pieces`; its stats."""
     ts_np = columns[0].to_numpy(zero_copy_only=False)
     seq = _seq_of(ts_np)
     if len(seq) and int(seq.max()) > _INT16_MAX:
@@ -364,6 +359,48 @@ def _add_tag(pieces: _Pieces, tag: str, data: Any, operation: str, chunk_label: 
     pieces.add(tag, columns, seq.astype(np.int16))
     last = int(ts_np.max())
     return TagStats(len(ts_np), int(ts_np.min()), last, int(np.count_nonzero(ts_np == last)))
+
+
+def _add_tag(pieces: _Pieces, tag: str, data: Any, operation: str, chunk_label: str) -> TagStats:
+    """Columnise one tag's rows into `pieces`; its stats for continuation."""
+    if data is None or (type(data) is list and not data):
+        pieces.add(tag, None, None)
+        return TagStats(0, None, None, 0)
+    if type(data) is not list:
+        raise MalformedAnswer(
+            operation,
+            f"data is {_json_type(data)}, not a list of rows",
+            where=_where(f"tag {tag!r}", chunk_label),
+        )
+    try:
+        columns = _columns_of(data)
+    except _RowError as exc:
+        raise MalformedAnswer(
+            operation,
+            f"row {exc.index}: {exc.message}",
+            where=_where(f"tag {tag!r}", chunk_label),
+        ) from None
+    return _finish_tag(pieces, tag, columns, operation, chunk_label)
+
+
+class _Careful(Exception):
+    """The byte-level reading cannot vouch for this answer: read it the careful way."""
+
+
+def _member_columns(member: msgspec.Raw) -> _Columns6 | None:
+    """A tag's `data` text read by orjson and columnised like the careful reading does."""
+    try:
+        data = fastrows.load_member(member)
+    except orjson.JSONDecodeError:
+        raise _Careful from None
+    if data is None or (type(data) is list and not data):
+        return None
+    if type(data) is not list:
+        raise _Careful
+    try:
+        return _columns_of(data)
+    except _RowError:
+        raise _Careful from None
 
 
 def _history_entries(answer: Any, operation: str, chunk_label: str) -> Iterator[tuple[str, Any]]:
@@ -397,8 +434,30 @@ def parse_history_answer(
     """A historyMany / historyFilter answer `{path: {request, data}}` as one typed table.
 
     Rows keep the answer's order (tags in answer order, rows as sent); every tag key of the
-    answer is in `tags`, also those with no rows.
+    answer is in `tags`, also those with no rows. An answer the byte-level reading cannot
+    vouch for, a wrong one included, is read again by `parse_history_answer_careful`: the
+    result (and the error) is always that reading's.
     """
+    with gc_paused():
+        page = None
+        if type(body) is bytes:
+            page = history_page_from_bytes(body, node, operation=operation, chunk_label=chunk_label)
+        if page is None:
+            page = parse_history_answer_careful(
+                body, node, operation=operation, chunk_label=chunk_label
+            )
+    return page
+
+
+def parse_history_answer_careful(
+    body: bytes | str,
+    node: str,
+    *,
+    operation: str = "tag.historyMany",
+    chunk_label: str = "",
+) -> HistoryPage:
+    """The reference reading: orjson parses the whole answer, each tag is columnised from
+    its Python lists, and the first thing wrong raises MalformedAnswer naming it."""
     pieces = _Pieces()
     stats: dict[str, TagStats] = {}
     with gc_paused():
@@ -408,6 +467,76 @@ def parse_history_answer(
         del answer
         table = pieces.table(node)
     return HistoryPage(table, stats)
+
+
+def history_page_from_bytes(
+    body: bytes,
+    node: str,
+    *,
+    operation: str = "tag.historyMany",
+    chunk_label: str = "",
+) -> HistoryPage | None:
+    """The page `parse_history_answer_careful` gives, with tags of number (or boolean) rows
+    read from the bytes by `fastrows` and the others by orjson; None whenever this reading
+    cannot vouch for that: an answer that is not compact, repeats a key or is wrong."""
+    with gc_paused():
+        try:
+            return _history_from_bytes(body, node, operation, chunk_label)
+        except _Careful:
+            return None
+
+
+def _history_from_bytes(body: bytes, node: str, operation: str, chunk_label: str) -> HistoryPage:
+    """See `history_page_from_bytes`; raises _Careful where that returns None."""
+    answer = fastrows.split_answer(body)
+    if answer is None:
+        raise _Careful
+    tags = list(answer)
+    columns: list[_Columns6 | None] = []
+    texts: dict[bool, list[tuple[int, fastrows.CsvRows]]] = {False: [], True: []}
+    for entry in answer.values():
+        data = entry.get("data")
+        if data is None:
+            raise _Careful
+        for key, member in entry.items():
+            if key != "data" and not fastrows.member_is_json(member):
+                raise _Careful
+        csv = fastrows.rows_as_csv(bytes(data))
+        if csv is None:
+            columns.append(_member_columns(data))
+        else:
+            texts[csv.booleans].append((len(columns), csv))
+            columns.append(None)
+    for booleans, group in texts.items():
+        read = fastrows.read_many([csv for _, csv in group], booleans)
+        for (index, csv), rows in zip(group, read, strict=True):
+            if rows is not None:
+                ts, value, quality, extra = rows
+                if ts.null_count:
+                    raise _Careful
+                n = len(ts)
+                if booleans:
+                    columns[index] = (ts, _nulls_float(n), value, _nulls_str(n), quality, extra)
+                    continue
+                infinite, as_integer_zero = fastrows.value_doubts(value, csv.lines)
+                if infinite:
+                    raise _Careful
+                if not as_integer_zero:
+                    columns[index] = (ts, value, _nulls_bool(n), _nulls_str(n), quality, extra)
+                    continue
+            columns[index] = _member_columns(answer[tags[index]]["data"])
+    pieces = _Pieces()
+    stats: dict[str, TagStats] = {}
+    try:
+        for tag, tag_columns in zip(tags, columns, strict=True):
+            if tag_columns is None:
+                pieces.add(tag, None, None)
+                stats[tag] = TagStats(0, None, None, 0)
+            else:
+                stats[tag] = _finish_tag(pieces, tag, tag_columns, operation, chunk_label)
+    except MalformedAnswer:
+        raise _Careful from None
+    return HistoryPage(pieces.table(node), stats)
 
 
 def parse_single_history_answer(

@@ -15,14 +15,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from connectors import fastrows
 from connectors.errors import MalformedAnswer
 from connectors.normalise import (
     HistoryPage,
     TagStats,
     assign_seq,
     history_frame,
+    history_page_from_bytes,
     parse_alarm_history_answer,
     parse_history_answer,
+    parse_history_answer_careful,
     parse_single_history_answer,
     parse_tag_details,
 )
@@ -255,6 +258,221 @@ def test_gc_state_is_restored_after_success_and_failure(enabled_before: bool) ->
     finally:
         if was:
             gc.enable()
+
+
+# -- tag history: the byte-level reading (fastrows) agrees with the careful one -------------
+
+
+def page_rows(page: HistoryPage) -> list[tuple[Any, ...]]:
+    """Rows of a page with the sign of each double (Arrow and == see -0.0 as 0.0)."""
+    rows = []
+    for row in page.table.to_pylist():
+        value = row["value"]
+        rows.append((*row.values(), None if value is None else math.copysign(1.0, value)))
+    return rows
+
+
+def outcome(parse: Any, body: bytes) -> tuple[Any, ...]:
+    """What a reading of `body` gives: its rows, stats and schema, or its error."""
+    try:
+        page = parse(body, "n", operation="tag.historyFilter", chunk_label="c")
+    except MalformedAnswer as exc:
+        return ("error", str(exc), exc.where, exc.operation)
+    return ("page", page_rows(page), page.tags, page.table.schema)
+
+
+def answer_text(entries: dict[str, str]) -> bytes:
+    """A compact historyMany answer whose `data` texts are written as given."""
+    return (
+        "{"
+        + ",".join(
+            f'{orjson.dumps(tag).decode()}:{{"request":{{"tag":{orjson.dumps(tag).decode()},'
+            f'"options":{{"mode":"raw","invalidAsNull":true}},"data":null}},"data":{data}}}'
+            for tag, data in entries.items()
+        )
+        + "}"
+    ).encode()
+
+
+BYTE_READING_CASES = {
+    "numbers": {"/t": f"[[{T0},1.5,192,0],[{T0 + 1000},2,192,7],[{T0 + 2000},-3.25,0,0]]"},
+    "nulls": {"/t": f"[[{T0},null,0,null],[{T0 + 1},null,null,0],[{T0 + 2},4,192,0]]"},
+    "only nulls": {"/t": f"[[{T0},null,null,null],[{T0 + 1},null,0,0]]"},
+    "booleans": {"/t": f"[[{T0},true,192,0],[{T0 + 1},false,null,null],[{T0 + 2},null,0,0]]"},
+    "booleans mixed with numbers": {"/t": f"[[{T0},1.5,192,0],[{T0 + 1},true,192,0]]"},
+    "numbers mixed with strings": {"/t": f'[[{T0},1,192,0],[{T0 + 1},"a],[b",192,0]]'},
+    "integral float timestamps": {"/t": f"[[{T0}.0,1,192.0,0.0],[{float(T0 + 1)},2,192,0]]"},
+    "short rows": {"/t": f"[[{T0},1],[{T0 + 1},2,192],[{T0 + 2},3,192,9]]"},
+    "huge integers": {
+        "/t": f"[[{T0},{2**60 + 1},192,{2**63 - 1}],[{T0 + 1},{2**64},192,{-(2**63)}],"
+        f"[{T0 + 2},{10**30},192,0],[{T0 + 3},{-(2**70)},192,0]]"
+    },
+    "negative numbers": {"/t": f"[[{T0},-1.5,-1,-7],[{T0 + 1},-7,-32768,-1]]"},
+    "exponents": {
+        "/t": f"[[{T0},1e3,192,0],[{T0 + 1},1E+3,192,0],[{T0 + 2},-2.5e-3,192,0],"
+        f"[{T0 + 3},1e-400,192,0],[{T0 + 4},5e-324,192,0],[{T0 + 5},1.7976931348623157e308,192,0]]"
+    },
+    "negative zeros": {"/t": f"[[{T0},-0.0,192,0],[{T0 + 1},-1e-400,192,0],[{T0 + 2},-0e0,0,0]]"},
+    "integer -0 quality and extra": {"/t": f"[[{T0},1,-0,-0]]"},
+    "integer -0 is +0.0": {"/t": f"[[{T0},-0,192,0],[{T0 + 1},-0.0,192,0]]"},
+    "duplicate timestamps": {
+        "/t": f"[[{T0},1,192,0],[{T0},2,192,0],[{T0 + 5},3,0,0],[{T0 + 5},4,0,0]]"
+    },
+    "unsorted rows": {
+        "/t": f"[[{T0 + 2},1,192,0],[{T0},2,192,0],[{T0 + 2},3,192,0],[{T0 + 1},4,0,0]]"
+    },
+    "empty data": {"/a": "null", "/b": "[]", "/c": f"[[{T0},1,192,0]]", "/d": "[ ]"},
+    "whitespace inside data": {"/t": f"[ [{T0}, 1.5,\n192, 0] ,\t[{T0 + 1} ,null,0,0] ]"},
+    "odd tag paths": {ODD_PATH: f"[[{T0},1,192,0]]", '/a[[1,2]]"],[': f"[[{T0},2,192,0]]"},
+    "many tags of every kind": {
+        f"/tag {i}": [
+            f"[[{T0},{i}.5,192,0],[{T0 + 1},null,0,0]]",
+            f"[[{T0},true,192,0]]",
+            f'[[{T0},"RUN",192,0]]',
+            f"[[{T0}.0,1,192,0]]",
+            "null",
+        ][i % 5]
+        for i in range(12)
+    },
+}
+
+
+@pytest.mark.parametrize("entries", BYTE_READING_CASES.values(), ids=BYTE_READING_CASES.keys())
+def test_byte_reading_gives_the_careful_page(entries: dict[str, str]) -> None:
+    body = answer_text(entries)
+    assert history_page_from_bytes(body, "n") is not None  # the bytes vouched for it
+    careful = outcome(parse_history_answer_careful, body)
+    assert careful[0] == "page"
+    assert outcome(history_page_from_bytes, body) == careful
+    assert outcome(parse_history_answer, body) == careful
+
+
+def test_byte_reading_keeps_signs_and_nulls_of_values() -> None:
+    body = answer_text({"/t": BYTE_READING_CASES["integer -0 is +0.0"]["/t"]})
+    page = history_page_from_bytes(body, "n")
+    assert page is not None
+    assert [r[-1] for r in page_rows(page)] == [1.0, -1.0]
+    page = history_page_from_bytes(answer_text(BYTE_READING_CASES["nulls"]), "n")
+    assert page is not None
+    assert page.table.column("value").to_pylist() == [None, None, 4.0]
+
+
+def test_number_and_boolean_tags_are_read_as_csv(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_orjson(member: Any) -> Any:
+        raise AssertionError(f"{bytes(member)!r} read by orjson")
+
+    monkeypatch.setattr(fastrows, "load_member", no_orjson)
+    for name in ("numbers", "nulls", "booleans", "exponents", "negative zeros", "huge integers"):
+        body = answer_text(BYTE_READING_CASES[name])
+        assert history_page_from_bytes(body, "n") is not None, name
+
+
+COMPACT_BAD_ANSWERS = {
+    **{name: body.replace(b": ", b":").replace(b", ", b",") for name, body in BAD_ANSWERS.items()},
+    "number beyond a double in a later tag": answer_text(
+        {"/a": f"[[{T0},1,192,0]]", "/t": f"[[{T0},1e400,192,0]]"}
+    ),
+    "number beyond a double in a request": (
+        b'{"/t":{"request":{"x":[1e400]},"data":[[1,1,192,0]]}}'
+    ),
+    "invalid UTF-8 in a request": b'{"/t":{"request":"\xff","data":[[1,1,192,0]]}}',
+    "lone surrogate in a request": b'{"/t":{"request":"\\ud800","data":[[1,1,192,0]]}}',
+    "repeated tag hiding a bad entry": b'{"/t":{"data":[[1,1e400,192,0]]},"/t":{"data":[]}}',
+    "repeated data hiding a bad one": b'{"/t":{"data":[[1,"\xff",192,0]],"data":[]}}',
+    "five scalars after the rows": b'{"/t":{"data":[[1,2,192,0],5,6,7,8,9]}}',
+    "nested array in a row": b'{"/t":{"data":[[1,2,192,0],[5,[6],7,8]]}}',
+    "timestamp beyond int64": b'{"/t":{"data":[[9223372036854775808,1,192,0]]}}',
+    "more samples on one millisecond than seq numbers": answer_text(
+        {"/t": "[" + ",".join([f"[{T0},1,192,0]"] * 32769) + "]"}
+    ),
+}
+
+
+@pytest.mark.parametrize("body", COMPACT_BAD_ANSWERS.values(), ids=COMPACT_BAD_ANSWERS.keys())
+def test_wrong_compact_answers_raise_the_careful_error(body: bytes) -> None:
+    assert history_page_from_bytes(body, "n") is None
+    careful = outcome(parse_history_answer_careful, body)
+    assert careful[0] == "error"
+    assert outcome(parse_history_answer, body) == careful
+
+
+def test_answers_that_are_not_compact_are_read_the_careful_way() -> None:
+    entries = {"/t": f"[[{T0},1,192,0]]"}
+    compact = answer_text(entries)
+    assert history_page_from_bytes(compact, "n") is not None
+    spaced = (
+        compact.replace(b'"/t":{', b'"/t": {'),
+        compact.replace(b',"data":[[', b', "data":[['),
+        compact.replace(b"]]}}", b"]] }}"),
+    )
+    for body in spaced:
+        assert body != compact
+        assert history_page_from_bytes(body, "n") is None
+        assert outcome(parse_history_answer, body) == outcome(parse_history_answer_careful, body)
+    # whitespace around the answer is no reason to give up
+    assert history_page_from_bytes(b" \n" + compact + b"\r\n", "n") is not None
+
+
+@pytest.mark.parametrize(
+    ("data", "rows"),
+    [
+        (b"[[1,2,3,4]]", 1),
+        (b"[[1,null,3,4],[5,6.5e1,-7,8]]", 2),
+        (b"[[1,true,3,4],[5,false,null,null]]", 2),
+    ],
+)
+def test_rows_as_csv_reads_lists_of_four_scalars(data: bytes, rows: int) -> None:
+    csv = fastrows.rows_as_csv(data)
+    assert csv is not None
+    assert csv.rows == rows
+    columns = fastrows.read_rows(csv.lines, csv.rows, csv.booleans)
+    assert columns is not None
+    expected = list(zip(*orjson.loads(data), strict=True))
+    assert [column.to_pylist() for column in columns] == [list(c) for c in expected]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"null",
+        b"[]",
+        b"[5]",
+        b"[null,[1,2,3,4]]",
+        b"[[]]",
+        b"[[1,2,3,4],[]]",
+        b"[[1,2,3]]",
+        b"[[1,2,3,4,5]]",
+        b"[[1,2,3,4],5,6,7,8,9]",
+        b"[[1,2,3,4],[5,6,7,8],9,10,11,12,13]",
+        b"[[1,2,3,4],[5,[6],7,8]]",
+        b"[[1,2,3,[4]],[5,6,7,8]]",
+        b"[[1,[2,3],4]]",
+        b"[[[1,2,3,4]]]",
+        b"[[[1,2,3,4],[5,6,7,8]]]",
+        b"[[1,2,3,4],[[5,6,7,8]]]",
+        b'[[1,"a",3,4]]',
+        b"[[1,{},3,4]]",
+        b"[[1,2,3,4]" + b",[1,2,3,4]" * 3 + b",1,2,3,4,5]",
+        b"[[null,2,3,4]]",
+        b"[[1.5,2,3,4]]",
+        b"[[1,2,3.0,4]]",
+        b"[[1,2,40000,4]]",
+        b"[[1,2,3,9223372036854775808]]",
+        b"[[1,1,3,4],[2,true,3,4]]",
+        b"[[true,2,3,4]]",
+    ],
+)
+def test_rows_as_csv_reads_nothing_else(data: bytes) -> None:
+    csv = fastrows.rows_as_csv(data)
+    columns = None if csv is None else fastrows.read_rows(csv.lines, csv.rows, csv.booleans)
+    # a null timestamp is read (as null) and refused by the caller
+    assert columns is None or columns[0].null_count > 0
+
+
+def test_read_many_finds_the_texts_that_are_not_numbers() -> None:
+    texts = [fastrows.rows_as_csv(d) for d in (b"[[1,2,3,4]]", b"[[1,2,3]]", b"[[5,6,7,8]]")]
+    read = fastrows.read_many([t for t in texts if t is not None], booleans=False)
+    assert [None if r is None else r[0].to_pylist() for r in read] == [[1], None, [5]]
 
 
 # -- tag history: properties ----------------------------------------------------------------
