@@ -9,6 +9,13 @@ adding.
 
 Tables (in `schema` when given, created if missing) are described in sinks/sql_tables.py;
 loading in sinks/sql_load.py and sinks/sql_copy.py; locks in sinks/sql_locks.py.
+
+Tag history in PostgreSQL is loaded narrow: (node, tag) becomes the integer `series_id`
+of `historian_series` (looked up once per open sink and pair, new pairs added in a short
+transaction of their own, before the chunk's), and the rows are binary-COPied into
+`historian_rows_<dataset>`, keyed by (series_id, ts, seq); users read the view named like
+the dataset, which has the tag history columns and keeps (node, tag, ts, seq) unique
+(the argument is in sinks/sql_tables.py).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,6 +56,7 @@ from sinks.base import (
     SinkUnavailable,
     merge_windows,
 )
+from sinks.sql_copy import dense_codes
 from sinks.sql_errors import is_database_error, is_duplicate_key, is_transient, one_line
 from sinks.sql_load import (
     copy_binary,
@@ -63,8 +72,10 @@ from sinks.sql_tables import (
     DATASETS_TABLE,
     METADATA_TABLE,
     PROGRESS_TABLE,
+    SERIES_TABLE,
     VERSION_TABLE,
     Layout,
+    Storage,
     check_dataset_name,
     quote,
 )
@@ -115,7 +126,8 @@ class SqlWarehouse:
             s for s in (parsed.password, os.environ.get("PGPASSWORD")) if isinstance(s, str) and s
         )
         self._engine: Engine | None = None
-        self._ready: set[str] = set()
+        self._ready: dict[str, Storage] = {}
+        self._series: dict[tuple[str, str], int] = {}
 
     def __repr__(self) -> str:
         return f"SqlWarehouse({self.describe()!r}, name={self.name!r})"
@@ -181,6 +193,7 @@ class SqlWarehouse:
             self._engine.dispose()
             self._engine = None
         self._ready.clear()
+        self._series.clear()
 
     def check_writable(self) -> None:
         with self._errors("write check"), self.engine.connect() as conn:
@@ -238,11 +251,13 @@ class SqlWarehouse:
             raise SinkError(f"chunk {scope.chunk_id}: cannot write kind {scope.kind!r}")
         table = _typed_table(frame, scope.kind)
         _check_scope(table, scope)
-        self._ensure_dataset(scope.dataset, scope.kind)
+        storage = self._ensure_dataset(scope.dataset, scope.kind)
+        if storage.narrow:
+            table = self._narrow(table)
         with self._errors(f"write chunk {scope.chunk_id}"), self.engine.begin() as conn:
             self._check_attrs(conn, scope)
-            self._delete_scope(conn, scope)
-            committed = self._load(conn, scope, table)
+            self._delete_scope(conn, scope, storage)
+            committed = self._load(conn, scope, table, storage)
             if committed != rows_fetched:
                 raise CountMismatch(
                     f"sink {self.name}: chunk {scope.chunk_id} committed {committed} rows, "
@@ -252,14 +267,72 @@ class SqlWarehouse:
             self._merge_progress(conn, scope)
         return committed
 
-    def _ensure_dataset(self, dataset: str, kind: str) -> None:
+    def _ensure_dataset(self, dataset: str, kind: str) -> Storage:
         """Create or migrate a dataset's table once per open sink, in its own transaction."""
-        if dataset in self._ready:
-            return
+        storage = self._ready.get(dataset)
+        if storage is not None:
+            return storage
         with self._errors(f"prepare table {dataset}"), self.engine.begin() as conn:
             self._ddl_lock(conn)
-            self.layout.ensure_table(conn, dataset, kind)
-        self._ready.add(dataset)
+            storage = self.layout.ensure_dataset(conn, dataset, kind)
+        self._ready[dataset] = storage
+        return storage
+
+    def _narrow(self, table: pa.Table) -> pa.Table:
+        """Tag history rows with (node, tag) replaced by their series_id (text column last)."""
+        rest = [n for n in table.column_names if n not in ("node", "tag")]
+        fixed = [n for n in rest if not pa.types.is_string(table.schema.field(n).type)]
+        text = [n for n in rest if n not in fixed]
+        columns = [table.column(n) for n in fixed + text]
+        names = ["series_id", *fixed, *text]
+        if table.num_rows == 0:
+            return pa.table([pa.array([], pa.int32()), *columns], names=names)
+        nodes = pc.dictionary_encode(table.column("node").combine_chunks())
+        tags = pc.dictionary_encode(table.column("tag").combine_chunks())
+        node_codes = np.asarray(nodes.indices, dtype=np.int64)
+        tag_codes = np.asarray(tags.indices, dtype=np.int64)
+        pair_codes, count = dense_codes(node_codes * len(tags.dictionary) + tag_codes)
+        firsts = np.full(count, -1, np.int64)
+        firsts[pair_codes[::-1]] = np.arange(len(pair_codes) - 1, -1, -1)  # first row of each
+        node_names = nodes.dictionary.to_pylist()
+        tag_names = tags.dictionary.to_pylist()
+        pairs = [
+            (node_names[node_codes[row]], tag_names[tag_codes[row]]) for row in firsts.tolist()
+        ]
+        self._learn_series([p for p in pairs if p not in self._series])
+        ids = np.array([self._series[p] for p in pairs], dtype=np.int32)
+        return pa.table([pa.array(ids[pair_codes]), *columns], names=names)
+
+    def _learn_series(self, pairs: list[tuple[str, str]]) -> None:
+        """Add (node, tag) pairs to the series table if new, and remember their ids."""
+        if not pairs:
+            return
+        series = self.layout.table(SERIES_TABLE)
+        given = (
+            'SELECT n COLLATE "C" AS node, t COLLATE "C" AS tag '
+            "FROM unnest(CAST(:n AS TEXT[]), CAST(:t AS TEXT[])) AS given (n, t)"
+        )
+        params = {"n": [p[0] for p in pairs], "t": [p[1] for p in pairs]}
+        with self._errors("register tags"), self.engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {series} (node, tag) {given} ORDER BY 1, 2 "
+                    "ON CONFLICT (node, tag) DO NOTHING"
+                ),
+                params,
+            )
+            found = conn.execute(
+                sa.text(
+                    f"SELECT s.series_id, s.node, s.tag FROM {series} s "
+                    f"JOIN ({given}) g ON g.node = s.node AND g.tag = s.tag"
+                ),
+                params,
+            ).fetchall()
+        for series_id, node, tag in found:
+            self._series[(str(node), str(tag))] = int(series_id)
+        missing = [p for p in pairs if p not in self._series]
+        if missing:
+            raise SinkError(f"sink {self.name}: tags not registered: {missing[0]!r}")
 
     def _check_attrs(self, conn: Connection, scope: ChunkScope) -> None:
         """Register the dataset's facts on first write; refuse a write whose facts differ."""
@@ -290,11 +363,18 @@ class SqlWarehouse:
                 f"({'; '.join(differences)}): use another dataset name or reset it"
             )
 
-    def _delete_scope(self, conn: Connection, scope: ChunkScope) -> None:
-        target = self.layout.table(scope.dataset)
+    def _delete_scope(self, conn: Connection, scope: ChunkScope, storage: Storage) -> None:
+        target = storage.target
         params: dict[str, Any] = {"s": scope.window.start, "e": scope.window.end}
         where = "ts >= :s AND ts < :e"
-        if scope.kind == KIND_TAG_HISTORY:
+        if storage.narrow:
+            # Every node's series of the scope's tags (the key leads with series_id).
+            params["members"] = list(scope.members)
+            where += (
+                " AND series_id = ANY(ARRAY(SELECT series_id FROM "
+                f"{self.layout.table(SERIES_TABLE)} WHERE tag = ANY(:members)))"
+            )
+        elif scope.kind == KIND_TAG_HISTORY:
             params["members"] = list(scope.members)
             where += " AND tag = ANY(:members)"
             if self.dialect == "postgresql":
@@ -305,8 +385,8 @@ class SqlWarehouse:
                 where += " AND node = ANY(:nodes)"
         conn.execute(sa.text(f"DELETE FROM {target} WHERE {where}"), params)
 
-    def _load(self, conn: Connection, scope: ChunkScope, table: pa.Table) -> int:
-        target = self.layout.table(scope.dataset)
+    def _load(self, conn: Connection, scope: ChunkScope, table: pa.Table, storage: Storage) -> int:
+        target = storage.target
         key = KEYS[scope.kind]
         try:
             if self.dialect == "postgresql":

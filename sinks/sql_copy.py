@@ -190,7 +190,7 @@ def _field(column: pa.Array) -> _Field:
     return _Field(valid, values=np.asarray(column), wire=_WIRE[name])
 
 
-def _dense(values: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], int]:
+def dense_codes(values: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], int]:
     """Values renumbered 0..k-1 in value order, and k (linear time for small values)."""
     low = int(values.min())
     if int(values.max()) - low < 1 << 22:
@@ -209,13 +209,13 @@ def _shapes(fields: list[_Field], n: int) -> tuple[npt.NDArray[np.int64], int]:
     count = 1
     for f in fields:
         if f.lengths is not None:
-            part, size = _dense(f.lengths)
+            part, size = dense_codes(f.lengths)
         elif f.valid is not None:
             part, size = f.valid.astype(np.int64), 2
         else:
             continue
         if size > 1:
-            code, count = _dense(code * size + part)
+            code, count = dense_codes(code * size + part)
     return code, count
 
 

@@ -265,7 +265,9 @@ def test_hostile_tag_paths_round_trip_and_create_no_other_table(
     assert set(back["tag"]) == set(HOSTILE_TAGS)
     assert set(sink.progress("f1").completed) == set(HOSTILE_TAGS)
     assert sink.reset("f1", "'; drop table x; --") == 1
-    assert tables_of(sink) - tables_before == {"hist"}
+    # PostgreSQL: the view users read and the narrow table behind it (sinks/sql_tables.py).
+    made = {"hist", "historian_rows_hist"} if sink.dialect == "postgresql" else {"hist"}
+    assert tables_of(sink) - tables_before == made
     assert sorted(p.name for p in tmp_path.rglob("*")) == files_before
 
 
@@ -509,7 +511,8 @@ def test_pg_tables_have_the_schema_types(pg_sink: SqlWarehouse) -> None:
             for t, c, d, n in conn.execute(
                 sa.text(
                     "SELECT table_name, column_name, data_type, is_nullable "
-                    "FROM information_schema.columns WHERE table_schema = :s"
+                    "FROM information_schema.columns WHERE table_schema = :s "
+                    "ORDER BY table_name, ordinal_position"
                 ),
                 {"s": pg_sink.schema},
             )
@@ -523,18 +526,26 @@ def test_pg_tables_have_the_schema_types(pg_sink: SqlWarehouse) -> None:
             ),
             {"s": pg_sink.schema},
         ).fetchall()
-    assert found[("hist", "ts")] == ("timestamp with time zone", "NO")
-    assert found[("hist", "seq")] == ("smallint", "NO")
-    assert found[("hist", "value")] == ("double precision", "YES")
-    assert found[("hist", "value_bool")] == ("boolean", "YES")
-    assert found[("hist", "value_str")] == ("text", "YES")
-    assert found[("hist", "extra")] == ("bigint", "YES")
+    # Tag history: a view with the schema's columns over the narrow rows table.
+    view = [c for (t, c) in found if t == "hist"]
+    assert view == [f.name for f in schema.TAG_HISTORY_SCHEMA]
+    assert found[("hist", "node")][0] == found[("hist", "tag")][0] == "text"
+    assert found[("hist", "ts")][0] == "timestamp with time zone"
+    rows_table = "historian_rows_hist"
+    assert found[(rows_table, "series_id")] == ("integer", "NO")
+    assert found[(rows_table, "ts")] == ("timestamp with time zone", "NO")
+    assert found[(rows_table, "seq")] == ("smallint", "NO")
+    assert found[(rows_table, "value")] == ("double precision", "YES")
+    assert found[(rows_table, "value_bool")] == ("boolean", "YES")
+    assert found[(rows_table, "value_str")] == ("text", "YES")
+    assert found[(rows_table, "extra")] == ("bigint", "YES")
     assert found[("al", "ack_ts")] == ("timestamp with time zone", "YES")
     assert found[("tag_metadata", "updated_at")] == ("timestamp with time zone", "NO")
     assert found[("historian_datasets", "attrs")] == ("jsonb", "NO")
     assert found[("historian_chunks", "rows_committed")] == ("bigint", "NO")
     assert dict(keys) == {
-        "hist": "node,tag,ts,seq",
+        "historian_rows_hist": "series_id,ts,seq",
+        "historian_series": "series_id",
         "al": "node,path,ts,status",
         "tag_metadata": "node,tag",
         "historian_datasets": "dataset",
@@ -700,3 +711,114 @@ def test_state_tables_of_an_earlier_version_are_migrated(tmp_path: Path) -> None
         assert "created_at" in columns
     finally:
         warehouse.close()
+
+
+@pytest.mark.postgres
+def test_pg_narrow_history_keeps_node_tag_ts_seq_unique(pg_sink: SqlWarehouse) -> None:
+    """The view's (node, tag, ts, seq) is unique: series <-> (node, tag) one to one, and the
+    rows table's key; the same tag on two nodes stays two series, replaced together."""
+    window = hours(0, 1)
+    first = history(["a", "b"], window)
+    other_node = history(["a"], window, node="node2")
+    both = pd.concat([first, other_node], ignore_index=True)
+    assert pg_sink.write(scope(["a", "b"], window), both, 18) == 18
+    assert pg_sink.write(scope(["a", "b"], window), first, 12) == 12  # node2's "a" replaced
+    assert_same(pg_sink.read("hist", HIST), first, HIST)
+    series = pg_sink.layout.table("historian_series")
+    rows_table = pg_sink.layout.table("historian_rows_hist")
+    with pg_sink.engine.connect() as conn:
+        pairs = conn.execute(sa.text(f"SELECT node, tag FROM {series} ORDER BY 1, 2")).fetchall()
+        assert [tuple(p) for p in pairs] == [("node1", "a"), ("node1", "b"), ("node2", "a")]
+        with pytest.raises(sa.exc.IntegrityError):
+            conn.execute(sa.text(f"INSERT INTO {series} (node, tag) VALUES ('node1', 'a')"))
+        conn.rollback()
+        with pytest.raises(sa.exc.IntegrityError):
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {rows_table} (series_id, ts, seq) "
+                    f"SELECT series_id, ts, seq FROM {rows_table} LIMIT 1"
+                )
+            )
+        conn.rollback()
+        dupes = conn.execute(
+            sa.text(
+                f"SELECT count(*) FROM (SELECT 1 FROM {pg_sink.layout.table('hist')} "
+                "GROUP BY node, tag, ts, seq HAVING count(*) > 1) d"
+            )
+        ).scalar()
+    assert dupes == 0
+
+
+@pytest.mark.postgres
+def test_pg_tag_history_table_of_an_earlier_version_keeps_taking_writes(
+    pg_sink: SqlWarehouse, pg_url: str, pg_schema: str
+) -> None:
+    """A version-1 warehouse: its plain (node, tag, ts, seq) table is written as before,
+    new datasets get the narrow layout, and the version moves to 2 (older programs refuse)."""
+    layout = pg_sink.layout
+    legacy = layout.table("legacy")
+    columns = ", ".join(
+        layout.column_ddl(f, f.name in schema.TAG_HISTORY_KEY) for f in schema.TAG_HISTORY_SCHEMA
+    )
+    with pg_sink.engine.begin() as conn:
+        conn.execute(
+            sa.text(f"CREATE TABLE {legacy} ({columns}, PRIMARY KEY (node, tag, ts, seq))")
+        )
+        conn.execute(sa.text(f"DROP TABLE {layout.table('historian_series')}"))
+        conn.execute(sa.text(f"UPDATE {layout.table('historian_schema_version')} SET version = 1"))
+    pg_sink.close()
+    warehouse = SqlWarehouse(pg_url, schema=pg_schema)
+    warehouse.open()
+    try:
+        window = hours(0, 1)
+        frame = history(["a", "'; drop table x; --"], window)
+        for dataset in ("legacy", "legacy", "fresh"):
+            target = scope(["a", "'; drop table x; --"], window, dataset=dataset)
+            assert warehouse.write(target, frame, len(frame)) == len(frame)
+        assert_same(warehouse.read("legacy", HIST), frame, HIST)
+        assert_same(warehouse.read("fresh", HIST), frame, HIST)
+        with warehouse.engine.connect() as conn:
+            kinds = dict(
+                conn.execute(
+                    sa.text(
+                        "SELECT table_name, table_type FROM information_schema.tables "
+                        "WHERE table_schema = :s AND table_name IN ('legacy', 'fresh')"
+                    ),
+                    {"s": pg_schema},
+                ).fetchall()
+            )
+            version = conn.execute(
+                sa.text(f"SELECT max(version) FROM {layout.table('historian_schema_version')}")
+            ).scalar()
+        assert kinds == {"legacy": "BASE TABLE", "fresh": "VIEW"}
+        assert version == 2
+    finally:
+        warehouse.close()
+
+
+def _decoded_rows(stream: bytes, fields: int) -> list[bytes]:
+    """The rows of a binary COPY stream as byte strings (any field layout)."""
+    out, at = [], 19
+    while stream[at : at + 2] != b"\xff\xff":
+        start = at
+        assert int.from_bytes(stream[at : at + 2], "big") == fields
+        at += 2
+        for _ in range(fields):
+            length = int.from_bytes(stream[at : at + 4], "big", signed=True)
+            at += 4 + max(length, 0)
+        out.append(stream[start:at])
+    assert at == len(stream) - 2
+    return out
+
+
+def test_binary_copy_by_shape_holds_the_same_rows_as_the_row_by_row_join() -> None:
+    frame = history(HOSTILE_TAGS, hours(0, 2), step_s=300)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = pa.concat_tables([table.slice(7), table.slice(0, 7)])  # offsets and two chunks
+    from sinks.sql_copy import HEADER, TRAILER, encode_rows
+
+    grouped = HEADER + encode_rows(table, max_shapes=1 << 30) + TRAILER  # one group per shape
+    joined = HEADER + encode_rows(table, max_shapes=0) + TRAILER  # the fallback, forced
+    fields = table.num_columns
+    assert sorted(_decoded_rows(grouped, fields)) == sorted(_decoded_rows(joined, fields))
+    assert len(_decoded_rows(grouped, fields)) == table.num_rows
