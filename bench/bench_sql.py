@@ -10,14 +10,19 @@ delete, insert, chunk record and progress merge. Then one chunk is written again
 the full table (the idempotent replace a re-run does). Prints medians in rows/s.
 `--formats` also times the bare COPY of one chunk into an unindexed temporary table in
 each candidate format (vectorised binary, pyarrow CSV, psycopg `write_row`).
+`--against REV` loads the sinks/ package of git revision REV (e.g. c01bdc2, before the
+narrow layout) as `sinks_REV` and alternates it with the working tree's, run by run, so
+both see the same machine noise; it prints both medians and their ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import io
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -95,7 +100,40 @@ def run_once(
         cleanup()
 
 
-def postgres(url: str) -> Callable[[], tuple[SqlWarehouse, Callable[[], None]]]:
+def sinks_at(revision: str) -> type[SqlWarehouse]:
+    """SqlWarehouse of sinks/ at a git revision, imported as package `sinks_<revision>`."""
+    repo = Path(__file__).resolve().parents[1]
+    package = f"sinks_{revision}"
+    folder = Path(tempfile.mkdtemp(prefix="bench-sinks-")) / package
+    folder.mkdir()
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", revision, "sinks/"],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    for path in listed:
+        text = subprocess.run(
+            ["git", "show", f"{revision}:{path}"],
+            cwd=repo,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        text = text.replace("from sinks.", f"from {package}.").replace(
+            "import sinks.", f"import {package}."
+        )
+        (folder / Path(path).name).write_text(text, encoding="utf-8")
+    sys.path.insert(0, str(folder.parent))
+    module = importlib.import_module(f"{package}.sql")
+    warehouse: type[SqlWarehouse] = module.SqlWarehouse
+    return warehouse
+
+
+def postgres(
+    url: str, kind: type[SqlWarehouse] = SqlWarehouse
+) -> Callable[[], tuple[SqlWarehouse, Callable[[], None]]]:
     def make() -> tuple[SqlWarehouse, Callable[[], None]]:
         name = f"bench_{uuid.uuid4().hex[:10]}"
 
@@ -105,9 +143,7 @@ def postgres(url: str) -> Callable[[], tuple[SqlWarehouse, Callable[[], None]]]:
                 conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
             engine.dispose()
 
-        return SqlWarehouse(
-            url, schema=name, connect_args={"application_name": "historian-bench"}
-        ), drop
+        return kind(url, schema=name, connect_args={"application_name": "historian-bench"}), drop
 
     return make
 
@@ -173,6 +209,29 @@ def copy_formats(url: str, frame: pd.DataFrame, repeat: int) -> None:
     engine.dispose()
 
 
+def compare_postgres(
+    args: argparse.Namespace, chunks: list[tuple[ChunkScope, pd.DataFrame]]
+) -> None:
+    """This tree vs `--against REV` on PostgreSQL, alternating within every repeat."""
+    contenders = {
+        "this tree": postgres(args.pg_url),
+        args.against: postgres(args.pg_url, sinks_at(args.against)),
+    }
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
+    for _ in range(args.repeat):
+        for name, make in contenders.items():
+            results[name].append(run_once(make, chunks))
+    loads = {name: statistics.median(r[0] for r in runs) for name, runs in results.items()}
+    for name, runs in results.items():
+        spread = ", ".join(f"{r[0]:,.0f}" for r in runs)
+        replace = statistics.median(r[1] for r in runs)
+        print(
+            f"PostgreSQL {name:<10} load {loads[name]:>10,.0f} rows/s  replace "
+            f"{replace:>10,.0f} rows/s  (load runs: {spread})"
+        )
+    print(f"ratio load this tree / {args.against}: {loads['this tree'] / loads[args.against]:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -189,6 +248,7 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--no-duckdb", action="store_true")
     parser.add_argument("--formats", action="store_true", help="also compare COPY formats")
+    parser.add_argument("--against", metavar="REV", help="alternate with sinks/ at this revision")
     args = parser.parse_args()
 
     chunks = [chunk(i, args.chunk) for i in range(max(1, args.rows // args.chunk))]
@@ -197,6 +257,9 @@ def main() -> None:
         f"{total:,} tag-history rows in {len(chunks)} chunks of {len(chunks[0][1]):,}; "
         f"median of {args.repeat}; {os.cpu_count()} CPUs"
     )
+    if args.against and not args.no_postgres:
+        compare_postgres(args, chunks)
+        return
     targets: list[tuple[str, Callable[[], tuple[SqlWarehouse, Callable[[], None]]]]] = []
     if not args.no_postgres:
         targets.append(("PostgreSQL", postgres(args.pg_url)))
