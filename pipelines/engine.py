@@ -169,9 +169,13 @@ class HistoryEngine:
         tables = [page.table]
         if raw:
             tables.extend(self._continue_capped(chunk, page, result))
-        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        table = _inside(table, window, members)
-        table = assign_seq(table)
+        if len(tables) > 1:
+            # `seq` of a page counts only that page: renumber over the combined pages.
+            table = assign_seq(_inside(pa.concat_tables(tables), window, members))
+        else:
+            # One page: its `seq` is already the chunk's (the window filter drops whole
+            # milliseconds); only the (tag, ts) order may be missing, and usually is not.
+            table = _by_tag_ts(_inside(tables[0], window, members))
         result.frame = history_frame(table)
         result.rows_fetched = table.num_rows
         result.seconds = time.perf_counter() - began
@@ -383,6 +387,22 @@ def _inside(table: pa.Table, window: Window, members: set[str]) -> pa.Table:
     keep = pc.and_(pc.greater_equal(ts, window.start_ms), pc.less(ts, window.end_ms))
     keep = pc.and_(keep, pc.is_in(table.column("tag"), value_set=pa.array(sorted(members))))
     return table.filter(keep).cast(TAG_HISTORY_SCHEMA)
+
+
+def _by_tag_ts(table: pa.Table) -> pa.Table:
+    """Rows in (tag, ts) order, ties in their order (what `assign_seq` gives a single page)."""
+    n = table.num_rows
+    if n < 2:
+        return table
+    tag, ts = table.column("tag"), table.column("ts")
+    tag_before, tag_after = tag.slice(0, n - 1), tag.slice(1)
+    ordered = pc.or_(
+        pc.less(tag_before, tag_after),
+        pc.and_(pc.equal(tag_before, tag_after), pc.less_equal(ts.slice(0, n - 1), ts.slice(1))),
+    )
+    if pc.all(ordered).as_py():
+        return table
+    return table.take(pc.sort_indices(table, sort_keys=[("tag", "ascending"), ("ts", "ascending")]))
 
 
 def _distinct(table: pa.Table, keys: list[str]) -> pa.Table:

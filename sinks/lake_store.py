@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -180,8 +180,18 @@ class LakeStore:
     def read_parquet_metadata(self, path: str) -> pq.FileMetaData:
         return pq.read_metadata(path, filesystem=self.pafs)
 
-    def read_table(self, path: str, columns: list[str] | None = None) -> pa.Table:
-        return pq.read_table(path, columns=columns, filesystem=self.pafs, partitioning=None)
+    def read_table(
+        self, path: str, columns: list[str] | None = None, dictionary: Sequence[str] = ()
+    ) -> pa.Table:
+        """The file's rows; columns named in `dictionary` come back dictionary-encoded (as
+        Parquet stores them), which holds repeated strings in a fraction of the memory."""
+        return pq.read_table(
+            path,
+            columns=columns,
+            filesystem=self.pafs,
+            partitioning=None,
+            read_dictionary=list(dictionary) or None,
+        )
 
     # -- writing ------------------------------------------------------------------------
 
@@ -231,6 +241,32 @@ class LakeStore:
             return
         with self.fs.open(path, "wb") as handle:
             pq.write_table(table, handle, **options)
+
+    def write_parquet_parts(
+        self,
+        schema: pa.Schema,
+        parts: Iterable[pa.Table],
+        path: str,
+        *,
+        row_group_size: int,
+        **options: Any,
+    ) -> None:
+        """Like `write_parquet`, from tables made one at a time (only one is held at once)."""
+
+        def write(handle: Any) -> None:
+            with pq.ParquetWriter(handle, schema, **options) as writer:
+                for part in parts:
+                    writer.write_table(part, row_group_size=row_group_size)
+
+        if self.local:
+            self.makedirs(os.path.dirname(path))
+            with open(path, "wb") as handle:
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            return
+        with self.fs.open(path, "wb") as handle:
+            write(handle)
 
     def replace(self, source: str, target: str) -> None:
         """Move `source` over `target` (atomic on local disk; copy + delete on object stores)."""

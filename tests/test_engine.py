@@ -242,3 +242,45 @@ def test_alarm_history_filters_are_applied(
     truth = sim_node.alarm_ground_truth(span.start_ms, span.end_ms, filt, path="/")
     assert len(got) == len(truth)
     assert (got["priority"].astype(int) >= 3).all()
+
+
+class _OneAnswer:
+    """A node that answers every history request with the same body."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def tag_history_many_bytes(self, *args: Any, **kwargs: Any) -> bytes:
+        return self.body
+
+    def tag_history_filter_bytes(self, *args: Any, **kwargs: Any) -> bytes:
+        return self.body
+
+    def alarm_history_bytes(self, *args: Any, **kwargs: Any) -> bytes:
+        raise AssertionError("not used")
+
+
+def test_one_answer_out_of_order_comes_out_by_tag_and_time_with_seq_in_answer_order() -> None:
+    import orjson
+
+    t0 = int(NOW.timestamp() * 1000)
+    answer = {
+        "/b": {
+            "request": {},
+            "data": [[t0 + 20, 1.0, 192], [t0 + 10, 2.0, 192], [t0 + 20, 3.0, 0]],
+        },
+        "/a": {"request": {}, "data": [[t0 + 5, 4.0, 192], [t0 + 5, 5.0, 192], [t0 + 1, 6.0, 192]]},
+    }
+    engine = HistoryEngine(_OneAnswer(orjson.dumps(answer)), NODE, HistoryOptions(mode="raw"))
+    span = Window(NOW, NOW + timedelta(hours=1))
+    (chunk,) = chunks_for(["/a", "/b"], span, timedelta(hours=1))
+    frame = engine.fetch_chunk(chunk).frame
+    got = list(zip(frame["tag"], epoch_ms(frame["ts"]), frame["seq"], frame["value"], strict=True))
+    assert got == [
+        ("/a", t0 + 1, 0, 6.0),
+        ("/a", t0 + 5, 0, 4.0),
+        ("/a", t0 + 5, 1, 5.0),
+        ("/b", t0 + 10, 0, 2.0),
+        ("/b", t0 + 20, 0, 1.0),
+        ("/b", t0 + 20, 1, 3.0),
+    ]

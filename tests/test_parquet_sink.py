@@ -467,12 +467,55 @@ def test_compact_merges_small_files_and_keeps_rows_and_markers(tmp_lake: Path) -
     assert rows_of(sink.read("hist", "tag_history")) == rows_of(expected)
 
 
+@pytest.mark.parametrize("kind", [schema.KIND_TAG_HISTORY, schema.KIND_ALARM_HISTORY])
+def test_compacted_files_are_sorted_by_key_with_the_kinds_plain_types(
+    tmp_lake: Path, kind: str
+) -> None:
+    sink = ParquetLake(str(tmp_lake), target_file_rows=100_000)
+    chunks = []
+    # Later windows and tags first, so that the files interleave in key order. An alarm
+    # chunk's scope is every path of its window: one batch per window.
+    batches = (TAGS[2:], TAGS[:2]) if kind == schema.KIND_TAG_HISTORY else (TAGS,)
+    for i, start in enumerate(range(20, -1, -4)):
+        for j, batch in enumerate(batches):
+            win = window(start, start + 4)
+            if kind == schema.KIND_TAG_HISTORY:
+                frame = history_frame(batch, win, step_s=300, twins=True)
+            else:
+                frame = alarm_frame(batch, win, step_s=300)
+            sink.write(scope(batch, win, f"c{i}x{j}", kind=kind), frame, len(frame))
+            chunks.append(frame)
+    assert sink.compact("hist", min_rows=1_000_000) == len(chunks)
+    (merged,) = [tmp_lake / "hist" / name for name in data_files(tmp_lake)]
+    table = pq.read_table(merged)
+    target = schema.SCHEMAS[kind]
+    assert table.schema.remove_metadata() == target.remove_metadata()
+    keys = [(key, "ascending") for key in schema.KEYS[kind]]
+    want = schema.table_from_frame(concat(chunks), kind).sort_by(keys)
+    assert table.replace_schema_metadata(None).equals(want)
+    assert pq.read_metadata(merged).num_row_groups == 1
+
+
+def test_rows_land_sorted_by_key_whatever_order_they_come_in(
+    lake: ParquetLake, tmp_lake: Path
+) -> None:
+    frame = history_frame(TAGS, window(0, 6), twins=True)
+    shuffled = frame.sample(frac=1.0, random_state=7).reset_index(drop=True)
+    write(lake, TAGS, window(0, 6), "k1", frame=shuffled)
+    (path,) = [tmp_lake / "hist" / name for name in data_files(tmp_lake)]
+    written = pq.read_table(path).replace_schema_metadata(None)
+    ordered = schema.table_from_frame(frame, schema.KIND_TAG_HISTORY).sort_by(
+        [(key, "ascending") for key in KEY]
+    )
+    assert written.equals(ordered)
+
+
 class Crash(BaseException):
     """A simulated SIGKILL: raised by the n-th file operation, and by every one after it."""
 
 
 class Crasher:
-    OPS = ("replace", "remove", "write_json", "write_parquet")
+    OPS = ("replace", "remove", "write_json", "write_parquet", "write_parquet_parts")
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.at: int | None = None
