@@ -1,78 +1,261 @@
-"""How fast the simulator renders raw history: samples/s of historyMany over loopback.
+"""How fast the simulator serves history: samples (or rows) per second over loopback.
 
-One request = `tag?cmd=historyMany` raw, 100 tags x 1 hour, answered by a fresh render
-(replay cache off). The client only reads the bytes, so the number is the node's.
-Prints the median of 5 timed requests (after one warm-up) and the median of 5 for
-one tag x 24 h (long single-tag answers).
+Every case is `tag?cmd=historyMany` for a batch of tags over one window, the request a
+backfill sends (bench/compare.py: batches of 100 tags). The client only reads the bytes,
+so the number is the node's. Median of `--repeat` timed requests after one warm-up.
 
-    .venv/bin/python bench/bench_simulator.py [--tags 100] [--hours 1] [--repeat 5]
+* raw            mixed periods (1 s .. 60 s), 100 tags x 1 h, and 1 tag x 24 h
+* raw-1s         `period_ms=1000`: 100 tags x 1 h (the raw-1k-day workload's request)
+* agg            `period_ms=60000`, 15-min `avg`: 100 tags x 1 week (agg-10k-year's request)
+* agg-mixed      mixed periods, 15-min `avg`: 20 tags x 1 week (up to 604,800 samples a tag)
+* replay         replay mode, raw-1s requests: served from memory after the first
+* replay-full    replay mode, the whole raw-1k-day workload (1,000 tags x 1 day at 1 s,
+                 240 requests): bytes held, process RSS, and the rate of the second pass
+* compare        aggregated answers in-process, the former bucket loop (kept in
+                 tests/test_simulator_aggregates.py) against the node, alternating
+
+    .venv/bin/python bench/bench_simulator.py [--cases raw,raw-1s,agg,agg-mixed,replay]
+    .venv/bin/python bench/bench_simulator.py --cases compare --repeat 3
+    .venv/bin/python bench/bench_simulator.py --cases replay-full --repeat 1
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import orjson
 
-from connectors.simulator import SimConfig, SimulatedNode, run_server
+from connectors.simulator import SimConfig, SimulatedNode, history, run_server
+from connectors.simulator.tagtree import TagSpec
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
+QUARTER_MS = 900_000
 
 
 def _iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.000Z")
 
 
-def measure(
-    client: httpx.Client, url: str, paths: list[str], hours: float, repeat: int
-) -> tuple[float, int]:
-    """Median samples/s of `repeat` requests, and the samples per answer."""
+def _params(paths: list[str], start: datetime, end: datetime, aggregated: bool) -> dict[str, str]:
     params = {
         "cmd": "historyMany",
         "paths": orjson.dumps(paths).decode(),
-        "start": _iso(NOW - timedelta(hours=hours) - timedelta(days=1)),
-        "end": _iso(NOW - timedelta(days=1)),
-        "options.mode": "raw",
-        "options.limit": "1000000",
+        "start": _iso(start),
+        "end": _iso(end),
     }
+    if aggregated:
+        params |= {
+            "options.mode": "aggregated",
+            "options.method": "avg",
+            "options.interval": str(QUARTER_MS),
+        }
+    else:
+        params |= {"options.mode": "raw", "options.limit": "1000000"}
+    return params
+
+
+def _count(body: bytes) -> int:
+    return sum(len(entry["data"]) for entry in orjson.loads(body).values())
+
+
+def measure(
+    client: httpx.Client, url: str, params: dict[str, str], repeat: int
+) -> tuple[float, int]:
+    """Median rows/s of `repeat` requests (after one warm-up), and the rows per answer."""
     warm = client.get(f"{url}/tag", params=params)
     warm.raise_for_status()
-    samples = sum(len(entry["data"]) for entry in orjson.loads(warm.content).values())
+    rows = _count(warm.content)
     rates = []
     for _ in range(repeat):
         began = time.perf_counter()
         answer = client.get(f"{url}/tag", params=params)
         elapsed = time.perf_counter() - began
         answer.raise_for_status()
-        rates.append(samples / elapsed)
-    return statistics.median(rates), samples
+        rates.append(rows / elapsed)
+    return statistics.median(rates), rows
+
+
+def _node(tags: int, period_ms: int | None = None, replay: bool = False) -> SimulatedNode:
+    config = SimConfig(
+        seed=42, tags=max(tags, 10), raw_cap=1_000_000, period_ms=period_ms, cache_answers=replay
+    )
+    node = SimulatedNode(config)
+    node.set_clock(int(NOW.timestamp() * 1000))
+    return node
+
+
+def serve_case(
+    label: str,
+    node: SimulatedNode,
+    paths: list[str],
+    span: timedelta,
+    aggregated: bool,
+    repeat: int,
+    unit: str = "samples",
+) -> None:
+    end = NOW - timedelta(days=1)
+    params = _params(paths, end - span, end, aggregated)
+    with run_server(node, https_port=None) as server, httpx.Client(timeout=600) as client:
+        rate, rows = measure(client, server.http_url, params, repeat)
+    print(
+        f"{label}: {rows:,} {unit}/answer, median {rate:,.0f} {unit}/s over {repeat} requests",
+        flush=True,
+    )
+
+
+def case_raw(repeat: int) -> None:
+    node = _node(100)
+    paths = node.tag_paths()
+    hour, day = timedelta(hours=1), timedelta(hours=24)
+    serve_case("raw, mixed periods, 100 tags x 1 h", node, paths, hour, False, repeat)
+    first = [next(p for p in paths if node.tag_type(p) == "number")]
+    serve_case("raw, mixed periods, 1 tag x 24 h", node, first, day, False, repeat)
+
+
+def case_raw_1s(repeat: int) -> None:
+    node = _node(100, period_ms=1000)
+    label = "raw-1s, 100 tags x 1 h at 1 s"
+    serve_case(label, node, node.tag_paths(), timedelta(hours=1), False, repeat)
+
+
+def case_agg(repeat: int) -> None:
+    node = _node(100, period_ms=60_000)
+    label = "agg, 15-min avg, 100 tags x 1 week at 60 s"
+    serve_case(label, node, node.tag_paths(), timedelta(weeks=1), True, repeat, "rows")
+
+
+def case_agg_mixed(repeat: int) -> None:
+    node = _node(20)
+    label = "agg-mixed, 15-min avg, 20 tags x 1 week, mixed periods"
+    serve_case(label, node, node.tag_paths(), timedelta(weeks=1), True, repeat, "rows")
+
+
+def case_replay(repeat: int) -> None:
+    node = _node(100, period_ms=1000, replay=True)
+    label = "replay, raw-1s 100 tags x 1 h, served from memory"
+    serve_case(label, node, node.tag_paths(), timedelta(hours=1), False, repeat)
+    answers, size = node.cache_stats()
+    print(f"  replay cache: {answers} answer(s), {size / 1e6:,.1f} MB", flush=True)
+
+
+def case_replay_full(repeat: int) -> None:
+    """The raw-1k-day workload (batches of 100 tags, 1-hour windows) through replay mode."""
+    node = _node(1000, period_ms=1000, replay=True)
+    paths = node.tag_paths()
+    end = NOW - timedelta(days=1)
+    requests = [
+        _params(paths[i : i + 100], end - timedelta(hours=h + 1), end - timedelta(hours=h), False)
+        for h in range(24)
+        for i in range(0, len(paths), 100)
+    ]
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with run_server(node, https_port=None) as server, httpx.Client(timeout=600) as client:
+        url = f"{server.http_url}/tag"
+        for attempt in range(1 + repeat):
+            began, samples, size = time.perf_counter(), 0, 0
+            for params in requests:
+                answer = client.get(url, params=params)
+                answer.raise_for_status()
+                size += len(answer.content)
+                samples += answer.content.count(b"],[") + 1
+            elapsed = time.perf_counter() - began
+            what = "first pass (render + keep)" if attempt == 0 else "replayed pass"
+            print(
+                f"replay-full, 1,000 tags x 1 day at 1 s, {what}: {len(requests)} answers, "
+                f"~{samples:,} samples, {size / 1e9:.2f} GB in {elapsed:.1f} s: "
+                f"{samples / elapsed:,.0f} samples/s, {size / elapsed / 1e6:,.0f} MB/s",
+                flush=True,
+            )
+    answers, held = node.cache_stats()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        f"  replay cache: {answers} answers, {held / 1e9:.2f} GB of bytes; peak RSS "
+        f"{rss:,.0f} MB (client and node in one process; {rss_before:,.0f} MB before)",
+        flush=True,
+    )
+
+
+def case_compare(repeat: int) -> None:
+    """Aggregated answers in-process (rows built and JSON-encoded), former loop vs now."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_simulator_aggregates import reference_aggregated
+
+    def node_rows(spec: TagSpec, start: int, end: int, now: int) -> list[object]:
+        return history.aggregate(
+            spec,
+            start,
+            end,
+            QUARTER_MS,
+            "avg",
+            history_start_ms=SimConfig().history_start_ms,
+            visible_until_ms=now,
+        )
+
+    def former_rows(spec: TagSpec, start: int, end: int, now: int) -> list[object]:
+        return list(reference_aggregated(spec, start, end, QUARTER_MS, "avg", (), now))
+
+    now = int(NOW.timestamp() * 1000)
+    end = now - 86_400_000
+    cases = [
+        ("60 s tags, 1 year", 60_000, 365),
+        ("1 s tags, 2 weeks", 1000, 14),
+    ]
+    for label, period, days in cases:
+        node = _node(10, period_ms=period)
+        specs = [s for s in node.tree().specs if s.type == "number"][:3]
+        start = end - days * 86_400_000
+        timings: dict[str, list[float]] = {"former": [], "now": []}
+        contenders: dict[str, Callable[..., list[object]]] = {
+            "former": former_rows,
+            "now": node_rows,
+        }
+        rows = 0
+        for _ in range(repeat):
+            for name, produce in contenders.items():
+                began = time.process_time()
+                rows = 0
+                for spec in specs:
+                    answer = produce(spec, start, end, now)
+                    orjson.dumps(answer)
+                    rows += len(answer)
+                timings[name].append(time.process_time() - began)
+        former, current = (statistics.median(timings[n]) for n in ("former", "now"))
+        print(
+            f"compare, 15-min avg, {len(specs)} number tags, {label} ({rows:,} rows): former "
+            f"{rows / former:,.0f} rows/s ({former:.2f} s CPU), now {rows / current:,.0f} "
+            f"rows/s ({current:.3f} s CPU): {former / current:,.0f}x",
+            flush=True,
+        )
+
+
+CASES: dict[str, Callable[[int], None]] = {
+    "raw": case_raw,
+    "raw-1s": case_raw_1s,
+    "agg": case_agg,
+    "agg-mixed": case_agg_mixed,
+    "replay": case_replay,
+    "replay-full": case_replay_full,
+    "compare": case_compare,
+}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tags", type=int, default=100)
-    parser.add_argument("--hours", type=float, default=1.0)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--cases", default="raw,raw-1s,agg,agg-mixed,replay")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    node = SimulatedNode(SimConfig(seed=3, tags=max(args.tags, 10), raw_cap=1_000_000))
-    node.set_clock(int(NOW.timestamp() * 1000))
-    paths = node.tag_paths()[: args.tags]
-    fastest = min(paths, key=lambda p: node.tag_type(p) != "number")
-    with run_server(node, https_port=None) as server, httpx.Client(timeout=60) as client:
-        rate, samples = measure(client, server.http_url, paths, args.hours, args.repeat)
-        print(
-            f"historyMany raw {len(paths)} tags x {args.hours:g} h: {samples} samples/answer, "
-            f"median {rate:,.0f} samples/s over {args.repeat} requests"
-        )
-        rate, samples = measure(client, server.http_url, [fastest], 24.0, args.repeat)
-        print(
-            f"historyMany raw 1 tag x 24 h: {samples} samples/answer, "
-            f"median {rate:,.0f} samples/s over {args.repeat} requests"
-        )
+    for name in args.cases.split(","):
+        if name not in CASES:
+            parser.error(f"unknown case {name!r}: one of {', '.join(CASES)}")
+        CASES[name](args.repeat)
 
 
 if __name__ == "__main__":

@@ -333,10 +333,35 @@ def previous_event(
     Searches back window by window (a gap is a block of `GAP_BLOCK` samples), so the
     answer does not depend on where a query starts.
     """
+    window_end, span = _first_window(spec, before_ms, visible_until_ms, late)
+    return _search_back(
+        spec,
+        window_end,
+        span,
+        history_start_ms=history_start_ms,
+        visible_until_ms=visible_until_ms,
+        late=late,
+    )
+
+
+def _first_window(
+    spec: TagSpec, before_ms: int, visible_until_ms: int, late: Sequence[tuple[int, Any, int]]
+) -> tuple[int, int]:
+    """(end, span) of the first window `previous_event` searches: [end - span, end)."""
     newest = visible_until_ms - spec.remote_lag_ms
     newest = max([newest] + [ts for ts, _, arrived in late if arrived <= visible_until_ms])
-    window_end = min(before_ms, newest + 1)
-    span = (GAP_BLOCK + 100) * spec.period_ms
+    return min(before_ms, newest + 1), (GAP_BLOCK + 100) * spec.period_ms
+
+
+def _search_back(
+    spec: TagSpec,
+    window_end: int,
+    span: int,
+    *,
+    history_start_ms: int,
+    visible_until_ms: int,
+    late: Sequence[tuple[int, Any, int]],
+) -> tuple[Any, int] | None:
     while window_end > history_start_ms:
         found = generate(
             spec,
@@ -349,8 +374,12 @@ def previous_event(
         if len(found):
             return found.value(-1), int(found.quality[-1])
         window_end -= span
-        span = min(span * 2, 64 * GAP_BLOCK * spec.period_ms)
+        span = _next_span(spec, span)
     return None
+
+
+def _next_span(spec: TagSpec, span: int) -> int:
+    return min(span * 2, 64 * GAP_BLOCK * spec.period_ms)
 
 
 def aggregate(
@@ -374,14 +403,20 @@ def aggregate(
     if buckets == 0:
         return []
     previous = None
+    lead_ms = 0  # the first block also covers the first window of the previous-event search
     if method == "avg" and spec.type != "string":
-        previous = previous_event(
-            spec,
-            start_ms,
-            history_start_ms=history_start_ms,
-            visible_until_ms=visible_until_ms,
-            late=late,
-        )
+        window_end, span = _first_window(spec, start_ms, visible_until_ms, late)
+        if window_end == start_ms and window_end > history_start_ms:
+            lead_ms = span
+        else:
+            previous = _search_back(
+                spec,
+                window_end,
+                span,
+                history_start_ms=history_start_ms,
+                visible_until_ms=visible_until_ms,
+                late=late,
+            )
     per_block = max(1, BLOCK_SAMPLES * spec.period_ms // interval_ms)
     rows: list[tuple[Any, ...]] = []
     for first in range(0, buckets, per_block):
@@ -389,12 +424,27 @@ def aggregate(
         block_end = block_start + min(per_block, buckets - first) * interval_ms
         samples = generate(
             spec,
-            block_start,
+            block_start - lead_ms,
             block_end - 1,
             history_start_ms=history_start_ms,
             visible_until_ms=visible_until_ms,
             late=late,
         )
+        if lead_ms:
+            before = int(np.searchsorted(samples.ts, block_start, side="left"))
+            if before:
+                previous = (samples.value(before - 1), int(samples.quality[before - 1]))
+            else:
+                previous = _search_back(
+                    spec,
+                    start_ms - lead_ms,
+                    _next_span(spec, lead_ms),
+                    history_start_ms=history_start_ms,
+                    visible_until_ms=visible_until_ms,
+                    late=late,
+                )
+            samples = samples.slice(before, len(samples))
+            lead_ms = 0
         rows += aggregated_rows(
             samples, block_start, block_end, interval_ms, method, spec.type, previous
         )
@@ -490,26 +540,26 @@ def aggregated_rows(
 def _runs(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, how: str) -> np.ndarray:
     """`values[s:s+n].<how>()` for each run (n >= 1), as numpy computes it for that run.
 
-    Runs of equal length are taken as the rows of one 2-D array (a view when they are
-    contiguous) and reduced along axis 1, which numpy does with the same inner loop
-    (the same pairwise summation order) as a 1-D reduction of each.
+    The runs are disjoint and in order. Runs of equal length are taken as the rows of one
+    2-D array (a view when they follow each other) and reduced along axis 1, which numpy
+    does with the same inner loop (the same pairwise summation order) as a 1-D reduction
+    of each. (Not so along the last axis of a 3-D array: its order differs.)
     """
     out = np.empty(len(starts), dtype=np.float64)
     if not len(starts):
         return out
-    shortest, longest = int(lengths.min()), int(lengths.max())
-    if shortest == longest:
-        groups = [np.arange(len(starts))]
+    groups: list[slice | np.ndarray]
+    if int(lengths.min()) == int(lengths.max()):
+        groups = [slice(None)]
     else:
         order = np.argsort(lengths, kind="stable")
-        groups = np.split(order, np.flatnonzero(np.diff(lengths[order])) + 1)
+        groups = list(np.split(order, np.flatnonzero(np.diff(lengths[order])) + 1))
     for group in groups:
-        n = int(lengths[group[0]])
-        first = int(starts[group[0]])
-        if int(starts[group[-1]]) - first == n * (len(group) - 1) and (
-            len(group) < 3 or bool((np.diff(starts[group]) == n).all())
-        ):
-            rows = values[first : first + n * len(group)].reshape(len(group), n)
+        first, last = starts[group][[0, -1]].tolist()
+        n = int(lengths[group][0])
+        count = len(starts[group])
+        if last - first == n * (count - 1):  # disjoint runs in order: they follow each other
+            rows = values[first : first + n * count].reshape(count, n)
         else:
             rows = values[starts[group][:, None] + np.arange(n)]
         out[group] = getattr(rows, how)(axis=1)
