@@ -2,7 +2,9 @@
 
 Every case is `tag?cmd=historyMany` for a batch of tags over one window, the request a
 backfill sends (bench/compare.py: batches of 100 tags). The client only reads the bytes,
-so the number is the node's. Median of `--repeat` timed requests after one warm-up.
+so the number is the node's (a lean socket client: httpx itself reads a 10 MB answer
+several times slower than the node sends it). Median of `--repeat` timed requests after
+one warm-up.
 
 * raw            mixed periods (1 s .. 60 s), 100 tags x 1 h, and 1 tag x 24 h
 * raw-1s         `period_ms=1000`: 100 tags x 1 h (the raw-1k-day workload's request)
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import resource
+import socket
 import statistics
 import sys
 import time
@@ -66,26 +69,69 @@ def _count(body: bytes) -> int:
     return sum(len(entry["data"]) for entry in orjson.loads(body).values())
 
 
-def measure(
-    client: httpx.Client, url: str, params: dict[str, str], repeat: int
-) -> tuple[float, int]:
-    """Median rows/s of `repeat` requests (after one warm-up), and the rows per answer."""
-    warm = client.get(f"{url}/tag", params=params)
-    warm.raise_for_status()
-    rows = _count(warm.content)
-    rates = []
+class LeanClient:
+    """A keep-alive HTTP/1.1 GET over one socket that only reads the bytes.
+
+    httpx reads a 10 MB answer several times slower than loopback delivers it, which
+    would put the client's cost, not the node's, in a replayed answer's rate.
+    """
+
+    def __init__(self, base_url: str) -> None:
+        url = httpx.URL(base_url)
+        self._base = base_url
+        self._sock = socket.create_connection((url.host, url.port or 80))
+
+    def get(self, path: str, params: dict[str, str]) -> bytes:
+        target = httpx.Request("GET", f"{self._base}{path}", params=params).url.raw_path
+        self._sock.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: sim\r\n\r\n")
+        head = bytearray()
+        while b"\r\n\r\n" not in head:
+            chunk = self._sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("the node closed the connection")
+            head += chunk
+        header, _, first = bytes(head).partition(b"\r\n\r\n")
+        status = int(header.split(b" ", 2)[1])
+        fields = dict(line.split(b":", 1) for line in header.split(b"\r\n")[1:] if b":" in line)
+        length = int(next(v for k, v in fields.items() if k.lower() == b"content-length"))
+        body = bytearray(first)
+        while len(body) < length:
+            chunk = self._sock.recv(min(1 << 20, length - len(body)))
+            if not chunk:
+                raise ConnectionError("the node closed the connection")
+            body += chunk
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {bytes(body[:200])!r}")
+        return bytes(body)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def measure(client: LeanClient, params: dict[str, str], repeat: int) -> tuple[float, float, int]:
+    """Median rows/s of `repeat` requests (after one warm-up) by wall time and by CPU time
+    of this process (the node and the lean client), and the rows per answer."""
+    rows = _count(client.get("/tag", params))
+    rates, cpu_rates = [], []
     for _ in range(repeat):
-        began = time.perf_counter()
-        answer = client.get(f"{url}/tag", params=params)
-        elapsed = time.perf_counter() - began
-        answer.raise_for_status()
-        rates.append(rows / elapsed)
-    return statistics.median(rates), rows
+        began, cpu = time.perf_counter(), time.process_time()
+        client.get("/tag", params)
+        rates.append(rows / (time.perf_counter() - began))
+        cpu_rates.append(rows / max(time.process_time() - cpu, 1e-9))
+    return statistics.median(rates), statistics.median(cpu_rates), rows
+
+
+COMPRESS = False  # --replay-compress
 
 
 def _node(tags: int, period_ms: int | None = None, replay: bool = False) -> SimulatedNode:
     config = SimConfig(
-        seed=42, tags=max(tags, 10), raw_cap=1_000_000, period_ms=period_ms, cache_answers=replay
+        seed=42,
+        tags=max(tags, 10),
+        raw_cap=1_000_000,
+        period_ms=period_ms,
+        cache_answers=replay,
+        cache_compress=replay and COMPRESS,
     )
     node = SimulatedNode(config)
     node.set_clock(int(NOW.timestamp() * 1000))
@@ -103,10 +149,13 @@ def serve_case(
 ) -> None:
     end = NOW - timedelta(days=1)
     params = _params(paths, end - span, end, aggregated)
-    with run_server(node, https_port=None) as server, httpx.Client(timeout=600) as client:
-        rate, rows = measure(client, server.http_url, params, repeat)
+    with run_server(node, https_port=None) as server:
+        client = LeanClient(server.http_url)
+        rate, cpu_rate, rows = measure(client, params, repeat)
+        client.close()
     print(
-        f"{label}: {rows:,} {unit}/answer, median {rate:,.0f} {unit}/s over {repeat} requests",
+        f"{label}: {rows:,} {unit}/answer, median {rate:,.0f} {unit}/s over {repeat} requests "
+        f"({cpu_rate:,.0f} {unit} per CPU second)",
         flush=True,
     )
 
@@ -157,15 +206,14 @@ def case_replay_full(repeat: int) -> None:
         for i in range(0, len(paths), 100)
     ]
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    with run_server(node, https_port=None) as server, httpx.Client(timeout=600) as client:
-        url = f"{server.http_url}/tag"
+    with run_server(node, https_port=None) as server:
+        client = LeanClient(server.http_url)
         for attempt in range(1 + repeat):
             began, samples, size = time.perf_counter(), 0, 0
             for params in requests:
-                answer = client.get(url, params=params)
-                answer.raise_for_status()
-                size += len(answer.content)
-                samples += answer.content.count(b"],[") + 1
+                body = client.get("/tag", params)
+                size += len(body)
+                samples += body.count(b"],[") + 1
             elapsed = time.perf_counter() - began
             what = "first pass (render + keep)" if attempt == 0 else "replayed pass"
             print(
@@ -174,6 +222,7 @@ def case_replay_full(repeat: int) -> None:
                 f"{samples / elapsed:,.0f} samples/s, {size / elapsed / 1e6:,.0f} MB/s",
                 flush=True,
             )
+        client.close()
     answers, held = node.cache_stats()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
@@ -251,7 +300,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--cases", default="raw,raw-1s,agg,agg-mixed,replay")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--replay-compress", action="store_true", help="replay cases: zstd")
     args = parser.parse_args()
+    global COMPRESS
+    COMPRESS = args.replay_compress
     for name in args.cases.split(","):
         if name not in CASES:
             parser.error(f"unknown case {name!r}: one of {', '.join(CASES)}")

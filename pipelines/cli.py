@@ -153,6 +153,10 @@ def _run_flows(
     backfill: bool,
     direct: bool,
 ) -> None:
+    if not direct:  # the Prefect server boots while the config loads and Prefect imports
+        from pipelines.prefect_env import start_ephemeral_server
+
+        start_ephemeral_server()
     from pipelines.runner import RunFailed, RunRequest
 
     config = _load(config_path)
@@ -546,8 +550,11 @@ def simulate(
         bool, typer.Option("--replay", help="Serve repeated history queries from memory.")
     ] = False,
     replay_limit_mb: Annotated[
-        int, typer.Option(help="Memory for replayed answers, MB (oldest dropped first).")
+        int, typer.Option(help="Memory for replayed answers, MB (then no more are kept).")
     ] = 8192,
+    replay_compress: Annotated[
+        bool, typer.Option("--replay-compress", help="Keep replayed answers zstd-compressed.")
+    ] = False,
     period_ms: Annotated[
         int | None,
         typer.Option(help="Sample every tag every N ms on a regular grid (default: mixed)."),
@@ -571,6 +578,7 @@ def simulate(
             raw_cap=raw_cap,
             cache_answers=replay,
             cache_limit_bytes=replay_limit_mb << 20,
+            cache_compress=replay_compress,
             period_ms=period_ms,
         )
         err.print(

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -328,29 +329,47 @@ def test_replay_mode_serves_the_same_bytes_until_history_changes() -> None:
         assert [NOW - 300_000 + 1, 99.5, 192, 0] in c.get("/tag", params=params).json()["data"]
 
 
-def test_replay_mode_keeps_each_answer_once_within_its_byte_limit() -> None:
+def test_replay_mode_keeps_each_answer_once_while_they_fit_its_byte_limit() -> None:
     node = SimulatedNode(SimConfig(seed=4, tags=10, cache_answers=True, cache_limit_bytes=250))
     renders: list[str] = []
 
     def produce(key: str, size: int) -> Callable[[], Answer]:
         def render() -> Answer:
             renders.append(key)
-            return Answer(body=b"x" * size)
+            return Answer(body=key.encode() * size)
 
         return render
 
     first = node.cached("a", produce("a", 100))
-    assert node.cached("a", produce("a", 100)) is first  # the same bytes, not a copy
+    assert node.cached("a", produce("a", 100)).body is first.body  # the same bytes, no copy
     node.cached("b", produce("b", 100))
     assert node.cache_stats() == (2, 200)
-    node.cached("c", produce("c", 100))  # over the limit: the oldest answer goes
-    assert node.cache_stats() == (2, 200)
+    node.cached("c", produce("c", 100))  # does not fit: served, not kept; a and b stay
+    node.cached("c", produce("c", 100))
     node.cached("a", produce("a", 100))
-    node.cached("huge", produce("huge", 1000))  # larger than the limit: served, not kept
-    assert renders == ["a", "b", "c", "a", "huge"]
+    assert node.cached("error", lambda: Answer(404, b"{}")).status == 404
+    assert renders == ["a", "b", "c", "c"]
     assert node.cache_stats() == (2, 200)
     node.set_clock(NOW)
     assert node.cache_stats() == (0, 0)
+
+
+def test_replay_mode_can_keep_answers_compressed() -> None:
+    node = SimulatedNode(SimConfig(seed=4, tags=10, cache_answers=True, cache_compress=True))
+    node.set_clock(NOW)
+    params = {
+        "paths": orjson.dumps(node.tag_paths()).decode(),
+        "start": str(NOW - 3_600_000),
+        "end": str(NOW),
+        "options.mode": "raw",
+    }
+    fresh = node.handle("GET", "tag", "historyMany", params, None).body
+    render = partial(node.handle, "GET", "tag", "historyMany", params, None)
+    assert node.cached("q", render).body == fresh
+    assert node.cached("q", lambda: Answer(500)).body == fresh  # replayed from memory
+    answers, held = node.cache_stats()
+    assert answers == 1
+    assert held < len(fresh) / 3
 
 
 def test_hostile_tag_names_round_trip_through_the_query_string() -> None:

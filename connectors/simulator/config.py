@@ -20,8 +20,9 @@ class SimConfig:
     hostile_names: bool = False
     restart_s: float = 0.5
     cache_answers: bool = False
-    # Replay mode keeps at most this many bytes of answers (oldest dropped first).
+    # Replay mode keeps answers while they fit in this many bytes, zstd-compressed if asked.
     cache_limit_bytes: int = 8 << 30
+    cache_compress: bool = False
     # Every tag sampled every `period_ms` on a regular grid; None: mixed periods (1 s .. 60 s)
     # and a third of the tags irregular, as a real node's tags are.
     period_ms: int | None = None

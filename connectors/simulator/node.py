@@ -84,7 +84,7 @@ class SimulatedNode:
             specs = build_tags(self.config.seed + 1000 * offset, self.config.tags, False, period)
             self._trees[name] = TagTree(name, specs)
         self._late: dict[tuple[str, str], list[tuple[int, Any, int]]] = {}
-        self._cache: dict[str, Answer] = {}
+        self._cache: dict[str, bytes | tuple[bytes, int]] = {}  # body, or (zstd, size)
         self._cache_bytes = 0
         self.faults = Faults()
         self.requests_served = 0
@@ -297,34 +297,46 @@ class SimulatedNode:
     def cached(self, key: str, produce: Callable[[], Answer]) -> Answer:
         """Replay mode (`cache_answers`): a history answer rendered once per query string.
 
-        The answer's bytes are kept once (a second render of the same query, made while
-        the first was on its way, is dropped), up to `cache_limit_bytes` in all: past
-        that the oldest answers go first.
+        Its bytes are kept once (zstd-compressed with `cache_compress`; a second render
+        of the same query, made while the first was under way, is dropped) while the
+        answers kept fit in `cache_limit_bytes`; past that, answers are rendered each
+        time and the ones kept stay (a benchmark that repeats more than fits is still
+        served from memory as far as it goes, instead of evicting what it asks next).
         """
         if not self.config.cache_answers:
             return produce()
         with self._lock:
-            answer = self._cache.get(key)
-        if answer is not None:
-            return answer
-        answer = produce()
-        size = len(answer.body)
-        limit = self.config.cache_limit_bytes
-        if answer.status != 200 or size > limit:
-            return answer
-        with self._lock:
             kept = self._cache.get(key)
-            if kept is not None:
-                return kept
-            while self._cache and self._cache_bytes + size > limit:
-                oldest = next(iter(self._cache))
-                self._cache_bytes -= len(self._cache.pop(oldest).body)
-            self._cache[key] = answer
-            self._cache_bytes += size
+        if kept is not None:
+            return Answer(body=self._unpack(kept))
+        answer = produce()
+        if answer.status != 200 or answer.headers or answer.content_type != "application/json":
+            return answer
+        body = answer.body
+        packed: bytes | tuple[bytes, int] = body
+        if self.config.cache_compress:
+            packed = (self._codec().compress(body, asbytes=True), len(body))
+        size = len(packed[0]) if isinstance(packed, tuple) else len(packed)
+        with self._lock:
+            if key not in self._cache and self._cache_bytes + size <= self.config.cache_limit_bytes:
+                self._cache[key] = packed
+                self._cache_bytes += size
         return answer
 
+    @staticmethod
+    def _codec() -> Any:
+        import pyarrow as pa  # only replay mode with compression needs it
+
+        return pa.Codec("zstd", compression_level=1)
+
+    def _unpack(self, kept: bytes | tuple[bytes, int]) -> bytes:
+        if isinstance(kept, bytes):
+            return kept
+        body: bytes = self._codec().decompress(kept[0], decompressed_size=kept[1], asbytes=True)
+        return body
+
     def cache_stats(self) -> tuple[int, int]:
-        """(answers, bytes of their bodies) held by replay mode."""
+        """(answers, bytes held) by replay mode (compressed sizes with `cache_compress`)."""
         with self._lock:
             return len(self._cache), self._cache_bytes
 
