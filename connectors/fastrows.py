@@ -27,13 +27,15 @@ infinite) and the integer `-0` (orjson reads the integer 0, so +0.0; the reader 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 # tag -> member -> raw text; msgspec validates the whole answer while building it.
@@ -42,7 +44,11 @@ Columns = tuple[pa.Array, pa.Array, pa.Array, pa.Array]  # ts, value, quality, e
 
 _ANSWER = msgspec.json.Decoder(Entries)
 _WHITESPACE = b" \t\n\r"
+# Not in a text of number or boolean rows that the CSV reading takes: strings, objects and
+# whitespace (the careful way reads those).
+_NOT_IN_CSV_ROWS = (b'"', b"{", b" ", b"\n", b"\r", b"\t")
 _TO_CSV = bytes.maketrans(b"[]", b",\n")
+_CLOSE = ord("]")
 _COLUMNS = ["open", "row", "ts", "value", "quality", "extra"]
 _READ = pacsv.ReadOptions(column_names=_COLUMNS, use_threads=False, block_size=1 << 24)
 _PARSE = pacsv.ParseOptions(
@@ -121,31 +127,41 @@ def load_member(member: bytes | msgspec.Raw) -> Any:
 
 
 @dataclass(frozen=True)
-class CsvRows:
-    """A tag's `data` text as CSV lines, its row count if it is what it seems, and whether
-    its values look boolean (it holds `t` or `f`) rather than numeric."""
+class CsvPlan:
+    """Where one tag's `data` lies in the CSV text of all tags, the rows it holds if it is
+    what it seems, and whether its values look boolean (it holds `t` or `f`)."""
 
-    lines: bytes
+    start: int
+    end: int
     rows: int
     booleans: bool
 
 
-def rows_as_csv(data: bytes) -> CsvRows | None:
-    """`data` as CSV lines when it may be rows of numbers (or of booleans) and nulls only;
-    None when it holds anything else (a string, an object, a top level that is no list of
-    lists); the CSV reader decides the rest."""
-    if b'"' in data or b"{" in data:
-        return None
-    if any(space in data for space in (b" ", b"\n", b"\r", b"\t")):
-        data = data.translate(None, _WHITESPACE)  # only between tokens: there are no strings
-    if not data.startswith(b"[["):
-        return None
-    booleans = b"t" in data or b"f" in data
-    return CsvRows(data.translate(_TO_CSV), data.count(b"]") - 1, booleans)
+def data_as_csv(datas: list[msgspec.Raw]) -> tuple[bytes, list[CsvPlan | None]]:
+    """The `data` texts of all tags, one after the other, as CSV lines, with each text's
+    plan: None for a text that cannot be rows of numbers (or booleans) and nulls (a string,
+    an object, whitespace, a top level that is no list of lists); the reader decides the
+    rest. One copy and one translation for the whole answer, no slice copied."""
+    text = b"".join(datas)
+    plans: list[CsvPlan | None] = []
+    bytes_of = np.frombuffer(text, dtype=np.uint8)
+    start = 0
+    for data in datas:
+        end = start + len(data)
+        if text.startswith(b"[[", start) and not any(
+            text.find(byte, start, end) >= 0 for byte in _NOT_IN_CSV_ROWS
+        ):
+            booleans = text.find(b"t", start, end) >= 0 or text.find(b"f", start, end) >= 0
+            closing = int(np.count_nonzero(bytes_of[start:end] == _CLOSE))
+            plans.append(CsvPlan(start, end, closing - 1, booleans))
+        else:
+            plans.append(None)
+        start = end
+    return text.translate(_TO_CSV), plans
 
 
-def read_rows(lines: bytes, rows: int, booleans: bool) -> Columns | None:
-    """ts, value, quality, extra of lines made by `rows_as_csv`; None unless they are
+def read_rows(lines: pa.Buffer, rows: int, booleans: bool) -> Columns | None:
+    """ts, value, quality, extra of lines made by `data_as_csv`; None unless they are
     exactly `rows` rows of 4 values, each null or of its column's type (value: double, or
     boolean when `booleans`)."""
     try:
@@ -163,36 +179,55 @@ def read_rows(lines: bytes, rows: int, booleans: bool) -> Columns | None:
     return ts, value, quality, extra
 
 
-def read_many(texts: list[CsvRows], booleans: bool) -> list[Columns | None]:
-    """`read_rows` of each text, in one CSV read when all of them are well formed (the
-    counts add up only if each does: a text never gives fewer lines than its count)."""
-    if len(texts) > 1:
-        counts = [text.rows for text in texts]
-        together = read_rows(b"".join(text.lines for text in texts), sum(counts), booleans)
+def read_plans(csv: bytes, plans: list[CsvPlan | None]) -> list[Columns | None]:
+    """`read_rows` of each planned text (None where there is no plan or the text is not
+    rows of 4 values), one read for each run of neighbours of one kind when all of them
+    are well formed (the counts add up only if each does: no text gives fewer lines)."""
+    buffer = pa.py_buffer(csv)
+    read: list[Columns | None] = [None] * len(plans)
+    first = 0
+    while first < len(plans):
+        plan = plans[first]
+        if plan is None:
+            first += 1
+            continue
+        last = first
+        while last + 1 < len(plans):
+            after = plans[last + 1]
+            if after is None or after.booleans != plan.booleans:
+                break
+            last += 1
+        run = cast(list[CsvPlan], plans[first : last + 1])
+        end = run[-1].end
+        together = None
+        if len(run) > 1:
+            rows = sum(p.rows for p in run)
+            together = read_rows(buffer.slice(plan.start, end - plan.start), rows, plan.booleans)
         if together is not None:
-            offsets = np.cumsum([0, *counts]).tolist()
-            return [
-                (
-                    together[0].slice(start, rows),
-                    together[1].slice(start, rows),
-                    together[2].slice(start, rows),
-                    together[3].slice(start, rows),
-                )
-                for start, rows in zip(offsets, counts, strict=False)
-            ]
-    return [read_rows(text.lines, text.rows, text.booleans) for text in texts]
+            at = 0
+            for index, each in enumerate(run, start=first):
+                read[index] = cast(Columns, tuple(c.slice(at, each.rows) for c in together))
+                at += each.rows
+        else:
+            for index, each in enumerate(run, start=first):
+                lines = buffer.slice(each.start, each.end - each.start)
+                read[index] = read_rows(lines, each.rows, each.booleans)
+        first = last + 1
+    return read
 
 
-def value_doubts(values: pa.Array, lines: bytes) -> tuple[bool, bool]:
+def value_doubts(values: pa.Array, csv: bytes, plan: CsvPlan) -> tuple[bool, bool]:
     """(an infinite value, a value orjson reads otherwise) among doubles of `read_rows`.
 
     An infinity is a number beyond a double: orjson rejects such an answer, the CSV reader
-    makes it inf. -0.0 written `-0` is the integer 0 to orjson, so +0.0. Slots under nulls
-    are looked at too: at worst that sends a good tag the careful way.
+    makes it inf. -0.0 written as the integer `-0` (a field `,-0,` in the lines, looked for
+    only when there is a -0.0) is the integer 0 to orjson, so +0.0.
     """
-    data = values.buffers()[1]
-    if data is None:
+    low, high = pc.min_max(values).values()
+    if not high.is_valid:  # no value at all
         return False, False
+    infinite = high.as_py() == math.inf or low.as_py() == -math.inf
+    data = values.buffers()[1]
     array = np.frombuffer(data, dtype=np.float64)[values.offset : values.offset + len(values)]
-    negative_zero = bool((np.signbit(array) & (array == 0)).any())
-    return bool(np.isinf(array).any()), negative_zero and b",-0," in lines
+    negative_zero = bool(np.any((array == 0) & np.signbit(array)))  # null slots too: harmless
+    return infinite, negative_zero and csv.find(b",-0,", plan.start, plan.end) >= 0

@@ -8,6 +8,7 @@ import math
 from collections import Counter
 from typing import Any
 
+import msgspec
 import orjson
 import pandas as pd
 import pyarrow as pa
@@ -413,66 +414,83 @@ def test_answers_that_are_not_compact_are_read_the_careful_way() -> None:
     assert history_page_from_bytes(b" \n" + compact + b"\r\n", "n") is not None
 
 
-@pytest.mark.parametrize(
-    ("data", "rows"),
-    [
-        (b"[[1,2,3,4]]", 1),
-        (b"[[1,null,3,4],[5,6.5e1,-7,8]]", 2),
-        (b"[[1,true,3,4],[5,false,null,null]]", 2),
-    ],
-)
-def test_rows_as_csv_reads_lists_of_four_scalars(data: bytes, rows: int) -> None:
-    csv = fastrows.rows_as_csv(data)
-    assert csv is not None
-    assert csv.rows == rows
-    columns = fastrows.read_rows(csv.lines, csv.rows, csv.booleans)
-    assert columns is not None
-    expected = list(zip(*orjson.loads(data), strict=True))
-    assert [column.to_pylist() for column in columns] == [list(c) for c in expected]
+def read_as_csv(*datas: bytes) -> list[fastrows.Columns | None]:
+    csv, plans = fastrows.data_as_csv([msgspec.Raw(data) for data in datas])
+    return fastrows.read_plans(csv, plans)
 
 
 @pytest.mark.parametrize(
     "data",
     [
-        b"null",
-        b"[]",
-        b"[5]",
-        b"[null,[1,2,3,4]]",
-        b"[[]]",
-        b"[[1,2,3,4],[]]",
-        b"[[1,2,3]]",
-        b"[[1,2,3,4,5]]",
-        b"[[1,2,3,4],5,6,7,8,9]",
-        b"[[1,2,3,4],[5,6,7,8],9,10,11,12,13]",
-        b"[[1,2,3,4],[5,[6],7,8]]",
-        b"[[1,2,3,[4]],[5,6,7,8]]",
-        b"[[1,[2,3],4]]",
-        b"[[[1,2,3,4]]]",
-        b"[[[1,2,3,4],[5,6,7,8]]]",
-        b"[[1,2,3,4],[[5,6,7,8]]]",
-        b'[[1,"a",3,4]]',
-        b"[[1,{},3,4]]",
-        b"[[1,2,3,4]" + b",[1,2,3,4]" * 3 + b",1,2,3,4,5]",
-        b"[[null,2,3,4]]",
-        b"[[1.5,2,3,4]]",
-        b"[[1,2,3.0,4]]",
-        b"[[1,2,40000,4]]",
-        b"[[1,2,3,9223372036854775808]]",
-        b"[[1,1,3,4],[2,true,3,4]]",
-        b"[[true,2,3,4]]",
+        b"[[1,2,3,4]]",
+        b"[[1,null,3,4],[5,6.5e1,-7,8]]",
+        b"[[1,true,3,4],[5,false,null,null]]",
     ],
 )
-def test_rows_as_csv_reads_nothing_else(data: bytes) -> None:
-    csv = fastrows.rows_as_csv(data)
-    columns = None if csv is None else fastrows.read_rows(csv.lines, csv.rows, csv.booleans)
-    # a null timestamp is read (as null) and refused by the caller
-    assert columns is None or columns[0].null_count > 0
+def test_data_as_csv_reads_lists_of_four_scalars(data: bytes) -> None:
+    (columns,) = read_as_csv(data)
+    assert columns is not None
+    expected = list(zip(*orjson.loads(data), strict=True))
+    assert [column.to_pylist() for column in columns] == [list(c) for c in expected]
 
 
-def test_read_many_finds_the_texts_that_are_not_numbers() -> None:
-    texts = [fastrows.rows_as_csv(d) for d in (b"[[1,2,3,4]]", b"[[1,2,3]]", b"[[5,6,7,8]]")]
-    read = fastrows.read_many([t for t in texts if t is not None], booleans=False)
-    assert [None if r is None else r[0].to_pylist() for r in read] == [[1], None, [5]]
+NOT_CSV_ROWS = [
+    b"null",
+    b"[]",
+    b"[5]",
+    b"[null,[1,2,3,4]]",
+    b"[[]]",
+    b"[[1,2,3,4],[]]",
+    b"[[1,2,3]]",
+    b"[[1,2,3,4,5]]",
+    b"[[1,2,3,4],5,6,7,8,9]",
+    b"[[1,2,3,4],[5,6,7,8],9,10,11,12,13]",
+    b"[[1,2,3,4],[5,[6],7,8]]",
+    b"[[1,2,3,[4]],[5,6,7,8]]",
+    b"[[1,[2,3],4]]",
+    b"[[[1,2,3,4]]]",
+    b"[[[1,2,3,4],[5,6,7,8]]]",
+    b"[[1,2,3,4],[[5,6,7,8]]]",
+    b'[[1,"a",3,4]]',
+    b"[[1,{},3,4]]",
+    b"[[1,2,3,4]" + b",[1,2,3,4]" * 3 + b",1,2,3,4,5]",
+    b"[[1.5,2,3,4]]",
+    b"[[1,2,3.0,4]]",
+    b"[[1,2,40000,4]]",
+    b"[[1,2,3,9223372036854775808]]",
+    b"[[1,1,3,4],[2,true,3,4]]",
+    b"[[true,2,3,4]]",
+    b"[[1, 2,3,4]]",
+]
+
+
+@pytest.mark.parametrize("data", NOT_CSV_ROWS)
+def test_data_as_csv_reads_nothing_else(data: bytes) -> None:
+    assert read_as_csv(data) == [None]
+    # nor among neighbours that are fine, alone or read in one go
+    good = b"[[1,2,3,4],[5,6,7,8]]"
+    read = read_as_csv(good, data, good, good)
+    assert read[1] is None
+    assert [None if r is None else r[0].to_pylist() for r in read] == [[1, 5], None, [1, 5], [1, 5]]
+
+
+def test_a_null_timestamp_is_read_as_null_for_the_caller_to_refuse() -> None:
+    (columns,) = read_as_csv(b"[[1,2,3,4],[null,2,3,4]]")
+    assert columns is not None
+    assert columns[0].null_count == 1
+
+
+def test_neighbours_of_one_kind_are_read_in_one_go_and_split_again() -> None:
+    read = read_as_csv(
+        b"[[1,2,3,4]]", b"[[2,true,3,4]]", b"[[3,false,3,4]]", b"[[4,5,6,7],[8,9,10,11]]"
+    )
+    assert [None if r is None else r[0].to_pylist() for r in read] == [[1], [2], [3], [4, 8]]
+    assert [None if r is None else r[1].type for r in read] == [
+        pa.float64(),
+        pa.bool_(),
+        pa.bool_(),
+        pa.float64(),
+    ]
 
 
 # -- tag history: properties ----------------------------------------------------------------
