@@ -515,7 +515,7 @@ def _rows_in(answer: Any) -> int:
     return sum(len(entry["data"] or []) for entry in answer.values())
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(
     st.one_of(
         json_values,
@@ -555,6 +555,7 @@ def test_any_json_either_parses_every_row_or_raises_malformed_answer(answer: Any
     assert page.table.schema == TAG_HISTORY_SCHEMA
 
 
+@settings(deadline=None)
 @given(st.binary(max_size=60))
 def test_any_bytes_either_parse_or_raise_malformed_answer(body: bytes) -> None:
     with contextlib.suppress(MalformedAnswer):
@@ -597,7 +598,7 @@ def _reference(tag: str, rows: list[list[Any]]) -> list[tuple[Any, ...]]:
     return expected
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(
     st.dictionaries(
         st.text(min_size=1, max_size=6),
@@ -639,6 +640,7 @@ def test_well_formed_rows_match_the_per_row_reference(answer: dict[str, list[lis
         )
 
 
+@settings(deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["/a", "/b"]), st.integers(0, 3)), max_size=30))
 def test_assign_seq_numbers_ties_in_input_order(samples: list[tuple[str, int]]) -> None:
     table = pa.Table.from_pylist(
@@ -746,7 +748,7 @@ def test_wrong_alarm_shapes_raise_malformed_answer(body: bytes) -> None:
     assert "alarms [2024-01-01T00:00Z, +1d)" in caught.value.where
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(
     st.one_of(
         json_values,
@@ -826,7 +828,7 @@ def test_tag_details_accept_a_parsed_mapping() -> None:
     assert parse_tag_details(DETAILS, "n", T0).num_rows == 2
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(
     st.one_of(
         json_values,
