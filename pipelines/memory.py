@@ -19,6 +19,23 @@ _M_TRIM_THRESHOLD = -1
 _M_ARENA_MAX = -8
 _TRIM_THRESHOLD_BYTES = 128 * 1024
 _applied = False
+_libc: ctypes.CDLL | None = None
+_libc_looked_up = False
+
+
+def _glibc() -> ctypes.CDLL | None:
+    global _libc, _libc_looked_up
+    if not _libc_looked_up:
+        _libc_looked_up = True
+        name = ctypes.util.find_library("c")
+        try:
+            libc = ctypes.CDLL(name) if name else None
+        except OSError:
+            libc = None
+        # mallopt and malloc_trim are glibc's (not musl's, not macOS's): nothing to tune.
+        if libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim"):
+            _libc = libc
+    return _libc
 
 
 def bound_memory() -> None:
@@ -30,14 +47,20 @@ def bound_memory() -> None:
     import pyarrow as pa
 
     pa.set_memory_pool(pa.system_memory_pool())
-    name = ctypes.util.find_library("c")
-    if not name:
+    libc = _glibc()
+    if libc is None:
         return
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
-        return
-    mallopt(_M_ARENA_MAX, 1)
-    mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES)
+    libc.mallopt(_M_ARENA_MAX, 1)
+    libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES)
     log.debug("memory: Arrow on the system allocator, one malloc arena")
+
+
+def release_memory() -> None:
+    """Hand the heap's free pages back to the system (between chunks; ~0.1 ms).
+
+    The trim threshold only returns the top of the heap; pages freed below a live block
+    stay resident until `malloc_trim`, and the next chunk's peak would stack on them.
+    """
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)

@@ -43,6 +43,7 @@ from connectors.timewindow import Window, iso_utc
 from pipelines.config import Config, FlowConfig, flow_dataset, flow_kind
 from pipelines.destinations import SinkSet
 from pipelines.engine import AlarmEngine, ChunkResult, HistoryEngine
+from pipelines.memory import release_memory
 from pipelines.nodes import ConnectedNode, NodePool
 from pipelines.planning import (
     Chunk,
@@ -448,6 +449,8 @@ class FlowRun:
                 self.plan()
             for result in self.results():
                 outcome = self.write(result)
+                del result  # written: its buffers go now, and their pages back to the system
+                release_memory()
                 self.summary.add(outcome)
                 if on_chunk is not None:
                     on_chunk(outcome, self.summary)
