@@ -169,13 +169,16 @@ class HistoryEngine:
         tables = [page.table]
         if raw:
             tables.extend(self._continue_capped(chunk, page, result))
+        # Continuation pages hold only asked members: the first page's tags tell whether
+        # any row of another tag is there to drop.
+        others = not members.issuperset(page.tags)
         if len(tables) > 1:
             # `seq` of a page counts only that page: renumber over the combined pages.
-            table = assign_seq(_inside(pa.concat_tables(tables), window, members))
+            table = assign_seq(_inside(pa.concat_tables(tables), window, members, others))
         else:
             # One page: its `seq` is already the chunk's (the window filter drops whole
             # milliseconds); only the (tag, ts) order may be missing, and usually is not.
-            table = _by_tag_ts(_inside(tables[0], window, members))
+            table = _by_tag_ts(_inside(tables[0], window, members, others))
         result.frame = history_frame(table)
         result.rows_fetched = table.num_rows
         result.seconds = time.perf_counter() - began
@@ -382,10 +385,12 @@ def _fresh_rows(table: pa.Table, last_ts: int, seen_by_tag: dict[str, int]) -> p
     return table.filter(keep)
 
 
-def _inside(table: pa.Table, window: Window, members: set[str]) -> pa.Table:
+def _inside(table: pa.Table, window: Window, members: set[str], others: bool = True) -> pa.Table:
+    """Rows of `members` in `[start, end)`; `others` False: every row's tag is a member."""
     ts = table.column("ts").cast(pa.int64())
     keep = pc.and_(pc.greater_equal(ts, window.start_ms), pc.less(ts, window.end_ms))
-    keep = pc.and_(keep, pc.is_in(table.column("tag"), value_set=pa.array(sorted(members))))
+    if others:
+        keep = pc.and_(keep, pc.is_in(table.column("tag"), value_set=pa.array(sorted(members))))
     return table.filter(keep).cast(TAG_HISTORY_SCHEMA)
 
 

@@ -284,3 +284,18 @@ def test_one_answer_out_of_order_comes_out_by_tag_and_time_with_seq_in_answer_or
         ("/b", t0 + 20, 0, 1.0),
         ("/b", t0 + 20, 1, 3.0),
     ]
+
+
+def test_rows_of_tags_the_chunk_did_not_ask_for_are_dropped() -> None:
+    import orjson
+
+    t0 = int(NOW.timestamp() * 1000)
+    answer = {
+        "/a": {"request": {}, "data": [[t0 + 1, 1.0, 192], [t0 + 3_600_000, 9.0, 192]]},
+        "/zz": {"request": {}, "data": [[t0 + 2, 2.0, 192]]},
+    }
+    engine = HistoryEngine(_OneAnswer(orjson.dumps(answer)), NODE, HistoryOptions(mode="raw"))
+    (chunk,) = chunks_for(["/a"], Window(NOW, NOW + timedelta(hours=1)), timedelta(hours=1))
+    result = engine.fetch_chunk(chunk)
+    assert list(zip(result.frame["tag"], result.frame["value"], strict=True)) == [("/a", 1.0)]
+    assert result.rows_fetched == 1
