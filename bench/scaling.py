@@ -1,10 +1,13 @@
 """How this pipeline's cost grows with tags, with range and with concurrency (Parquet target).
 
     .venv/bin/python bench/scaling.py
+    .venv/bin/python bench/scaling.py --lengths 6,12,24,48 --runs 1   # peak RSS vs run length
 
-One replay-mode simulator (400 tags) in its own process; for each point the pipeline
-contender runs once to warm the node's cache, then `--runs` times measured (median
-reported): wall time, rows/s, CPU time and peak RSS of the extracting process.
+One replay-mode simulator (400 tags, mixed 1-60 s periods) in its own process; for each
+point the pipeline contender runs once to warm the node's cache, then `--runs` times
+measured (median reported): wall time, rows/s, CPU time and peak RSS of the extracting
+process (GNU time), start-up and imports included. `--lengths` runs one backfill of all
+400 tags per length instead (2.6 M rows per 6 h): the peak RSS against the rows of one run.
 """
 
 from __future__ import annotations
@@ -14,35 +17,54 @@ import json
 import statistics
 import sys
 import tempfile
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import Measure, run_contender, start_simulator
+from compare import HERE, PYTHON, Measure, Workload, measured, start_simulator
+from contenders import Work
 
-END = datetime(2026, 11, 1, tzinfo=UTC)
+
+def run_once(url: str, tags_file: Path, work: Work, concurrency: int) -> Measure:
+    with tempfile.TemporaryDirectory(prefix="bench-scaling-") as out:
+        stdout, wall, cpu, rss = measured(
+            [
+                PYTHON,
+                str(HERE / "contenders.py"),
+                "pipeline",
+                "--url",
+                url,
+                "--tags-file",
+                str(tags_file),
+                "--work",
+                work.to_json(),
+                "--target",
+                "parquet",
+                "--out",
+                out,
+                "--concurrency",
+                str(concurrency),
+            ]
+        )
+    rows = int(json.loads(stdout.strip().splitlines()[-1])["rows"])
+    return Measure("pipeline", "parquet", rows, wall, cpu, rss)
 
 
 def point(url: str, paths: list[str], hours: int, concurrency: int, runs: int) -> Measure:
     tags_file = Path(tempfile.mkstemp(suffix=".json")[1])
     tags_file.write_text(json.dumps(paths), encoding="utf-8")
-    start = (END - timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    end = END.strftime("%Y-%m-%dT%H:%M:%SZ")
-    extra = ["--concurrency", str(concurrency)]
-    run_contender("pipeline", "parquet", url, tags_file, start, end, "", extra=extra)
-    measures = [
-        run_contender("pipeline", "parquet", url, tags_file, start, end, "", extra=extra)
-        for _ in range(runs)
-    ]
-    wall = statistics.median(m.wall_s for m in measures)
+    work = Workload("scaling", len(paths), timedelta(hours=hours), "").work()
+    run_once(url, tags_file, work, concurrency)  # warms the node's replay cache
+    measures = [run_once(url, tags_file, work, concurrency) for _ in range(runs)]
+    tags_file.unlink()
     return Measure(
         "pipeline",
         "parquet",
         measures[0].rows,
-        wall,
+        statistics.median(m.wall_s for m in measures),
         statistics.median(m.cpu_s for m in measures),
         statistics.median(m.peak_rss_mb for m in measures),
     )
@@ -51,8 +73,13 @@ def point(url: str, paths: list[str], hours: int, concurrency: int, runs: int) -
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--lengths",
+        default="",
+        help="comma-separated hours: one backfill of all 400 tags per length",
+    )
     args = parser.parse_args()
-    simulator, url = start_simulator(400)
+    simulator, url = start_simulator(Workload("scaling", 400, timedelta(hours=1), ""))
     try:
         tags = httpx.get(
             f"{url}/tag?cmd=details&path=%2F&options.recurrent=true", timeout=60
@@ -62,9 +89,12 @@ def main() -> None:
             "| varied | tags | hours | concurrency | rows | wall s | rows/s | CPU s | peak RSS MB |"
         )
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        plan = [("tags", n, 6, 2) for n in (50, 100, 200, 400)]
-        plan += [("range", 100, h, 2) for h in (3, 12, 24)]
-        plan += [("concurrency", 200, 6, c) for c in (1, 4)]
+        if args.lengths:
+            plan = [("length", 400, int(h), 2) for h in args.lengths.split(",")]
+        else:
+            plan = [("tags", n, 6, 2) for n in (50, 100, 200, 400)]
+            plan += [("range", 100, h, 2) for h in (3, 12, 24)]
+            plan += [("concurrency", 200, 6, c) for c in (1, 4)]
         for varied, count, hours, concurrency in plan:
             m = point(url, paths[:count], hours, concurrency, args.runs)
             print(
