@@ -11,18 +11,25 @@ count so the overhead per task can be read off.
 Prefect state goes to a throwaway PREFECT_HOME, not the user's.
 
     .venv/bin/python bench/bench_prefect_overhead.py [--tags 200] [--hours 6] [--batch 100]
-        [--window 1h] [--repeat 5]
+        [--window 1h] [--repeat 5] [--baseline OLD_FLOWS.py]
 
-Prefect's cost is per run (~0.2 s on an idle machine: flow run, states, artifact) plus a
-few ms per task (two per chunk); small chunks or a busy machine make it show.
+`--baseline` adds a third contender: `run_prefect` of another copy of pipelines/flows.py
+(e.g. `git show HEAD~1:pipelines/flows.py > /tmp/flows_old.py`), run in the same
+alternation, so a change to the flows is measured side by side with what it replaces.
+
+Prefect's cost is per run (~0.2 s on an idle machine: flow run, states, artifact) plus
+the engine's CPU per task run (one per chunk), which competes with the pipeline's own
+parsing and writing for the cores; small chunks or a busy machine make it show.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -83,21 +90,56 @@ def via_prefect(path: Path, request: RunRequest) -> RunSummary:
     return run_prefect(path, "bench", request)
 
 
+def baseline_runner(path: str) -> Callable[[Path, RunRequest], RunSummary]:
+    """`run_prefect` of another copy of the flows module, loaded from a file."""
+    spec = importlib.util.spec_from_file_location("historian_flows_baseline", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--baseline {path}: not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    run_old: Callable[..., RunSummary] = module.run_prefect
+
+    def via_baseline(path: Path, request: RunRequest) -> RunSummary:
+        return run_old(path, "bench", request)
+
+    return via_baseline
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its children alive now (the server)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            continue
+    return total
+
+
 def timed(
     run: Callable[[Path, RunRequest], RunSummary],
     url: str,
     tags: list[str],
     request: RunRequest,
     shape: tuple[int, str],
-) -> tuple[float, RunSummary]:
-    """One run into a fresh lake; wall seconds including opening and closing everything."""
+) -> tuple[float, float, RunSummary]:
+    """One run into a fresh lake: wall and CPU seconds including opening and closing all.
+
+    The CPU time includes the in-process simulator's (the same work for every contender)
+    and the Prefect server's, which competes for the same cores.
+    """
     assert request.start is not None
     directory = Path(tempfile.mkdtemp(prefix="historian-bench-run-"))
     try:
         path = write_config(directory, url, tags, request.start, *shape)
+        cpu = cpu_seconds()
         began = time.perf_counter()
         summary = run(path, request)
-        return time.perf_counter() - began, summary
+        return time.perf_counter() - began, cpu_seconds() - cpu, summary
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -109,39 +151,52 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--window", default="1h")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--baseline", help="another pipelines/flows.py to measure alongside")
     args = parser.parse_args()
     node = SimulatedNode(SimConfig(seed=5, tags=max(10, args.tags)))
     node.set_clock(int(NOW.timestamp() * 1000))
     tags = node.tag_paths()[: args.tags]
     request = RunRequest(start=NOW - timedelta(hours=args.hours), end=NOW)
     shape = (args.batch, args.window)
-    times: dict[str, list[float]] = {"direct": [], "prefect": []}
     runs = {"direct": direct, "prefect": via_prefect}
+    if args.baseline:
+        runs["baseline"] = baseline_runner(args.baseline)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    cpus: dict[str, list[float]] = {name: [] for name in runs}
     try:
         with run_server(node, http_port=0, https_port=None) as server:
             for run in runs.values():  # warm-up: imports, server start, caches
-                _, summary = timed(run, server.http_url, tags, request, shape)
+                _, _, summary = timed(run, server.http_url, tags, request, shape)
             rows, chunks = summary.rows, summary.chunks_done
             for _ in range(args.repeat):
                 for name, run in runs.items():
-                    seconds, summary = timed(run, server.http_url, tags, request, shape)
+                    seconds, cpu, summary = timed(run, server.http_url, tags, request, shape)
                     assert summary.rows == rows, "both paths must do the same work"
                     times[name].append(seconds)
+                    cpus[name].append(cpu)
     finally:
         shutil.rmtree(HOME, ignore_errors=True)
     plain = statistics.median(times["direct"])
-    prefect = statistics.median(times["prefect"])
-    overhead = (prefect - plain) / plain * 100
     print(
         f"workload: {len(tags)} tags x {args.hours} h raw, batch {args.batch}, window "
         f"{args.window}: {chunks} chunks, {rows:,} rows"
     )
-    print(f"direct  median {plain:.2f} s over {args.repeat} runs ({rows / plain:,.0f} rows/s)")
-    print(f"prefect median {prefect:.2f} s over {args.repeat} runs ({rows / prefect:,.0f} rows/s)")
-    print(
-        f"overhead {overhead:+.1f} % ({(prefect - plain) / max(1, chunks) * 1000:.0f} ms per chunk; "
-        "target < 10 %)"
-    )
+    plain_cpu = statistics.median(cpus["direct"])
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        cpu = statistics.median(cpus[name])
+        line = f"{name:8s} median {median:.2f} s, CPU {cpu:.2f} s over {args.repeat} runs"
+        if name != "direct":
+            extra = median - plain
+            line += (
+                f": overhead {extra / plain * 100:+.1f} % "
+                f"({extra / max(1, chunks) * 1000:+.0f} ms per chunk; target < 10 %), "
+                f"CPU {(cpu - plain_cpu) / plain_cpu * 100:+.1f} %"
+            )
+        print(line)
+    for name, seconds in times.items():
+        print(f"  {name} wall: {' '.join(f'{x:.2f}' for x in seconds)}")
+        print(f"  {name} CPU:  {' '.join(f'{x:.2f}' for x in cpus[name])}")
 
 
 if __name__ == "__main__":

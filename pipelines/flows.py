@@ -1,27 +1,31 @@
 """Prefect flows: one per kind, thin wrappers around the runner (`pipelines/runner.py`).
 
 A flow run reads top to bottom: load flows.yaml, open the node and the sinks, take the
-flow's lock (`FlowRun`), a `plan` task, then one **fetch** task per chunk submitted to
-the task runner and one **write** task per fetched chunk, run in the flow's own thread
-as fetches complete, then a summary artifact.
+flow's lock (`FlowRun`), a `plan` task, then one **chunk** task per pending chunk on the
+task runner, which fetches the chunk and writes it to every sink, then a summary artifact.
 
-* Concurrency per node: the task runner has `max_connections` workers (the node's
-  setting), and at most 2 x that many chunks are in flight, so memory stays bounded
-  whatever the number of chunks. When a Prefect global concurrency limit named
-  `historian-node-<node>` exists, every fetch also holds one of its slots, which bounds
-  the node's load across concurrent runs, deployments and machines
-  (`prefect gcl create historian-node-demo --limit 4`). Without one, nothing is asked of
-  the API per chunk.
+* One task run per chunk: each task run costs Prefect's engine some CPU in the flow's
+  process (its states become events sent to the API), so a chunk that was two task runs
+  (fetch, then write) is now one. A chunk task writes under the run's write lock, so the
+  sinks still see one writer at a time, as in the direct path; fetches go on meanwhile.
+* Concurrency per node: at most `max_connections` chunk tasks fetch at once (the node's
+  setting), up to as many more wait with their rows for the writer, and one writes: a
+  thread pool of 2 x `max_connections` + 1, and no more chunks submitted than that, so
+  memory stays bounded (as in the direct path) whatever the number of chunks. When a Prefect global concurrency limit named `historian-node-<node>` exists,
+  every fetch also holds one of its slots, which bounds the node's load across concurrent
+  runs, deployments and machines (`prefect gcl create historian-node-demo --limit 4`).
+  Without one, nothing is asked of the API per chunk.
 * Retries: a task re-runs a whole chunk, which is safe because writes replace their scope
   and are idempotent. Only failures that may pass are retried (`TransientNodeError` that
   reached the task un-retried, `SinkUnavailable`); never configuration, credentials, TLS,
   malformed answers, and never `RetriesExhausted`: the client already retried that error
   with backoff, and stacking both layers would multiply attempts (docs/architecture.md).
 * Task runners: threads by default; `HISTORIAN_TASK_RUNNER=dask` runs fetches on a Dask
-  cluster (`pip install -e '.[dask]'`, docs/scaling.md). Fetch tasks take only picklable
-  inputs, so a Dask worker rebuilds the engine from them; in the flow's own process they
-  use the run's engine, which shares its connection pool and what it learned about the
-  node's raw-answer cap.
+  cluster (`pip install -e '.[dask]'`, docs/scaling.md). The sinks live in the flow's
+  process, so there a chunk is a **fetch** task on the cluster and a **write** task in the
+  flow's thread. Fetch tasks take only picklable inputs, so a Dask worker rebuilds the
+  engine from them; in the flow's own process they use the run's engine, which shares its
+  connection pool and what it learned about the node's raw-answer cap.
 """
 
 from __future__ import annotations
@@ -105,6 +109,17 @@ class FetchJob:
 # Runs in progress in this process, by run id. Tasks get the id, not the run: a run holds
 # open connections and locks, which must not be copied into task parameters.
 _LIVE: dict[str, FlowRun] = {}
+
+
+@dataclass(frozen=True)
+class _Gates:
+    """What keeps a run's chunk tasks in step: fetch slots and the one writer."""
+
+    fetching: threading.BoundedSemaphore
+    writing: threading.Lock = field(default_factory=threading.Lock)
+
+
+_GATES: dict[str, _Gates] = {}
 # Engines rebuilt in processes without the run (Dask workers), one per run and process.
 _REMOTE: dict[str, tuple[HistoryEngine | AlarmEngine, NodeClient]] = {}
 _REMOTE_LOCK = threading.Lock()
@@ -147,6 +162,10 @@ def _retry_if_transient(task_: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
+def _chunk_name(parameters: dict[str, Any]) -> str:
+    return f"chunk {parameters['chunk'].label}"
+
+
 def _fetch_name(parameters: dict[str, Any]) -> str:
     return f"fetch {parameters['chunk'].label}"
 
@@ -156,6 +175,7 @@ def _write_name(parameters: dict[str, Any]) -> str:
 
 
 # Prefect calls a run-name function with the task's parameters when it takes `parameters`.
+_CHUNK_NAME = cast(Any, _chunk_name)
 _FETCH_NAME = cast(Any, _fetch_name)
 _WRITE_NAME = cast(Any, _write_name)
 
@@ -187,6 +207,10 @@ def plan_run(run_id: str) -> Plan:
 )
 def fetch_chunk(job: FetchJob, chunk: Chunk) -> ChunkResult:
     """One chunk's rows from the node (network only; runs on the task runner)."""
+    return _fetch(job, chunk)
+
+
+def _fetch(job: FetchJob, chunk: Chunk) -> ChunkResult:
     source = _fetch_engine(job)
     if job.node_limit is None:
         return source.fetch(chunk) if isinstance(source, FlowRun) else source.fetch_chunk(chunk)
@@ -194,6 +218,27 @@ def fetch_chunk(job: FetchJob, chunk: Chunk) -> ChunkResult:
 
     with concurrency(job.node_limit, occupy=1, strict=False):
         return source.fetch(chunk) if isinstance(source, FlowRun) else source.fetch_chunk(chunk)
+
+
+@task(
+    name="chunk",
+    task_run_name=_CHUNK_NAME,
+    cache_policy=NO_CACHE,
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAY_S,
+    retry_condition_fn=_retry_if_transient,
+)
+def extract_chunk(job: FetchJob, chunk: Chunk) -> ChunkOutcome:
+    """Fetch one chunk, then replace its scope in every sink and record it complete.
+
+    Runs on a thread of the flow's process (the run and its sinks live there). Writes take
+    the run's write lock: one writer at a time, as in the direct path.
+    """
+    gates = _GATES[job.run_id]
+    with gates.fetching:
+        result = _fetch(job, chunk)
+    with gates.writing:
+        return _LIVE[job.run_id].write(result)
 
 
 @task(
@@ -265,6 +310,7 @@ def extract(
         run = FlowRun(config, flow_name, nodes=nodes, sinks=sinks, request=request)
         caller.summary = run.summary
         _LIVE[run_id] = run
+        _GATES[run_id] = _Gates(threading.BoundedSemaphore(workers))
         began = time.perf_counter()
         try:
             with run:
@@ -283,6 +329,7 @@ def extract(
         finally:
             run.summary.seconds = time.perf_counter() - began
             _LIVE.pop(run_id, None)
+            _GATES.pop(run_id, None)
         summary = run.summary
         report = None
         if report_dir:
@@ -294,18 +341,27 @@ def extract(
 
 
 def _fetch_and_write(run: FlowRun, run_id: str, plan: Plan, workers: int, caller: _Caller) -> None:
-    """Fetch on the task runner, write here as fetches complete; at most 2 x workers queued."""
+    """Submit the pending chunks, a bounded number at a time; count them as they end.
+
+    On the thread pool a chunk is one task (fetch and write). On another task runner (Dask)
+    the fetch runs there and the write here, in the flow's thread, as fetches complete.
+    """
     job = _fetch_job(run, run_id)
-    done: queue.SimpleQueue[PrefectFuture[ChunkResult]] = queue.SimpleQueue()
+    in_process = _runs_in_process()
+    done: queue.SimpleQueue[PrefectFuture[Any]] = queue.SimpleQueue()
     chunks = iter(plan.pending)
-    outstanding: set[PrefectFuture[ChunkResult]] = set()
+    outstanding: set[PrefectFuture[Any]] = set()
     try:
         while True:
-            while len(outstanding) < 2 * workers:
+            while len(outstanding) < 2 * workers + (1 if in_process else 0):
                 chunk = next(chunks, None)
                 if chunk is None:
                     break
-                future = fetch_chunk.submit(job, chunk)
+                future: PrefectFuture[Any] = (
+                    extract_chunk.submit(job, chunk)
+                    if in_process
+                    else fetch_chunk.submit(job, chunk)
+                )
                 outstanding.add(future)
                 future.add_done_callback(done.put)
             if not outstanding:
@@ -313,18 +369,50 @@ def _fetch_and_write(run: FlowRun, run_id: str, plan: Plan, workers: int, caller
             finished = done.get()
             outstanding.discard(finished)
             # Raises the task's own exception once its retries are spent.
-            outcome = write_chunk(run_id, finished.result())
-            run.summary.add(outcome)
-            if caller.on_chunk is not None:
-                caller.on_chunk(outcome, run.summary)
+            if in_process:
+                outcome = cast(ChunkOutcome, finished.result())
+            else:
+                outcome = write_chunk(run_id, cast(ChunkResult, finished.result()))
+            _count(run, outcome, caller)
     except BaseException:
         _abandon(outstanding)
+        if in_process:  # chunk tasks that ended meanwhile wrote their chunk: count it
+            for future in outstanding:
+                written = _written(future)
+                if written is not None:
+                    _count(run, written, caller)
         raise
 
 
-def _abandon(futures: set[PrefectFuture[ChunkResult]]) -> None:
-    """After a failure: cancel fetches not started, let running ones end before the node
-    connection closes (their rows are not written; the next run fetches them again)."""
+def _written(future: PrefectFuture[Any]) -> ChunkOutcome | None:
+    """The outcome of a chunk task that completed (after `_abandon`), else None."""
+    wrapped = getattr(future, "wrapped_future", None)
+    if wrapped is None or wrapped.cancelled() or not wrapped.done():
+        return None
+    state = wrapped.result()
+    if not getattr(state, "is_completed", lambda: False)():
+        return None
+    return cast(ChunkOutcome, future.result())
+
+
+def _runs_in_process() -> bool:
+    """Whether this flow run's tasks run on threads of this process (the run lives here)."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    return context is not None and isinstance(context.task_runner, ThreadPoolTaskRunner)
+
+
+def _count(run: FlowRun, outcome: ChunkOutcome, caller: _Caller) -> None:
+    run.summary.add(outcome)
+    if caller.on_chunk is not None:
+        caller.on_chunk(outcome, run.summary)
+
+
+def _abandon(futures: set[PrefectFuture[Any]]) -> None:
+    """After a failure: cancel chunks not started, let running ones end before the node
+    connection and the sinks close (a fetch whose write never started is fetched again by
+    the next run)."""
     for future in futures:
         wrapped = getattr(future, "wrapped_future", None)
         if wrapped is not None:
@@ -436,10 +524,13 @@ def summary_markdown(
 
 
 def task_runner(workers: int) -> Any:
-    """Threads (default) or Dask (`HISTORIAN_TASK_RUNNER=dask`), `workers` wide."""
+    """Threads (default) or Dask (`HISTORIAN_TASK_RUNNER=dask`) for `workers` fetches.
+
+    Threads: `workers` fetching, as many holding fetched rows for the writer, one writing.
+    """
     choice = os.environ.get(TASK_RUNNER_ENV, "threads").strip().lower()
     if choice in ("", "threads", "thread"):
-        return ThreadPoolTaskRunner(max_workers=workers)
+        return ThreadPoolTaskRunner(max_workers=2 * workers + 1)
     if choice != "dask":
         raise ConfigError(f"{TASK_RUNNER_ENV}={choice!r}: use threads or dask")
     try:
