@@ -2,9 +2,9 @@
 
 Every case is `tag?cmd=historyMany` for a batch of tags over one window, the request a
 backfill sends (bench/compare.py: batches of 100 tags). The client only reads the bytes,
-so the number is the node's (a lean socket client: httpx itself reads a 10 MB answer
-several times slower than the node sends it). Median of `--repeat` timed requests after
-one warm-up.
+so the number is the node's (a lean socket client: httpx adds about a third to the time
+of reading a replayed 10 MB answer). Median of `--repeat` timed requests after one
+warm-up; the machine is shared, so compare numbers from one run only.
 
 * raw            mixed periods (1 s .. 60 s), 100 tags x 1 h, and 1 tag x 24 h
 * raw-1s         `period_ms=1000`: 100 tags x 1 h (the raw-1k-day workload's request)
@@ -72,8 +72,8 @@ def _count(body: bytes) -> int:
 class LeanClient:
     """A keep-alive HTTP/1.1 GET over one socket that only reads the bytes.
 
-    httpx reads a 10 MB answer several times slower than loopback delivers it, which
-    would put the client's cost, not the node's, in a replayed answer's rate.
+    Reading a replayed 10 MB answer with httpx takes about a third longer, which would
+    put the client's cost, not the node's, in a replayed answer's rate.
     """
 
     def __init__(self, base_url: str) -> None:
