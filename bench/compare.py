@@ -61,6 +61,7 @@ class Workload:
     window: timedelta = timedelta(hours=1)
     period_ms: int | None = None  # the simulator samples every tag at this period
     incremental: bool = False
+    replay_limit_mb: int | None = None  # the simulator's replay cache, when past its default
 
     def work(self) -> Work:
         start = END - self.span
@@ -127,6 +128,7 @@ WORKLOADS = {
         interval=QUARTER,
         window=WEEK,
         period_ms=60_000,
+        replay_limit_mb=14_000,  # ~10.5 GB of answers, held uncompressed: the node stays idle
     ),
     "incr-10k-hour": Workload(
         "incr-10k-hour",
@@ -178,7 +180,9 @@ def free_port() -> int:
 
 def start_simulator(workload: Workload) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    period = ["--period-ms", str(workload.period_ms)] if workload.period_ms else []
+    options = ["--period-ms", str(workload.period_ms)] if workload.period_ms else []
+    if workload.replay_limit_mb:
+        options += ["--replay-limit-mb", str(workload.replay_limit_mb)]
     process = subprocess.Popen(
         [
             HISTORIAN,
@@ -194,7 +198,7 @@ def start_simulator(workload: Workload) -> tuple[subprocess.Popen[bytes], str]:
             "--replay",
             "--raw-cap",
             "1000000",
-            *period,
+            *options,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -23,7 +23,7 @@ import pytest
 
 from connectors.options import HistoryOptions
 from connectors.simulator import SimConfig, SimulatedNode, run_server
-from connectors.simulator.protocol import Answer
+from connectors.simulator.protocol import Answer, iso_ms
 
 START = 1_750_000_000_000  # 2025-06-15T15:06:40Z
 END = START + 3_600_000
@@ -327,6 +327,29 @@ def test_replay_mode_serves_the_same_bytes_until_history_changes() -> None:
         assert c.get("/tag", params=params).content == first
         node.add_late_sample(path, NOW - 300_000 + 1, 99.5)
         assert [NOW - 300_000 + 1, 99.5, 192, 0] in c.get("/tag", params=params).json()["data"]
+
+
+def test_replay_mode_serves_one_question_spelled_two_ways_from_one_render() -> None:
+    node = SimulatedNode(SimConfig(seed=4, tags=10, cache_answers=True))
+    node.set_clock(NOW)
+    paths = node.tag_paths()[:2]
+    spellings = [
+        {"paths": orjson.dumps(paths).decode(), "start": str(NOW - 600_000), "end": str(NOW)},
+        {
+            "paths": '["' + '", "'.join(paths) + '"]',
+            "start": iso_ms(NOW - 600_000).replace(".000Z", "Z"),
+            "end": iso_ms(NOW),
+        },
+    ]
+    with run_server(node, https_port=None) as server, httpx.Client(base_url=server.http_url) as c:
+        bodies = [
+            c.get("/tag", params={"cmd": "historyMany", "options.mode": "raw", **query}).content
+            for query in spellings
+        ]
+        other = {**spellings[0], "end": str(NOW - 1)}
+        c.get("/tag", params={"cmd": "historyMany", "options.mode": "raw", **other})
+    assert bodies[0] == bodies[1]
+    assert node.cache_stats()[0] == 2  # the two spellings once, the other question once
 
 
 def test_replay_mode_keeps_each_answer_once_while_they_fit_its_byte_limit() -> None:

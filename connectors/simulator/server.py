@@ -25,7 +25,13 @@ import orjson
 
 from connectors.simulator.config import SimConfig
 from connectors.simulator.node import SimulatedNode
-from connectors.simulator.protocol import Answer, error_answer
+from connectors.simulator.protocol import (
+    Answer,
+    RequestError,
+    error_answer,
+    parse_list,
+    parse_time,
+)
 
 _HISTORY = {"tag.history", "tag.historyMany", "tag.historyFilter"}
 
@@ -138,7 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(error_answer(400, "the body is not JSON"))
                 return
         if f"{resource}.{cmd}" in _HISTORY and method == "GET":
-            key = f"{resource}?{parts.query}"
+            key = _replay_key(resource, cmd, params)
             answer = node.cached(key, lambda: node.handle(method, resource, cmd, params, body))
         else:
             answer = node.handle(method, resource, cmd, params, body)
@@ -291,3 +297,24 @@ def serve_forever(
             print(f"HTTPS CA certificate: {handle.ca_pem_path}", flush=True)
         while True:
             time.sleep(3600)
+
+
+def _replay_key(resource: str, cmd: str, params: dict[str, str]) -> str:
+    """What a history query asks, whatever its spelling: times as epoch ms, lists parsed.
+
+    Clients spell one question differently (`...00Z` or `...00.000Z`, `["/a", "/b"]` with or
+    without spaces); replay mode keys its cache by the question, so every client asking it
+    is served the same rendered answer.
+    """
+    normal: dict[str, object] = {}
+    for name, value in params.items():
+        try:
+            if name in ("start", "end"):
+                normal[name] = parse_time(value, name)
+            elif name in ("path", "paths"):
+                normal[name] = parse_list(value)
+            else:
+                normal[name] = value
+        except RequestError:  # a bad value: the handler answers 400; the key only has to differ
+            normal[name] = value
+    return orjson.dumps([resource, cmd, normal], option=orjson.OPT_SORT_KEYS).decode()
