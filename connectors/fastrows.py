@@ -179,10 +179,16 @@ def read_rows(lines: pa.Buffer, rows: int, booleans: bool) -> Columns | None:
     return ts, value, quality, extra
 
 
+class Refused(Exception):
+    """Rows the CSV reader took that the careful reading refuses: a null timestamp, or a
+    number beyond a double (orjson rejects the answer, the reader makes it infinite)."""
+
+
 def read_plans(csv: bytes, plans: list[CsvPlan | None]) -> list[Columns | None]:
-    """`read_rows` of each planned text (None where there is no plan or the text is not
-    rows of 4 values), one read for each run of neighbours of one kind when all of them
-    are well formed (the counts add up only if each does: no text gives fewer lines)."""
+    """`read_rows` of each planned text (None where there is no plan, where the text is
+    not rows of 4 values, or holds the integer `-0`), one read for each run of neighbours
+    of one kind when all of them are well formed (the counts add up only if each does: no
+    text gives fewer lines than its count); Refused for what the careful reading refuses."""
     buffer = pa.py_buffer(csv)
     read: list[Columns | None] = [None] * len(plans)
     first = 0
@@ -198,36 +204,43 @@ def read_plans(csv: bytes, plans: list[CsvPlan | None]) -> list[Columns | None]:
                 break
             last += 1
         run = cast(list[CsvPlan], plans[first : last + 1])
-        end = run[-1].end
         together = None
         if len(run) > 1:
-            rows = sum(p.rows for p in run)
-            together = read_rows(buffer.slice(plan.start, end - plan.start), rows, plan.booleans)
-        if together is not None:
-            at = 0
-            for index, each in enumerate(run, start=first):
-                read[index] = cast(Columns, tuple(c.slice(at, each.rows) for c in together))
-                at += each.rows
-        else:
+            lines = buffer.slice(plan.start, run[-1].end - plan.start)
+            together = read_rows(lines, sum(each.rows for each in run), plan.booleans)
+        if together is None:
             for index, each in enumerate(run, start=first):
                 lines = buffer.slice(each.start, each.end - each.start)
-                read[index] = read_rows(lines, each.rows, each.booleans)
+                read[index] = _checked(read_rows(lines, each.rows, each.booleans), csv, [each])[0]
+        else:
+            at = 0
+            checked = _checked(together, csv, run)
+            for index, (each, fine) in enumerate(zip(run, checked, strict=True), start=first):
+                if fine is not None:
+                    read[index] = cast(Columns, tuple(c.slice(at, each.rows) for c in together))
+                at += each.rows
         first = last + 1
     return read
 
 
-def value_doubts(values: pa.Array, csv: bytes, plan: CsvPlan) -> tuple[bool, bool]:
-    """(an infinite value, a value orjson reads otherwise) among doubles of `read_rows`.
-
-    An infinity is a number beyond a double: orjson rejects such an answer, the CSV reader
-    makes it inf. -0.0 written as the integer `-0` (a field `,-0,` in the lines, looked for
-    only when there is a -0.0) is the integer 0 to orjson, so +0.0.
-    """
+def _checked(columns: Columns | None, csv: bytes, run: list[CsvPlan]) -> list[Columns | None]:
+    """`columns` of the texts `run` read together, for each text: itself if JSON reads it
+    alike, None if one of its values was written as the integer `-0` (the integer 0 to
+    orjson, so +0.0 where the reader gives -0.0); Refused as that says."""
+    if columns is None:
+        return [None] * len(run)
+    ts, values = columns[0], columns[1]
+    if ts.null_count:
+        raise Refused
+    if run[0].booleans:
+        return [columns] * len(run)
     low, high = pc.min_max(values).values()
     if not high.is_valid:  # no value at all
-        return False, False
-    infinite = high.as_py() == math.inf or low.as_py() == -math.inf
+        return [columns] * len(run)
+    if high.as_py() == math.inf or low.as_py() == -math.inf:
+        raise Refused
     data = values.buffers()[1]
     array = np.frombuffer(data, dtype=np.float64)[values.offset : values.offset + len(values)]
-    negative_zero = bool(np.any((array == 0) & np.signbit(array)))  # null slots too: harmless
-    return infinite, negative_zero and csv.find(b",-0,", plan.start, plan.end) >= 0
+    if not np.any((array == 0) & np.signbit(array)):  # null slots too: harmless
+        return [columns] * len(run)
+    return [None if csv.find(b",-0,", each.start, each.end) >= 0 else columns for each in run]

@@ -111,6 +111,10 @@ def _loads(body: bytes | str, operation: str, chunk_label: str) -> Any:
 # -- tag history ----------------------------------------------------------------------------
 
 
+class _Careful(Exception):
+    """The byte-level reading cannot vouch for this answer: read it the careful way."""
+
+
 class _Pieces:
     """Per-tag column pieces, concatenated once at the end."""
 
@@ -130,23 +134,54 @@ class _Pieces:
         self.seq.append(seq)
 
     def table(self, node: str) -> pa.Table:
-        total = sum(self.counts)
-        if total == 0:
+        """The table, with the `seq` pieces given to `add`."""
+        if not self.columns:
             return TAG_HISTORY_SCHEMA.empty_table()
+        ts = pa.concat_arrays([piece[0] for piece in self.columns])
+        return self._table(node, ts, np.concatenate(self.seq))
+
+    def table_and_stats(self, node: str) -> tuple[pa.Table, list[TagStats]]:
+        """The table and each tag's stats, `seq` numbered here for all tags at once (the
+        pieces were added without); _Careful when one millisecond has too many samples."""
+        counts = np.array(self.counts, dtype=np.int64)
+        if not self.columns:
+            return TAG_HISTORY_SCHEMA.empty_table(), [TagStats(0, None, None, 0)] * len(counts)
+        ts = pa.concat_arrays([piece[0] for piece in self.columns])
+        ts_np = ts.to_numpy(zero_copy_only=False)
+        starts = np.cumsum(counts) - counts
+        filled = counts > 0
+        seq = _seq_of_tags(ts_np, starts[filled], counts[filled])
+        if int(seq.max()) > _INT16_MAX:
+            raise _Careful  # the careful reading names the tag
+        first = np.minimum.reduceat(ts_np, starts[filled]).tolist()
+        last = np.maximum.reduceat(ts_np, starts[filled])
+        at_last = np.add.reduceat(ts_np == np.repeat(last, counts[filled]), starts[filled])
+        filled_stats = iter(
+            [
+                TagStats(rows, low, high, at)
+                for rows, low, high, at in zip(
+                    counts[filled].tolist(), first, last.tolist(), at_last.tolist(), strict=True
+                )
+            ]
+        )
+        stats = [next(filled_stats) if rows else TagStats(0, None, None, 0) for rows in counts]
+        return self._table(node, ts, seq.astype(np.int16)), stats
+
+    def _table(self, node: str, ts: pa.Array, seq: np.ndarray[Any, Any]) -> pa.Table:
+        total = len(ts)
         indices = np.repeat(np.arange(len(self.tags), dtype=np.int32), self.counts)
         tag = pa.DictionaryArray.from_arrays(
             pa.array(indices), pa.array(self.tags, type=pa.string())
         ).cast(pa.string())
-        node_column = _repeated(node, total)
-        ts, value, value_bool, value_str, quality, extra = (
-            pa.concat_arrays([piece[i] for piece in self.columns]) for i in range(6)
+        value, value_bool, value_str, quality, extra = (
+            pa.concat_arrays([piece[i] for piece in self.columns]) for i in range(1, 6)
         )
         return pa.Table.from_arrays(
             [
-                node_column,
+                _repeated(node, total),
                 tag,
                 ts.cast(TS_TYPE),
-                pa.array(np.concatenate(self.seq), type=pa.int16()),
+                pa.array(seq, type=pa.int16()),
                 value,
                 value_bool,
                 value_str,
@@ -185,6 +220,29 @@ def _seq_of(ts: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, np.dtype
     run_start = np.flatnonzero(starts)
     run_index = np.cumsum(starts) - 1
     seq: np.ndarray[Any, np.dtype[np.int64]] = np.arange(n) - run_start[run_index]
+    return seq
+
+
+def _seq_of_tags(
+    ts: np.ndarray[Any, np.dtype[np.int64]],
+    starts: np.ndarray[Any, np.dtype[np.int64]],
+    counts: np.ndarray[Any, np.dtype[np.int64]],
+) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """`_seq_of` of each tag's rows `ts[start:start + count]` (none empty), in one go where
+    the rows of a tag are in time order, tag by tag where they are not."""
+    n = len(ts)
+    tag_starts = np.zeros(n, dtype=bool)
+    tag_starts[starts] = True
+    starts_run = tag_starts.copy()
+    np.not_equal(ts[1:], ts[:-1], out=starts_run[1:])
+    starts_run |= tag_starts
+    run_start = np.flatnonzero(starts_run)
+    seq: np.ndarray[Any, np.dtype[np.int64]] = np.arange(n) - run_start[np.cumsum(starts_run) - 1]
+    backwards = np.flatnonzero((ts[1:] < ts[:-1]) & ~tag_starts[1:]) + 1
+    if len(backwards):
+        for tag in np.unique(np.searchsorted(starts, backwards, side="right") - 1).tolist():
+            begin, end = int(starts[tag]), int(starts[tag] + counts[tag])
+            seq[begin:end] = _seq_of(ts[begin:end])
     return seq
 
 
@@ -394,10 +452,6 @@ def _add_tag(pieces: _Pieces, tag: str, data: Any, operation: str, chunk_label: 
     return _finish_tag(pieces, tag, columns, operation, chunk_label)
 
 
-class _Careful(Exception):
-    """The byte-level reading cannot vouch for this answer: read it the careful way."""
-
-
 def _member_columns(member: msgspec.Raw) -> _Columns6 | None:
     """A tag's `data` text read by orjson and columnised like the careful reading does."""
     try:
@@ -452,7 +506,7 @@ def parse_history_answer(
     with gc_paused():
         page = None
         if type(body) is bytes:
-            page = history_page_from_bytes(body, node, operation=operation, chunk_label=chunk_label)
+            page = history_page_from_bytes(body, node)
         if page is None:
             page = parse_history_answer_careful(
                 body, node, operation=operation, chunk_label=chunk_label
@@ -480,29 +534,22 @@ def parse_history_answer_careful(
     return HistoryPage(table, stats)
 
 
-def history_page_from_bytes(
-    body: bytes,
-    node: str,
-    *,
-    operation: str = "tag.historyMany",
-    chunk_label: str = "",
-) -> HistoryPage | None:
+def history_page_from_bytes(body: bytes, node: str) -> HistoryPage | None:
     """The page `parse_history_answer_careful` gives, with tags of number (or boolean) rows
     read from the bytes by `fastrows` and the others by orjson; None whenever this reading
     cannot vouch for that: an answer that is not compact, repeats a key or is wrong."""
     with gc_paused():
         try:
-            return _history_from_bytes(body, node, operation, chunk_label)
+            return _history_from_bytes(body, node)
         except _Careful:
             return None
 
 
-def _history_from_bytes(body: bytes, node: str, operation: str, chunk_label: str) -> HistoryPage:
+def _history_from_bytes(body: bytes, node: str) -> HistoryPage:
     """See `history_page_from_bytes`; raises _Careful where that returns None."""
     answer = fastrows.split_answer(body)
     if answer is None:
         raise _Careful
-    tags = list(answer)
     datas: list[msgspec.Raw] = []
     for entry in answer.values():
         data = entry.get("data")
@@ -513,35 +560,23 @@ def _history_from_bytes(body: bytes, node: str, operation: str, chunk_label: str
                 raise _Careful
         datas.append(data)
     csv, plans = fastrows.data_as_csv(datas)
-    columns: list[_Columns6 | None] = []
-    for data, plan, rows in zip(datas, plans, fastrows.read_plans(csv, plans), strict=True):
-        if plan is not None and rows is not None:
-            ts, value, quality, extra = rows
-            if ts.null_count:
-                raise _Careful
-            n = len(ts)
-            if plan.booleans:
-                columns.append((ts, _nulls_float(n), value, _nulls_str(n), quality, extra))
-                continue
-            infinite, as_integer_zero = fastrows.value_doubts(value, csv, plan)
-            if infinite:
-                raise _Careful
-            if not as_integer_zero:
-                columns.append((ts, value, _nulls_bool(n), _nulls_str(n), quality, extra))
-                continue
-        columns.append(_member_columns(data))
-    pieces = _Pieces()
-    stats: dict[str, TagStats] = {}
     try:
-        for tag, tag_columns in zip(tags, columns, strict=True):
-            if tag_columns is None:
-                pieces.add(tag, None, None)
-                stats[tag] = TagStats(0, None, None, 0)
-            else:
-                stats[tag] = _finish_tag(pieces, tag, tag_columns, operation, chunk_label)
-    except MalformedAnswer:
+        read = fastrows.read_plans(csv, plans)
+    except fastrows.Refused:
         raise _Careful from None
-    return HistoryPage(pieces.table(node), stats)
+    pieces = _Pieces()
+    for tag, data, plan, rows in zip(answer, datas, plans, read, strict=True):
+        if plan is None or rows is None:
+            pieces.add(tag, _member_columns(data), None)
+            continue
+        ts, value, quality, extra = rows
+        n = len(ts)
+        if plan.booleans:
+            pieces.add(tag, (ts, _nulls_float(n), value, _nulls_str(n), quality, extra), None)
+        else:
+            pieces.add(tag, (ts, value, _nulls_bool(n), _nulls_str(n), quality, extra), None)
+    table, stats = pieces.table_and_stats(node)
+    return HistoryPage(table, dict(zip(answer, stats, strict=True)))
 
 
 def parse_single_history_answer(

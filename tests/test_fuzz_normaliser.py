@@ -166,7 +166,7 @@ def test_the_byte_reading_always_agrees_with_the_careful_one(text: str, data: An
             body = body[:at] + bytes([byte]) * data.draw(st.integers(0, 1)) + body[at + cut :]
     careful = _outcome(parse_history_answer_careful, body)
     assert _outcome(parse_history_answer, body) == careful
-    page = history_page_from_bytes(body, "n", chunk_label="fuzz")
+    page = history_page_from_bytes(body, "n")
     event("read from the bytes" if page is not None else "read the careful way")
     if page is not None:
         assert _outcome(lambda b, n, chunk_label: page, body) == careful
@@ -199,7 +199,7 @@ node_answers = st.dictionaries(
 def test_the_byte_reading_of_answers_shaped_like_the_nodes(text: str) -> None:
     body = text.encode()
     careful = _outcome(parse_history_answer_careful, body)
-    page = history_page_from_bytes(body, "n", chunk_label="fuzz")
+    page = history_page_from_bytes(body, "n")
     event("read from the bytes" if page is not None else "read the careful way")
     if page is not None:
         assert _outcome(lambda b, n, chunk_label: page, body) == careful
