@@ -230,6 +230,14 @@ def test_a_run_is_named_summarised_reported_and_holds_the_node_limit(
         )
     assert limit.active_slots == 0, "every slot is given back"
     assert any(re.fullmatch(r"f \d{4}-\d\d-\d\dT\d\d:\d\dZ", run.name) for run in runs)
+    # One task run per chunk, named by the chunk (the server records them as events arrive).
+    latest = max(runs, key=lambda run: run.created or NOW)
+    names = recorded_task_runs(latest.id, summary.chunks_done + 1)
+    chunk_runs = [name for name in names if name.startswith("chunk ")]
+    assert len(chunk_runs) == summary.chunks_done == summary.chunks_planned, names
+    assert all(
+        re.fullmatch(r"chunk \d tags? /.+ \[20\S+Z, \+15m\)", name) for name in chunk_runs
+    ), names
     markdown = str(max(artifacts, key=lambda artifact: artifact.created or NOW).data)
     assert f"rows: {summary.rows:,}" in markdown
     busiest, count = summary.rows_per_tag.most_common(1)[0]
@@ -240,6 +248,25 @@ def test_a_run_is_named_summarised_reported_and_holds_the_node_limit(
     assert len(tags) == summary.tags == len(node.tag_paths())
     for tag in tags:
         assert html.escape(tag) in page
+
+
+def recorded_task_runs(flow_run_id: Any, expected: int, within_s: float = 30) -> list[str]:
+    """Names of a flow run's task runs, once the server has recorded `expected` of them."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + within_s
+    while True:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
+        names = sorted(run.name for run in runs)
+        if len(names) >= expected or time.monotonic() > deadline:
+            return names
+        time.sleep(0.2)
 
 
 def test_deployments_carry_the_schedules_of_flows_yaml(tmp_path: Path, server: Any) -> None:
