@@ -239,8 +239,24 @@ def _checked(columns: Columns | None, csv: bytes, run: list[CsvPlan]) -> list[Co
         return [columns] * len(run)
     if high.as_py() == math.inf or low.as_py() == -math.inf:
         raise Refused
-    data = values.buffers()[1]
-    array = np.frombuffer(data, dtype=np.float64)[values.offset : values.offset + len(values)]
-    if not np.any((array == 0) & np.signbit(array)):  # null slots too: harmless
+    negative_zero = _negative_zeros(values)
+    if not negative_zero.any():  # null slots are looked at too: harmless
         return [columns] * len(run)
-    return [None if csv.find(b",-0,", each.start, each.end) >= 0 else columns for each in run]
+    checked: list[Columns | None] = []
+    at = 0
+    for each in run:
+        written_as_integer = (
+            negative_zero[at : at + each.rows].any()
+            and csv.find(b",-0,", each.start, each.end) >= 0
+        )
+        checked.append(None if written_as_integer else columns)
+        at += each.rows
+    return checked
+
+
+def _negative_zeros(values: pa.Array) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Where the doubles are -0.0 (the one double whose bits are the lowest int64)."""
+    data = values.buffers()[1]
+    bits = np.frombuffer(data, dtype=np.int64)[values.offset : values.offset + len(values)]
+    lowest: np.ndarray[Any, np.dtype[np.bool_]] = bits == np.iinfo(np.int64).min
+    return lowest
