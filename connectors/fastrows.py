@@ -148,7 +148,7 @@ def data_as_csv(datas: list[msgspec.Raw]) -> tuple[bytes, list[CsvPlan | None]]:
     start = 0
     for data in datas:
         end = start + len(data)
-        if text.startswith(b"[[", start) and not any(
+        if text.startswith(b"[[", start, end) and not any(
             text.find(byte, start, end) >= 0 for byte in _NOT_IN_CSV_ROWS
         ):
             booleans = text.find(b"t", start, end) >= 0 or text.find(b"f", start, end) >= 0
