@@ -922,6 +922,8 @@ def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
     n = table.num_rows
     if n < 2:
         return table
+    if any(table.column(key).null_count for key in keys):  # where do nulls go: let sort say
+        return table.sort_by([(key, "ascending") for key in keys])
     ordered: pa.Array | None = None
     for key in reversed(keys):
         column = table.column(key)

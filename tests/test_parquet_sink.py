@@ -510,6 +510,19 @@ def test_rows_land_sorted_by_key_whatever_order_they_come_in(
     assert written.equals(ordered)
 
 
+def test_a_null_in_a_key_column_sorts_last_as_a_sort_puts_it(
+    lake: ParquetLake, tmp_lake: Path
+) -> None:
+    one = alarm_frame(["/alarm"], window(0, 1), step_s=3600)
+    unknown = one.copy()
+    unknown["status"] = pd.array([None], dtype=one["status"].dtype)
+    frame = concat([unknown, one])  # (node, path, ts) tie: status null first
+    sink_scope = scope(["/alarm"], window(0, 1), "a1", kind=schema.KIND_ALARM_HISTORY)
+    lake.write(sink_scope, frame, len(frame))
+    (path,) = [tmp_lake / "hist" / name for name in data_files(tmp_lake)]
+    assert pq.read_table(path).column("status").to_pylist() == [one["status"].iloc[0], None]
+
+
 class Crash(BaseException):
     """A simulated SIGKILL: raised by the n-th file operation, and by every one after it."""
 
