@@ -213,7 +213,7 @@ path_chars = st.characters(codec="utf-8", exclude_categories=["Cs"])
 paths = st.text(path_chars, min_size=1, max_size=30).map(lambda s: "/" + s)
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(paths, max_size=40),
     st.integers(min_value=1, max_value=12),
@@ -353,7 +353,7 @@ def test_chunk_labels_show_seconds_and_alarm_paths() -> None:
     assert short_duration(timedelta(hours=36)) == "36h"
 
 
-@settings(max_examples=150)
+@settings(max_examples=150, deadline=None)
 @given(
     st.lists(
         st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=8),
@@ -395,7 +395,7 @@ def test_plan_covers_every_member_and_millisecond_exactly_once(
     assert len({c.chunk_id for c in chunks}) == len(chunks)
 
 
-@settings(max_examples=60)
+@settings(max_examples=60, deadline=None)
 @given(st.integers(-500, 500), st.integers(1, 400), st.integers(1, 120), st.integers(1, 3))
 def test_plan_counts_each_member_millisecond_once_brute_force(
     start: int, length: int, size_ms: int, members: int
