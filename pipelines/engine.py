@@ -391,6 +391,8 @@ def _inside(table: pa.Table, window: Window, members: set[str], others: bool = T
     keep = pc.and_(pc.greater_equal(ts, window.start_ms), pc.less(ts, window.end_ms))
     if others:
         keep = pc.and_(keep, pc.is_in(table.column("tag"), value_set=pa.array(sorted(members))))
+    if pc.all(keep).as_py() is not False:  # nothing to drop: no copy of every column
+        return table.cast(TAG_HISTORY_SCHEMA)
     return table.filter(keep).cast(TAG_HISTORY_SCHEMA)
 
 
