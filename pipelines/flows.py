@@ -604,6 +604,20 @@ def _calling(caller: _Caller) -> Iterator[None]:
         _CALLER.reset(token)
 
 
+# Flows with their task runner, by kind and width. `with_options` builds the flow's
+# parameter schema again; each run gets its own copy of the task runner anyway.
+_CONFIGURED: dict[tuple[str, int, str, str], Flow[..., dict[str, object]]] = {}
+
+
+def _configured_flow(kind: str, workers: int) -> Flow[..., dict[str, object]]:
+    key = (kind, workers, os.environ.get(TASK_RUNNER_ENV, ""), os.environ.get(DASK_ADDRESS_ENV, ""))
+    chosen = _CONFIGURED.get(key)
+    if chosen is None:
+        chosen = prefect_flow_for(kind).with_options(task_runner=task_runner(workers))
+        _CONFIGURED[key] = chosen
+    return chosen
+
+
 def run_prefect(
     config_path: Path,
     flow_name: str,
@@ -627,7 +641,7 @@ def run_prefect(
         )
     flow_config = config.flows[flow_name]
     workers = config.nodes[flow_config.node].max_connections
-    chosen = prefect_flow_for(flow_config.kind).with_options(task_runner=task_runner(workers))
+    chosen = _configured_flow(flow_config.kind, workers)
     caller = _Caller(on_chunk=on_chunk, on_plan=on_plan)
     try:
         with _calling(caller), cli_run():

@@ -53,7 +53,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Any
 
 QUIET_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -109,22 +110,36 @@ def quiet_run_console() -> Iterator[None]:
 @contextmanager
 def cli_run() -> Iterator[None]:
     """Settings for one run driven by the command line (see the module docstring)."""
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-        temporary_settings,
-    )
-
     with ExitStack() as stack:
         stack.enter_context(quiet_run_console())
         api = _ephemeral_api()
         if api is not None:
-            stack.enter_context(
-                temporary_settings(
-                    updates={PREFECT_API_URL: api, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
-                )
-            )
+            stack.enter_context(_run_settings(api))
         yield
+
+
+# Settings of runs on historian's ephemeral server, by the settings they were derived from.
+# Deriving them (what `temporary_settings` does) validates every Prefect setting again:
+# ~10 % of a small run's time, measured, so it is done once per process and base settings.
+_RUN_SETTINGS: list[tuple[Any, str, Any]] = []
+
+
+def _run_settings(api: str) -> AbstractContextManager[Any]:
+    """Prefect's current settings with the API at `api` and flow-run heartbeats off."""
+    import prefect.context
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+
+    current = prefect.context.get_settings_context()
+    known = [d for base, url, d in _RUN_SETTINGS if base is current.settings and url == api]
+    if known:
+        derived = known[0]
+    else:
+        derived = current.settings.copy_with_update(
+            updates={PREFECT_API_URL: api, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+        )
+        del _RUN_SETTINGS[:-3]  # a few at most: the process's settings rarely change
+        _RUN_SETTINGS.append((current.settings, api, derived))
+    return prefect.context.SettingsContext(profile=current.profile, settings=derived)
 
 
 class EphemeralServer:
