@@ -265,6 +265,9 @@ class _Caller:
     on_plan: PlanCallback | None = None
     summary: RunSummary | None = None
     report: Path | None = field(default=None)
+    # flows.yaml as the caller loaded it, so the flow body does not parse it again
+    config_path: str | None = None
+    config: Config | None = None
 
 
 _CALLER: ContextVar[_Caller | None] = ContextVar("historian_prefect_caller", default=None)
@@ -292,7 +295,11 @@ def extract(
 ) -> RunSummary:
     """The body of both flows: plan, fetch as tasks, write as tasks, summarise."""
     path = Path(config_path)
-    config = load_config(path)
+    caller = _CALLER.get() or _Caller()
+    if caller.config is not None and caller.config_path == config_path:
+        config = caller.config
+    else:
+        config = load_config(path)
     flow_config = config.flows.get(flow_name)
     if flow_config is None:
         raise ConfigError(
@@ -302,7 +309,6 @@ def extract(
         raise ConfigError(
             f"{path.name}: flows.{flow_name}: is a {flow_config.kind} flow, not {kind}"
         )
-    caller = _CALLER.get() or _Caller()
     request = RunRequest(start=_moment(start), end=_moment(end), backfill=backfill)
     workers = config.nodes[flow_config.node].max_connections
     run_id = uuid.uuid4().hex
@@ -642,12 +648,13 @@ def run_prefect(
     flow_config = config.flows[flow_name]
     workers = config.nodes[flow_config.node].max_connections
     chosen = _configured_flow(flow_config.kind, workers)
-    caller = _Caller(on_chunk=on_chunk, on_plan=on_plan)
+    resolved = str(config_path.resolve())
+    caller = _Caller(on_chunk=on_chunk, on_plan=on_plan, config_path=resolved, config=config)
     try:
         with _calling(caller), cli_run():
             chosen(
                 flow_name=flow_name,
-                config_path=str(config_path.resolve()),
+                config_path=resolved,
                 start=request.start.isoformat() if request.start else None,
                 end=request.end.isoformat() if request.end else None,
                 backfill=request.backfill,
