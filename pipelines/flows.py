@@ -62,6 +62,7 @@ from connectors.settings import NodeSettings  # noqa: E402
 from pipelines.config import Config, ConfigError, load_config, parse_moment  # noqa: E402
 from pipelines.destinations import SinkSet  # noqa: E402
 from pipelines.engine import AlarmEngine, ChunkResult, FilterQuery, HistoryEngine  # noqa: E402
+from pipelines.memory import release_memory  # noqa: E402
 from pipelines.nodes import NodePool  # noqa: E402
 from pipelines.planning import Chunk  # noqa: E402
 from pipelines.runner import (  # noqa: E402
@@ -238,7 +239,10 @@ def extract_chunk(job: FetchJob, chunk: Chunk) -> ChunkOutcome:
     with gates.fetching:
         result = _fetch(job, chunk)
     with gates.writing:
-        return _LIVE[job.run_id].write(result)
+        outcome = _LIVE[job.run_id].write(result)
+        del result  # written: its pages go back to the system, as in the direct path
+        release_memory()
+        return outcome
 
 
 @task(
@@ -251,7 +255,10 @@ def extract_chunk(job: FetchJob, chunk: Chunk) -> ChunkOutcome:
 )
 def write_chunk(run_id: str, result: ChunkResult) -> ChunkOutcome:
     """Replace the chunk's scope in every sink and record it complete (idempotent)."""
-    return _LIVE[run_id].write(result)
+    outcome = _LIVE[run_id].write(result)
+    del result
+    release_memory()
+    return outcome
 
 
 # -- the flow body -----------------------------------------------------------------------
