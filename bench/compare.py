@@ -453,9 +453,10 @@ def main() -> None:
                 for name in names:
                     measure = run_contender(name, target, workload, ctx)
                     results.append(measure)
+                    unit = "bytes" if name == "node" else "rows"  # node: what it served
                     print(
-                        f"  {target:8} {name:9} {measure.rows:>12,} rows {measure.wall_s:8.2f} s "
-                        f"{measure.rows_per_s:>11,.0f} rows/s cpu {measure.cpu_s:7.2f} s "
+                        f"  {target:8} {name:9} {measure.rows:>12,} {unit} {measure.wall_s:8.2f} s "
+                        f"{measure.rows_per_s:>11,.0f} {unit}/s cpu {measure.cpu_s:7.2f} s "
                         f"rss {measure.peak_rss_mb:6.0f} MB",
                         flush=True,
                     )

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every comparison of BENCHMARKS.md in one go (about 45 minutes on 2 cores), each run's
+# Every comparison of BENCHMARKS.md in one go (about 75 minutes on 2 cores), each run's
 # printout and measures kept in OUT (default bench-results/). Needs '.[bench]' installed
 # and PostgreSQL at HISTORIAN_TEST_PG_URL (default postgresql+psycopg://postgres@127.0.0.1/test).
 set -euo pipefail
@@ -30,7 +30,9 @@ compare agg-small-postgres --workload agg-small --targets postgres --runs 1 --no
 compare incr-10k-hour --workload incr-10k-hour --targets parquet,postgres --runs 3 \
     --contenders pipeline,cli,dlt,baseline
 # Full size: this pipeline (the peers would take hours: dlt ~30k rows/s).
-compare raw-1k-day --workload raw-1k-day --targets parquet,postgres --runs 1 \
-    --contenders pipeline,node
+compare raw-1k-day --workload raw-1k-day --targets parquet --runs 1 \
+    --contenders pipeline,cli
+compare raw-1k-day-postgres --workload raw-1k-day --targets postgres --runs 1 --no-warmup \
+    --contenders pipeline
 compare agg-10k-month --workload agg-10k-month --targets parquet --runs 1 \
     --contenders pipeline,node
