@@ -64,27 +64,24 @@ class Workload:
     replay_limit_mb: int | None = None  # the simulator's replay cache, when past its default
 
     def work(self) -> Work:
+        """The measured range; an incremental flow starts where `prime` does."""
         start = END - self.span
-        return Work(
-            start=_iso(start),
-            end=_iso(END),
-            mode=self.mode,
-            method=self.method,
-            interval_ms=int(self.interval.total_seconds() * 1000) if self.interval else None,
-            window_s=int(self.window.total_seconds()),
-            flow_start=_iso(start - self.span) if self.incremental else None,
-        )
+        return self._range(start, END, flow_start=start - self.span if self.incremental else None)
 
     def prime(self) -> Work:
         """The span before, run once unmeasured by an incremental workload."""
         start = END - self.span
+        return self._range(start - self.span, start)
+
+    def _range(self, start: datetime, end: datetime, flow_start: datetime | None = None) -> Work:
         return Work(
-            start=_iso(start - self.span),
-            end=_iso(start),
+            start=_iso(start),
+            end=_iso(end),
             mode=self.mode,
             method=self.method,
-            interval_ms=self.work().interval_ms,
+            interval_ms=int(self.interval.total_seconds() * 1000) if self.interval else None,
             window_s=int(self.window.total_seconds()),
+            flow_start=_iso(flow_start) if flow_start else None,
         )
 
     def describe(self) -> str:
@@ -162,10 +159,15 @@ def _iso(moment: datetime) -> str:
 
 def _span(delta: timedelta) -> str:
     seconds = int(delta.total_seconds())
-    for unit, size in (("week", 604_800), ("day", 86_400), ("h", 3600), ("min", 60)):
+    for unit, plural, size in (
+        ("week", "weeks", 604_800),
+        ("day", "days", 86_400),
+        ("h", "h", 3600),
+        ("min", "min", 60),
+    ):
         if seconds % size == 0:
             count = seconds // size
-            return f"{count} {unit}" + ("s" if count > 1 and len(unit) > 3 else "")
+            return f"{count} {unit if count == 1 else plural}"
     return f"{seconds} s"
 
 
@@ -263,16 +265,7 @@ def run_contender(name: str, target: str, workload: Workload, ctx: Context) -> M
         if target == "postgres":
             _create_schema(ctx.pg_url, schema)
         if workload.incremental:  # the run before, as the previous hour's schedule left it
-            _invoke(
-                name,
-                target,
-                workload.prime(),
-                ctx,
-                work_dir,
-                schema,
-                incremental=False,
-                flow_start=work.flow_start,
-            )
+            _invoke(name, target, workload.prime(), ctx, work_dir, schema, incremental=False)
         out, wall, cpu, rss = _invoke(
             name, target, work, ctx, work_dir, schema, incremental=workload.incremental
         )
@@ -296,10 +289,7 @@ def _invoke(
     schema: str,
     *,
     incremental: bool,
-    flow_start: str | None = None,
 ) -> tuple[str, float, float, float]:
-    if flow_start is not None:  # a priming run: the flow starts where the measured one will
-        work = Work(**{**work.__dict__, "flow_start": flow_start})
     if name == "cli":
         config = _cli_config(work_dir, work, ctx, target, schema)
         if incremental:
