@@ -10,7 +10,9 @@ its cache. Each measured run is a fresh child process: wall time, CPU time (user
 peak RSS (GNU time) of that process, start-up and imports included. Contenders alternate
 within each round, so machine noise hits them alike; the report gives medians and the
 ratio of this pipeline to each peer. The `node` contender only downloads the answers: its
-line is the simulator's own serving rate on the same requests.
+line is the simulator's own serving rate on the same requests. `cli` is `historian` as a
+one-off command (it starts Prefect's ephemeral server); `cli-served` is the same command
+against a long-lived Prefect server (PREFECT_API_URL), as scheduled runs have.
 
 Incremental workloads first run each contender once over the span before (not measured,
 same output directory or schema), then measure the run that continues from there, as an
@@ -45,6 +47,11 @@ from contenders import Work, flow_document, pipeline_sink  # noqa: E402
 
 PYTHON = sys.executable
 HISTORIAN = str(Path(sys.executable).with_name("historian"))
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+# `cli` starts Prefect's ephemeral server itself, as a one-off command does; `cli-served`
+# talks to a long-lived server (PREFECT_API_URL), as scheduled runs under `historian serve`
+# or a deployment do.
+CLI_CONTENDERS = ("cli", "cli-served")
 # Every workload ends here (a Thursday: on the grid of 1-day and 7-day windows alike).
 END = datetime(2026, 10, 29, tzinfo=UTC)
 
@@ -228,7 +235,9 @@ def start_simulator(workload: Workload) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("simulator did not start")
 
 
-def measured(command: list[str]) -> tuple[str, float, float, float]:
+def measured(
+    command: list[str], env: dict[str, str] | None = None
+) -> tuple[str, float, float, float]:
     """Run a child; return its stdout, wall seconds, CPU seconds and peak RSS in MB.
 
     The child runs under GNU time, which reports its own CPU time and high-water mark: a
@@ -239,7 +248,10 @@ def measured(command: list[str]) -> tuple[str, float, float, float]:
         raise SystemExit("bench needs GNU time (/usr/bin/time): apt-get install time")
     began = time.perf_counter()
     process = subprocess.run(
-        ["/usr/bin/time", "-f", "__usage %M %U %S", *command], capture_output=True, check=False
+        ["/usr/bin/time", "-f", "__usage %M %U %S", *command],
+        capture_output=True,
+        check=False,
+        env=env,
     )
     wall = time.perf_counter() - began
     err = process.stderr.decode(errors="replace")
@@ -250,11 +262,41 @@ def measured(command: list[str]) -> tuple[str, float, float, float]:
     return process.stdout.decode(), wall, user_s + system_s, peak_kb / 1024
 
 
+def start_prefect_server(home: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A long-lived local Prefect server, as a user runs one (`prefect server start`)."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_UI_ENABLED": "false",
+    }
+    process = subprocess.Popen(
+        [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    api = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{api}/health", timeout=1).status_code == 200:
+                return process, api
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    process.kill()
+    raise SystemExit("prefect server did not start")
+
+
 @dataclass(frozen=True)
 class Context:
     url: str
     tags_file: Path
     pg_url: str
+    prefect_api: str | None = None  # the long-lived server of the `cli-served` contender
 
 
 def run_contender(name: str, target: str, workload: Workload, ctx: Context) -> Measure:
@@ -269,7 +311,7 @@ def run_contender(name: str, target: str, workload: Workload, ctx: Context) -> M
         out, wall, cpu, rss = _invoke(
             name, target, work, ctx, work_dir, schema, incremental=workload.incremental
         )
-        if name == "cli":
+        if name in CLI_CONTENDERS:
             rows = _rows_from_sink(work_dir / "flows.yaml", work)
         else:
             rows = json.loads(out.strip().splitlines()[-1])["rows"]
@@ -290,7 +332,7 @@ def _invoke(
     *,
     incremental: bool,
 ) -> tuple[str, float, float, float]:
-    if name == "cli":
+    if name in CLI_CONTENDERS:
         config = _cli_config(work_dir, work, ctx, target, schema)
         if incremental:
             command = [HISTORIAN, "run", "bench", "--end", work.end, "-c", str(config)]
@@ -306,7 +348,11 @@ def _invoke(
                 "-c",
                 str(config),
             ]
-        return measured(command)
+        env = None
+        if name == "cli-served":
+            assert ctx.prefect_api is not None
+            env = {**os.environ, "PREFECT_API_URL": ctx.prefect_api}
+        return measured(command, env)
     return measured(
         [
             PYTHON,
@@ -424,14 +470,19 @@ def main() -> None:
     targets = args.targets.split(",")
 
     simulator, url = start_simulator(workload)
+    server: subprocess.Popen[bytes] | None = None
+    prefect_home = Path(tempfile.mkdtemp(prefix="bench-prefect-"))
     try:
+        prefect_api = None
+        if "cli-served" in contenders:
+            server, prefect_api = start_prefect_server(prefect_home)
         tags = httpx.get(
             f"{url}/tag?cmd=details&path=%2F&options.recurrent=true", timeout=120
         ).json()
         paths = sorted(entry["fullPath"] for entry in tags["tags"].values())[: workload.tags]
         tags_file = Path(tempfile.mkstemp(suffix=".json")[1])
         tags_file.write_text(json.dumps(paths), encoding="utf-8")
-        ctx = Context(url, tags_file, args.pg_url)
+        ctx = Context(url, tags_file, args.pg_url, prefect_api)
         print(f"# {workload.name}: {workload.describe()}; {workload.note}", flush=True)
         results: list[Measure] = []
         for target in targets:
@@ -454,8 +505,11 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps([m.__dict__ for m in results], indent=2))
     finally:
-        simulator.terminate()
-        simulator.wait(timeout=30)
+        for process in (simulator, server):
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=30)
+        shutil.rmtree(prefect_home, ignore_errors=True)
 
 
 def report(
