@@ -153,12 +153,20 @@ class _Pieces:
         ts_np = ts.to_numpy(zero_copy_only=False)
         starts = np.cumsum(counts) - counts
         filled = counts > 0
-        seq = _seq_of_tags(ts_np, starts[filled], counts[filled])
-        if int(seq.max()) > _INT16_MAX:
-            raise _Careful  # the careful reading names the tag
-        first = np.minimum.reduceat(ts_np, starts[filled]).tolist()
-        last = np.maximum.reduceat(ts_np, starts[filled])
-        at_last = np.add.reduceat(ts_np == np.repeat(last, counts[filled]), starts[filled])
+        if _rising(ts_np, starts[filled]):
+            # The common answer: each tag's samples on distinct, rising milliseconds. No
+            # sample shares its millisecond, the first is the earliest, the last the latest.
+            seq = np.zeros(len(ts_np), dtype=np.int64)
+            first = ts_np[starts[filled]].tolist()
+            last = ts_np[starts[filled] + counts[filled] - 1]
+            at_last = np.ones(len(last), dtype=np.int64)
+        else:
+            seq = _seq_of_tags(ts_np, starts[filled], counts[filled])
+            if int(seq.max()) > _INT16_MAX:
+                raise _Careful  # the careful reading names the tag
+            first = np.minimum.reduceat(ts_np, starts[filled]).tolist()
+            last = np.maximum.reduceat(ts_np, starts[filled])
+            at_last = np.add.reduceat(ts_np == np.repeat(last, counts[filled]), starts[filled])
         filled_stats = iter(
             [
                 TagStats(rows, low, high, at)
@@ -237,6 +245,18 @@ def _seq_of(ts: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, np.dtype
     run_index = np.cumsum(starts) - 1
     seq: np.ndarray[Any, np.dtype[np.int64]] = np.arange(n) - run_start[run_index]
     return seq
+
+
+def _rising(
+    ts: np.ndarray[Any, np.dtype[np.int64]], starts: np.ndarray[Any, np.dtype[np.int64]]
+) -> bool:
+    """Whether the rows of each tag (from each of `starts` to the next) have strictly rising
+    timestamps (none empty)."""
+    if len(ts) < 2:
+        return True
+    rising = ts[1:] > ts[:-1]
+    rising[starts[1:] - 1] = True  # a tag's first row may be earlier than the previous tag's last
+    return bool(rising.all())
 
 
 def _seq_of_tags(
