@@ -146,8 +146,7 @@ def sort_key(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     """A column that sorts and compares like `column`: itself, or for a dictionary-encoded
     one each row's dense rank among its dictionary's values (uint32), so that equal names
     have equal keys and a sort or an order check never compares strings row by row."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()  # dictionaries are unified on the way
+    column = _one_array(column)
     if not pa.types.is_dictionary(column.type):
         return column
     rank = pc.rank(column.dictionary, sort_keys="ascending", tiebreaker="dense")
@@ -157,8 +156,7 @@ def sort_key(column: pa.Array | pa.ChunkedArray) -> pa.Array:
 def names_of(column: pa.Array | pa.ChunkedArray) -> set[str]:
     """The distinct values of a string column (dictionary-encoded or not), nulls aside; a
     dictionary's values without rows are left out."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
+    column = _one_array(column)
     if not pa.types.is_dictionary(column.type):
         return {name for name in pc.unique(column).to_pylist() if name is not None}
     used = np.bincount(
@@ -169,3 +167,13 @@ def names_of(column: pa.Array | pa.ChunkedArray) -> set[str]:
         used[0] -= column.null_count
     present = pa.array(used > 0)
     return {name for name in column.dictionary.filter(present).to_pylist() if name is not None}
+
+
+def _one_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its only chunk as it is, or the chunks concatenated (their
+    dictionaries unified on the way)."""
+    if not isinstance(column, pa.ChunkedArray):
+        return column
+    if column.num_chunks == 1:
+        return column.chunk(0)
+    return column.combine_chunks()
