@@ -194,7 +194,7 @@ class _Pieces:
             tag = tag.cast(pa.string())
             node_column = _repeated(node, total)
         value, value_bool, value_str, quality, extra = (
-            pa.concat_arrays([piece[i] for piece in self.columns]) for i in range(1, 6)
+            _concat([piece[i] for piece in self.columns], total) for i in range(1, 6)
         )
         return pa.Table.from_arrays(
             [
@@ -210,6 +210,14 @@ class _Pieces:
             ],
             schema=_schema(encoded),
         )
+
+
+def _concat(pieces: list[pa.Array], total: int) -> pa.Array:
+    """The pieces one after the other; a column of nulls only (a value column that no tag
+    of the answer uses) is made at once instead of from a piece per tag."""
+    if sum(piece.null_count for piece in pieces) == total:
+        return pa.nulls(total, pieces[0].type)
+    return pa.concat_arrays(pieces)
 
 
 def _schema(encoded: bool) -> pa.Schema:
