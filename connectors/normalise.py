@@ -153,13 +153,21 @@ class _Pieces:
         ts_np = ts.to_numpy(zero_copy_only=False)
         starts = np.cumsum(counts) - counts
         filled = counts > 0
-        if _rising(ts_np, starts[filled]):
-            # The common answer: each tag's samples on distinct, rising milliseconds. No
-            # sample shares its millisecond, the first is the earliest, the last the latest.
-            seq = np.zeros(len(ts_np), dtype=np.int64)
+        rising, never_back = _order_within(ts_np, starts[filled])
+        if never_back:
+            # The common answer: each tag's samples in time order, so the first is the
+            # earliest, the last the latest, and the last one's seq + 1 counts the samples
+            # on the last millisecond; with rising times no sample shares its millisecond.
+            ends = starts[filled] + counts[filled] - 1
+            if rising:
+                seq = np.zeros(len(ts_np), dtype=np.int64)
+            else:
+                seq = _seq_of_tags(ts_np, starts[filled], counts[filled])
+                if int(seq.max()) > _INT16_MAX:
+                    raise _Careful  # the careful reading names the tag
             first = ts_np[starts[filled]].tolist()
-            last = ts_np[starts[filled] + counts[filled] - 1]
-            at_last = np.ones(len(last), dtype=np.int64)
+            last = ts_np[ends]
+            at_last = seq[ends] + 1
         else:
             seq = _seq_of_tags(ts_np, starts[filled], counts[filled])
             if int(seq.max()) > _INT16_MAX:
@@ -255,16 +263,21 @@ def _seq_of(ts: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, np.dtype
     return seq
 
 
-def _rising(
+def _order_within(
     ts: np.ndarray[Any, np.dtype[np.int64]], starts: np.ndarray[Any, np.dtype[np.int64]]
-) -> bool:
-    """Whether the rows of each tag (from each of `starts` to the next) have strictly rising
-    timestamps (none empty)."""
+) -> tuple[bool, bool]:
+    """Whether the timestamps of each tag's rows (from each of `starts` to the next, none
+    empty) rise strictly, and whether they never go back."""
     if len(ts) < 2:
-        return True
+        return True, True
+    boundaries = starts[1:] - 1  # a tag's first row may be earlier than the previous tag's last
     rising = ts[1:] > ts[:-1]
-    rising[starts[1:] - 1] = True  # a tag's first row may be earlier than the previous tag's last
-    return bool(rising.all())
+    rising[boundaries] = True
+    if rising.all():
+        return True, True
+    never_back = ts[1:] >= ts[:-1]
+    never_back[boundaries] = True
+    return False, bool(never_back.all())
 
 
 def _seq_of_tags(
