@@ -39,10 +39,12 @@ from connectors import fastrows
 from connectors.errors import MalformedAnswer
 from connectors.schema import (
     ALARM_HISTORY_SCHEMA,
+    TAG_HISTORY_ENCODED_SCHEMA,
     TAG_HISTORY_SCHEMA,
     TAG_METADATA_SCHEMA,
     TS_TYPE,
     frame_from_table,
+    sort_key,
 )
 
 _NONE = type(None)
@@ -67,7 +69,8 @@ class TagStats:
 
 @dataclass(frozen=True)
 class HistoryPage:
-    """One history answer: rows of every tag (TAG_HISTORY_SCHEMA) and per-tag stats.
+    """One history answer: rows of every tag (TAG_HISTORY_SCHEMA, or its encoded form) and
+    per-tag stats.
 
     `seq` numbers the rows of one (tag, ts) in answer order, within this answer only;
     `assign_seq` renumbers after pages are combined.
@@ -133,29 +136,45 @@ class _Pieces:
         self.columns.append(columns)
         self.seq.append(seq)
 
-    def table(self, node: str) -> pa.Table:
+    def table(self, node: str, encoded: bool) -> pa.Table:
         """The table, with the `seq` pieces given to `add`."""
         if not self.columns:
-            return TAG_HISTORY_SCHEMA.empty_table()
+            return _schema(encoded).empty_table()
         ts = pa.concat_arrays([piece[0] for piece in self.columns])
-        return self._table(node, ts, np.concatenate(self.seq))
+        return self._table(node, ts, np.concatenate(self.seq), encoded)
 
-    def table_and_stats(self, node: str) -> tuple[pa.Table, list[TagStats]]:
+    def table_and_stats(self, node: str, encoded: bool) -> tuple[pa.Table, list[TagStats]]:
         """The table and each tag's stats, `seq` numbered here for all tags at once (the
         pieces were added without); _Careful when one millisecond has too many samples."""
         counts = np.array(self.counts, dtype=np.int64)
         if not self.columns:
-            return TAG_HISTORY_SCHEMA.empty_table(), [TagStats(0, None, None, 0)] * len(counts)
+            return _schema(encoded).empty_table(), [TagStats(0, None, None, 0)] * len(counts)
         ts = pa.concat_arrays([piece[0] for piece in self.columns])
         ts_np = ts.to_numpy(zero_copy_only=False)
         starts = np.cumsum(counts) - counts
         filled = counts > 0
-        seq = _seq_of_tags(ts_np, starts[filled], counts[filled])
-        if int(seq.max()) > _INT16_MAX:
-            raise _Careful  # the careful reading names the tag
-        first = np.minimum.reduceat(ts_np, starts[filled]).tolist()
-        last = np.maximum.reduceat(ts_np, starts[filled])
-        at_last = np.add.reduceat(ts_np == np.repeat(last, counts[filled]), starts[filled])
+        rising, never_back = _order_within(ts_np, starts[filled])
+        if never_back:
+            # The common answer: each tag's samples in time order, so the first is the
+            # earliest, the last the latest, and the last one's seq + 1 counts the samples
+            # on the last millisecond; with rising times no sample shares its millisecond.
+            ends = starts[filled] + counts[filled] - 1
+            if rising:
+                seq = np.zeros(len(ts_np), dtype=np.int64)
+            else:
+                seq = _seq_of_tags(ts_np, starts[filled], counts[filled])
+                if int(seq.max()) > _INT16_MAX:
+                    raise _Careful  # the careful reading names the tag
+            first = ts_np[starts[filled]].tolist()
+            last = ts_np[ends]
+            at_last = seq[ends] + 1
+        else:
+            seq = _seq_of_tags(ts_np, starts[filled], counts[filled])
+            if int(seq.max()) > _INT16_MAX:
+                raise _Careful  # the careful reading names the tag
+            first = np.minimum.reduceat(ts_np, starts[filled]).tolist()
+            last = np.maximum.reduceat(ts_np, starts[filled])
+            at_last = np.add.reduceat(ts_np == np.repeat(last, counts[filled]), starts[filled])
         filled_stats = iter(
             [
                 TagStats(rows, low, high, at)
@@ -165,20 +184,29 @@ class _Pieces:
             ]
         )
         stats = [next(filled_stats) if rows else TagStats(0, None, None, 0) for rows in counts]
-        return self._table(node, ts, seq.astype(np.int16)), stats
+        return self._table(node, ts, seq.astype(np.int16), encoded), stats
 
-    def _table(self, node: str, ts: pa.Array, seq: np.ndarray[Any, Any]) -> pa.Table:
+    def _table(self, node: str, ts: pa.Array, seq: np.ndarray[Any, Any], encoded: bool) -> pa.Table:
+        """`encoded`: `node` and `tag` as dictionaries (TAG_HISTORY_ENCODED_SCHEMA), which the
+        tags' spans give for free; else strings (TAG_HISTORY_SCHEMA)."""
         total = len(ts)
         indices = np.repeat(np.arange(len(self.tags), dtype=np.int32), self.counts)
         tag = pa.DictionaryArray.from_arrays(
             pa.array(indices), pa.array(self.tags, type=pa.string())
-        ).cast(pa.string())
+        )
+        if encoded:
+            node_column: pa.Array = pa.DictionaryArray.from_arrays(
+                pa.array(np.zeros(total, dtype=np.int32)), pa.array([node], type=pa.string())
+            )
+        else:
+            tag = tag.cast(pa.string())
+            node_column = _repeated(node, total)
         value, value_bool, value_str, quality, extra = (
-            pa.concat_arrays([piece[i] for piece in self.columns]) for i in range(1, 6)
+            _concat([piece[i] for piece in self.columns], total) for i in range(1, 6)
         )
         return pa.Table.from_arrays(
             [
-                _repeated(node, total),
+                node_column,
                 tag,
                 ts.cast(TS_TYPE),
                 pa.array(seq, type=pa.int16()),
@@ -188,8 +216,20 @@ class _Pieces:
                 quality,
                 extra,
             ],
-            schema=TAG_HISTORY_SCHEMA,
+            schema=_schema(encoded),
         )
+
+
+def _concat(pieces: list[pa.Array], total: int) -> pa.Array:
+    """The pieces one after the other; a column of nulls only (a value column that no tag
+    of the answer uses) is made at once instead of from a piece per tag."""
+    if sum(piece.null_count for piece in pieces) == total:
+        return pa.nulls(total, pieces[0].type)
+    return pa.concat_arrays(pieces)
+
+
+def _schema(encoded: bool) -> pa.Schema:
+    return TAG_HISTORY_ENCODED_SCHEMA if encoded else TAG_HISTORY_SCHEMA
 
 
 def _repeated(text: str, n: int) -> pa.Array:
@@ -221,6 +261,23 @@ def _seq_of(ts: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, np.dtype
     run_index = np.cumsum(starts) - 1
     seq: np.ndarray[Any, np.dtype[np.int64]] = np.arange(n) - run_start[run_index]
     return seq
+
+
+def _order_within(
+    ts: np.ndarray[Any, np.dtype[np.int64]], starts: np.ndarray[Any, np.dtype[np.int64]]
+) -> tuple[bool, bool]:
+    """Whether the timestamps of each tag's rows (from each of `starts` to the next, none
+    empty) rise strictly, and whether they never go back."""
+    if len(ts) < 2:
+        return True, True
+    boundaries = starts[1:] - 1  # a tag's first row may be earlier than the previous tag's last
+    rising = ts[1:] > ts[:-1]
+    rising[boundaries] = True
+    if rising.all():
+        return True, True
+    never_back = ts[1:] >= ts[:-1]
+    never_back[boundaries] = True
+    return False, bool(never_back.all())
 
 
 def _seq_of_tags(
@@ -495,21 +552,24 @@ def parse_history_answer(
     *,
     operation: str = "tag.historyMany",
     chunk_label: str = "",
+    encoded: bool = False,
 ) -> HistoryPage:
     """A historyMany / historyFilter answer `{path: {request, data}}` as one typed table.
 
     Rows keep the answer's order (tags in answer order, rows as sent); every tag key of the
     answer is in `tags`, also those with no rows. An answer the byte-level reading cannot
     vouch for, a wrong one included, is read again by `parse_history_answer_careful`: the
-    result (and the error) is always that reading's.
+    result (and the error) is always that reading's. `encoded`: the table is of
+    TAG_HISTORY_ENCODED_SCHEMA (`node` and `tag` dictionaries, whose dictionary may hold
+    tags without rows), else of TAG_HISTORY_SCHEMA.
     """
     with gc_paused():
         page = None
         if type(body) is bytes:
-            page = history_page_from_bytes(body, node)
+            page = history_page_from_bytes(body, node, encoded=encoded)
         if page is None:
             page = parse_history_answer_careful(
-                body, node, operation=operation, chunk_label=chunk_label
+                body, node, operation=operation, chunk_label=chunk_label, encoded=encoded
             )
     return page
 
@@ -520,6 +580,7 @@ def parse_history_answer_careful(
     *,
     operation: str = "tag.historyMany",
     chunk_label: str = "",
+    encoded: bool = False,
 ) -> HistoryPage:
     """The reference reading: orjson parses the whole answer, each tag is columnised from
     its Python lists, and the first thing wrong raises MalformedAnswer naming it."""
@@ -530,22 +591,22 @@ def parse_history_answer_careful(
         for tag, data in _history_entries(answer, operation, chunk_label):
             stats[tag] = _add_tag(pieces, tag, data, operation, chunk_label)
         del answer
-        table = pieces.table(node)
+        table = pieces.table(node, encoded)
     return HistoryPage(table, stats)
 
 
-def history_page_from_bytes(body: bytes, node: str) -> HistoryPage | None:
+def history_page_from_bytes(body: bytes, node: str, *, encoded: bool = False) -> HistoryPage | None:
     """The page `parse_history_answer_careful` gives, with tags of number (or boolean) rows
     read from the bytes by `fastrows` and the others by orjson; None whenever this reading
     cannot vouch for that: an answer that is not compact, repeats a key or is wrong."""
     with gc_paused():
         try:
-            return _history_from_bytes(body, node)
+            return _history_from_bytes(body, node, encoded)
         except _Careful:
             return None
 
 
-def _history_from_bytes(body: bytes, node: str) -> HistoryPage:
+def _history_from_bytes(body: bytes, node: str, encoded: bool) -> HistoryPage:
     """See `history_page_from_bytes`; raises _Careful where that returns None."""
     answer = fastrows.split_answer(body)
     if answer is None:
@@ -575,7 +636,7 @@ def _history_from_bytes(body: bytes, node: str) -> HistoryPage:
             pieces.add(tag, (ts, _nulls_float(n), value, _nulls_str(n), quality, extra), None)
         else:
             pieces.add(tag, (ts, value, _nulls_bool(n), _nulls_str(n), quality, extra), None)
-    table, stats = pieces.table_and_stats(node)
+    table, stats = pieces.table_and_stats(node, encoded)
     return HistoryPage(table, dict(zip(answer, stats, strict=True)))
 
 
@@ -599,7 +660,7 @@ def parse_single_history_answer(
             )
         stats = {path: _add_tag(pieces, path, answer["data"], operation, chunk_label)}
         del answer
-        table = pieces.table(node)
+        table = pieces.table(node, False)
     return HistoryPage(table, stats)
 
 
@@ -610,10 +671,12 @@ def assign_seq(table: pa.Table) -> pa.Table:
     """
     if table.num_rows == 0:
         return table
+    # A dictionary-encoded tag sorts and compares by the rank of its name (`sort_key`).
+    keys = pa.table({"tag": sort_key(table.column("tag")), "ts": table.column("ts")})
     # sort_indices is a stable sort: rows of one (tag, ts) keep their input order.
-    order = pc.sort_indices(table, sort_keys=[("tag", "ascending"), ("ts", "ascending")])
+    order = pc.sort_indices(keys, sort_keys=[("tag", "ascending"), ("ts", "ascending")])
     table = table.take(order)
-    tags = table.column("tag").combine_chunks()
+    tags = keys.column("tag").take(order).combine_chunks()
     ts = table.column("ts").combine_chunks().cast(pa.int64()).to_numpy(zero_copy_only=False)
     n = table.num_rows
     continues = np.zeros(n, dtype=bool)
@@ -633,8 +696,11 @@ def assign_seq(table: pa.Table) -> pa.Table:
 
 
 def history_frame(table: pa.Table) -> pd.DataFrame:
-    """The tag-history table as a DataFrame with Arrow-backed dtypes."""
-    return frame_from_table(table.cast(TAG_HISTORY_SCHEMA))
+    """The tag-history table as a DataFrame with Arrow-backed dtypes, `node` and `tag`
+    dictionary-encoded when the table's tag is."""
+    return frame_from_table(
+        table.cast(_schema(pa.types.is_dictionary(table.schema.field("tag").type)))
+    )
 
 
 # -- alarm history --------------------------------------------------------------------------

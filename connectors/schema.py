@@ -8,8 +8,10 @@ under the keys of `HISTORY_ATTRS` and in Parquet schema metadata.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 TS_TYPE = pa.timestamp("ms", tz="UTC")
 
@@ -29,6 +31,17 @@ TAG_HISTORY_SCHEMA = pa.schema(
     ]
 )
 TAG_HISTORY_KEY = ("node", "tag", "ts", "seq")
+
+# On the way from the normaliser to the sinks, `node` and `tag` are dictionary-encoded: a
+# chunk holds ~100 tag names in ~340k rows, so checks, counts and sorts by tag work on the
+# names once and on int32 indices otherwise. Sinks store the strings of TAG_HISTORY_SCHEMA.
+NAME_DICTIONARY = pa.dictionary(pa.int32(), pa.string())
+TAG_HISTORY_ENCODED_SCHEMA = pa.schema(
+    [
+        field.with_type(NAME_DICTIONARY) if field.name in ("node", "tag") else field
+        for field in TAG_HISTORY_SCHEMA
+    ]
+)
 
 # Alarm history: one row per alarm state change. `value`, `ack_info` and `extra` are JSON
 # text: the value's type is the source's, and unknown fields are kept verbatim.
@@ -107,8 +120,60 @@ def frame_from_table(table: pa.Table) -> pd.DataFrame:
     return frame
 
 
-def table_from_frame(frame: pd.DataFrame, kind: str) -> pa.Table:
-    """DataFrame to an Arrow table cast to the kind's schema (raises on a column mismatch)."""
+def table_from_frame(
+    frame: pd.DataFrame, kind: str, *, keep_dictionaries: bool = False
+) -> pa.Table:
+    """DataFrame to an Arrow table cast to the kind's schema (raises on a column mismatch).
+
+    `keep_dictionaries`: string columns that arrive dictionary-encoded stay so (as
+    NAME_DICTIONARY), for a caller that works on the distinct values before storing them.
+    """
     schema = SCHEMAS[kind]
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    return table.select(schema.names).cast(schema)
+    table = pa.Table.from_pandas(frame, preserve_index=False).select(schema.names)
+    if keep_dictionaries:
+        schema = pa.schema(
+            [
+                field.with_type(NAME_DICTIONARY)
+                if pa.types.is_string(field.type) and pa.types.is_dictionary(arrived.type)
+                else field
+                for field, arrived in zip(schema, table.schema, strict=True)
+            ]
+        )
+    return table.cast(schema)
+
+
+def sort_key(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column that sorts and compares like `column`: itself, or for a dictionary-encoded
+    one each row's dense rank among its dictionary's values (uint32), so that equal names
+    have equal keys and a sort or an order check never compares strings row by row."""
+    column = _one_array(column)
+    if not pa.types.is_dictionary(column.type):
+        return column
+    rank = pc.rank(column.dictionary, sort_keys="ascending", tiebreaker="dense")
+    return pc.take(rank.cast(pa.uint32()), column.indices)
+
+
+def names_of(column: pa.Array | pa.ChunkedArray) -> set[str]:
+    """The distinct values of a string column (dictionary-encoded or not), nulls aside; a
+    dictionary's values without rows are left out."""
+    column = _one_array(column)
+    if not pa.types.is_dictionary(column.type):
+        return {name for name in pc.unique(column).to_pylist() if name is not None}
+    used = np.bincount(
+        column.indices.fill_null(0).to_numpy(zero_copy_only=False),
+        minlength=len(column.dictionary),
+    )
+    if column.null_count:  # null slots were counted as index 0
+        used[0] -= column.null_count
+    present = pa.array(used > 0)
+    return {name for name in column.dictionary.filter(present).to_pylist() if name is not None}
+
+
+def _one_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its only chunk as it is, or the chunks concatenated (their
+    dictionaries unified on the way)."""
+    if not isinstance(column, pa.ChunkedArray):
+        return column
+    if column.num_chunks == 1:
+        return column.chunk(0)
+    return column.combine_chunks()

@@ -48,8 +48,9 @@ from connectors.normalise import (
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.schema import (
     ALARM_HISTORY_SCHEMA,
-    TAG_HISTORY_SCHEMA,
+    TAG_HISTORY_ENCODED_SCHEMA,
     frame_from_table,
+    sort_key,
 )
 from connectors.timewindow import Window
 from pipelines.planning import Chunk
@@ -210,7 +211,7 @@ class HistoryEngine:
             result.bytes_received += len(body)
             try:
                 return parse_history_answer(
-                    body, self.node, operation=operation, chunk_label=chunk.label
+                    body, self.node, operation=operation, chunk_label=chunk.label, encoded=True
                 )
             except MalformedAnswer as exc:
                 if attempt >= self.malformed_retries:
@@ -386,14 +387,16 @@ def _fresh_rows(table: pa.Table, last_ts: int, seen_by_tag: dict[str, int]) -> p
 
 
 def _inside(table: pa.Table, window: Window, members: set[str], others: bool = True) -> pa.Table:
-    """Rows of `members` in `[start, end)`; `others` False: every row's tag is a member."""
+    """Rows of `members` in `[start, end)`; `others` False: every row's tag is a member.
+    The pages are of TAG_HISTORY_ENCODED_SCHEMA (`node` and `tag` dictionaries), and so is
+    the result."""
     ts = table.column("ts").cast(pa.int64())
     keep = pc.and_(pc.greater_equal(ts, window.start_ms), pc.less(ts, window.end_ms))
     if others:
         keep = pc.and_(keep, pc.is_in(table.column("tag"), value_set=pa.array(sorted(members))))
     if pc.all(keep).as_py() is not False:  # nothing to drop: no copy of every column
-        return table.cast(TAG_HISTORY_SCHEMA)
-    return table.filter(keep).cast(TAG_HISTORY_SCHEMA)
+        return table.cast(TAG_HISTORY_ENCODED_SCHEMA)
+    return table.filter(keep).cast(TAG_HISTORY_ENCODED_SCHEMA)
 
 
 def _by_tag_ts(table: pa.Table) -> pa.Table:
@@ -401,7 +404,9 @@ def _by_tag_ts(table: pa.Table) -> pa.Table:
     n = table.num_rows
     if n < 2:
         return table
-    tag, ts = table.column("tag"), table.column("ts")
+    # A dictionary-encoded tag is compared by the rank of its name: no string compared.
+    keys = pa.table({"tag": sort_key(table.column("tag")), "ts": table.column("ts")})
+    tag, ts = keys.column("tag"), keys.column("ts")
     tag_before, tag_after = tag.slice(0, n - 1), tag.slice(1)
     ordered = pc.or_(
         pc.less(tag_before, tag_after),
@@ -409,7 +414,7 @@ def _by_tag_ts(table: pa.Table) -> pa.Table:
     )
     if pc.all(ordered).as_py():
         return table
-    return table.take(pc.sort_indices(table, sort_keys=[("tag", "ascending"), ("ts", "ascending")]))
+    return table.take(pc.sort_indices(keys, sort_keys=[("tag", "ascending"), ("ts", "ascending")]))
 
 
 def _distinct(table: pa.Table, keys: list[str]) -> pa.Table:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 
+import numpy as np
 import orjson
 import pandas as pd
 import pyarrow as pa
@@ -526,15 +527,18 @@ def _tag_counts(frame: pd.DataFrame, kind: str) -> tuple[Counter[str], Counter[s
     """Rows and bad-quality rows (quality < 192 or missing) per tag or alarm path."""
     if frame.empty or kind == KIND_TAG_METADATA:
         return Counter(), Counter()
-    column = SCOPE_COLUMN[kind]
-    keys = pa.array(frame[column].array)
+    keys = _arrow(frame[SCOPE_COLUMN[kind]])
     if kind == KIND_TAG_HISTORY:
-        quality = pa.array(frame["quality"].array).cast(pa.int32())
-        bad = pc.fill_null(pc.less(quality, GOOD_QUALITY), True).cast(pa.int64())
+        quality = _arrow(frame["quality"]).cast(pa.int32())
+        bad = pc.fill_null(pc.less(quality, GOOD_QUALITY), True)
     else:
-        bad = pa.nulls(len(frame), pa.int64()).fill_null(0)
+        bad = pa.repeat(False, len(frame))
+    if pa.types.is_dictionary(keys.type) and not keys.null_count:
+        return _counts_by_index(keys, bad)
+    if pa.types.is_dictionary(keys.type):
+        keys = keys.cast(keys.type.value_type)
     grouped = (
-        pa.table({"key": keys, "bad": bad})
+        pa.table({"key": keys, "bad": bad.cast(pa.int64())})
         .group_by("key")
         .aggregate([([], "count_all"), ("bad", "sum")])
     )
@@ -543,4 +547,29 @@ def _tag_counts(frame: pd.DataFrame, kind: str) -> tuple[Counter[str], Counter[s
     bad_rows = Counter(
         {name: n for name, n in zip(names, grouped.column("bad_sum").to_pylist(), strict=True) if n}
     )
+    return rows, bad_rows
+
+
+def _arrow(series: pd.Series) -> pa.Array:
+    """The series' values as one Arrow array (dictionaries of chunks unified)."""
+    values = pa.array(series.array)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    return values
+
+
+def _counts_by_index(keys: pa.DictionaryArray, bad: pa.Array) -> tuple[Counter[str], Counter[str]]:
+    """`_tag_counts` of dictionary-encoded keys: counted by index, each name read once
+    (a name the dictionary holds twice adds up)."""
+    indices = keys.indices.to_numpy(zero_copy_only=False)
+    size = len(keys.dictionary)
+    rows_at = np.bincount(indices, minlength=size).tolist()
+    bad_at = np.bincount(indices[bad.to_numpy(zero_copy_only=False)], minlength=size).tolist()
+    rows: Counter[str] = Counter()
+    bad_rows: Counter[str] = Counter()
+    for name, count, bad_count in zip(keys.dictionary.to_pylist(), rows_at, bad_at, strict=True):
+        if count:
+            rows[name] += count
+        if bad_count:
+            bad_rows[name] += bad_count
     return rows, bad_rows

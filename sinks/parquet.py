@@ -372,8 +372,11 @@ class ParquetLake:
     # -- validation -----------------------------------------------------------------------
 
     def _table(self, frame: pd.DataFrame, kind: str, what: str) -> pa.Table:
+        """The frame as a table of the kind's schema, except that dictionary-encoded string
+        columns of history (the engine's `node` and `tag`) stay so until `_sorted` has used
+        them."""
         try:
-            table = tables.table_from_frame(frame, kind)
+            table = tables.table_from_frame(frame, kind, keep_dictionaries=kind in HISTORY_KINDS)
         except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
             raise SinkError(
                 f"lake '{self.name}': {what}: the frame does not match the {kind} schema: {_reason(exc)}"
@@ -381,6 +384,8 @@ class ParquetLake:
         for item in tables.SCHEMAS[kind]:
             if not item.nullable and table.column(item.name).null_count:
                 raise SinkError(f"lake '{self.name}': {what}: column {item.name} has nulls")
+        if table.num_columns and table.column(0).num_chunks == 1:
+            return table  # one chunk per column already: no copy
         return table.combine_chunks()
 
     def _check_scope(self, scope: ChunkScope, table: pa.Table) -> None:
@@ -392,7 +397,7 @@ class ParquetLake:
         if low < scope.window.start_ms or high >= scope.window.end_ms:
             problems.append(f"timestamps outside {scope.window}")
         if scope.kind == tables.KIND_TAG_HISTORY:
-            outside = set(pc.unique(table["tag"]).to_pylist()) - set(scope.members)
+            outside = tables.names_of(table["tag"]) - set(scope.members)
             if outside:
                 example = min(outside)
                 shown = example if len(example) <= 80 else example[:77] + "..."
@@ -917,21 +922,35 @@ def _pieces(order: pa.Array, size: int) -> Iterator[pa.Array]:
 
 
 def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """`table` sorted by `keys` (stable); as it is when it already is, as the engine's
-    chunks are: checking adjacent rows is a fraction of the cost of a sort and a copy."""
+    """`table` sorted by `keys` (stable), dictionary-encoded columns decoded to the strings
+    files store; as it is when it already is sorted, as the engine's chunks are: checking
+    adjacent rows is a fraction of the cost of a sort and a copy. Dictionary-encoded keys
+    are compared by the rank of their value, never string by string."""
+    table = _sorted_rows(table, keys)
+    decoded = pa.schema(
+        [
+            field.with_type(field.type.value_type) if pa.types.is_dictionary(field.type) else field
+            for field in table.schema
+        ]
+    )
+    return table if decoded.equals(table.schema) else table.cast(decoded)
+
+
+def _sorted_rows(table: pa.Table, keys: Sequence[str]) -> pa.Table:
     n = table.num_rows
     if n < 2:
         return table
-    if any(table.column(key).null_count for key in keys):  # where do nulls go: let sort say
-        return table.sort_by([(key, "ascending") for key in keys])
-    ordered: pa.Array | None = None
-    for key in reversed(keys):
-        column = table.column(key)
-        before, after = column.slice(0, n - 1), column.slice(1)
-        if ordered is None:
-            ordered = pc.less_equal(before, after)
-        else:
-            ordered = pc.or_(pc.less(before, after), pc.and_(pc.equal(before, after), ordered))
-    if ordered is not None and pc.all(ordered).as_py():
-        return table
-    return table.sort_by([(key, "ascending") for key in keys])
+    ranked = pa.table([tables.sort_key(table.column(key)) for key in keys], names=list(keys))
+    # With nulls, where they go is the sort's to say.
+    if not any(ranked.column(key).null_count for key in keys):
+        ordered: pa.Array | None = None
+        for key in reversed(keys):
+            column = ranked.column(key)
+            before, after = column.slice(0, n - 1), column.slice(1)
+            if ordered is None:
+                ordered = pc.less_equal(before, after)
+            else:
+                ordered = pc.or_(pc.less(before, after), pc.and_(pc.equal(before, after), ordered))
+        if ordered is not None and pc.all(ordered).as_py():
+            return table
+    return table.take(pc.sort_indices(ranked, sort_keys=[(key, "ascending") for key in keys]))

@@ -30,7 +30,12 @@ from connectors.normalise import (
     parse_single_history_answer,
     parse_tag_details,
 )
-from connectors.schema import ALARM_HISTORY_SCHEMA, TAG_HISTORY_SCHEMA, TAG_METADATA_SCHEMA
+from connectors.schema import (
+    ALARM_HISTORY_SCHEMA,
+    TAG_HISTORY_ENCODED_SCHEMA,
+    TAG_HISTORY_SCHEMA,
+    TAG_METADATA_SCHEMA,
+)
 
 T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 ODD_PATH = '/Plant A/Line 1/Temp, "inlet" ü.1'
@@ -179,6 +184,37 @@ def test_assign_seq_sorts_and_renumbers_across_pages_keeping_page_order() -> Non
     got = [(r["tag"], ms(r) - T0, r["seq"], r["value"]) for r in table.to_pylist()]
     assert got == [("/a", 0, 0, 1.0), ("/b", 1, 0, 3.0), ("/b", 2, 0, 1.0), ("/b", 2, 1, 2.0)]
     assert table.schema == TAG_HISTORY_SCHEMA
+
+
+def test_encoded_pages_hold_the_same_rows_with_names_as_dictionaries() -> None:
+    answers = [
+        many({"/b": [[T0 + 2, 1, 192, 0]], "/a": [[T0, 1, 192, 0]], "/none": []}),
+        many({"/b": [[T0 + 2, "text", 192, 0]], "/a": [[T0, True, None]]}),  # careful path
+    ]
+    for body in answers:
+        plain = parse_history_answer(body, "n")
+        encoded = parse_history_answer(body, "n", encoded=True)
+        assert encoded.table.schema == TAG_HISTORY_ENCODED_SCHEMA
+        assert encoded.table.to_pylist() == plain.table.to_pylist()
+        assert encoded.tags == plain.tags
+    empty = parse_history_answer(b"{}", "n", encoded=True)
+    assert empty.table.schema == TAG_HISTORY_ENCODED_SCHEMA
+
+
+def test_assign_seq_of_encoded_pages_orders_by_name_not_by_dictionary_index() -> None:
+    first = parse_history_answer(
+        many({"/b": [[T0 + 2, 1, 192, 0]], "/a": [[T0, 1, 192, 0]]}), "n", encoded=True
+    )
+    second = parse_history_answer(
+        many({"/b": [[T0 + 2, 2, 192, 0], [T0 + 1, 3, 192, 0]]}), "n", encoded=True
+    )
+    table = assign_seq(pa.concat_tables([first.table, second.table]))
+    got = [(r["tag"], ms(r) - T0, r["seq"], r["value"]) for r in table.to_pylist()]
+    assert got == [("/a", 0, 0, 1.0), ("/b", 1, 0, 3.0), ("/b", 2, 0, 1.0), ("/b", 2, 1, 2.0)]
+    assert table.schema == TAG_HISTORY_ENCODED_SCHEMA
+    frame = history_frame(table)
+    assert frame["tag"].dtype == pd.ArrowDtype(TAG_HISTORY_ENCODED_SCHEMA.field("tag").type)
+    assert list(frame["tag"]) == ["/a", "/b", "/b", "/b"]
 
 
 def test_assign_seq_of_an_empty_table() -> None:

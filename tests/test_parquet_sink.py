@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
@@ -197,6 +198,44 @@ def test_rows_outside_the_scope_are_refused(lake: ParquetLake, tmp_lake: Path) -
     with pytest.raises(SinkError, match=r"1 tag\(s\) not in the chunk, e.g. '/plant/d'"):
         lake.write(scope(TAGS[:3], window(0, 3), "c1"), frame, len(frame))
     assert not (tmp_lake / "hist").exists()
+
+
+def _encoded(frame: pd.DataFrame, extra_names: tuple[str, ...] = ()) -> pd.DataFrame:
+    """`frame` with `node` and `tag` dictionary-encoded as the engine hands them over: the
+    dictionary in reverse order, with `extra_names` that no row uses."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    for name in ("node", "tag"):
+        values = table.column(name).combine_chunks()
+        names = sorted(set(values.to_pylist()), reverse=True) + list(extra_names)
+        indices = pc.index_in(values, value_set=pa.array(names)).cast(pa.int32())
+        encoded = pa.DictionaryArray.from_arrays(indices, pa.array(names))
+        at = table.schema.get_field_index(name)
+        table = table.set_column(at, pa.field(name, encoded.type, nullable=False), encoded)
+    return schema.frame_from_table(table)
+
+
+def test_dictionary_encoded_names_are_written_as_strings(lake: ParquetLake, tmp_lake: Path) -> None:
+    win = window(0, 2)
+    plain = history_frame(TAGS, win, twins=True)
+    shuffled = plain.sample(frac=1.0, random_state=7).reset_index(drop=True)
+    frame = _encoded(shuffled, extra_names=("/elsewhere",))
+    assert lake.write(scope(TAGS, win, "c1"), frame, len(frame)) == len(frame)
+    (path,) = (tmp_lake / "hist").rglob("*.parquet")
+    written = pq.read_table(path)
+    assert written.schema.field("tag").type == pa.string()
+    assert written.schema.field("node").type == pa.string()
+    assert pd.read_parquet(path)["tag"].tolist() == sorted(plain["tag"].tolist())
+    got = lake.read("hist", "tag_history")
+    assert got.dtypes.to_dict() == schema.empty_frame("tag_history").dtypes.to_dict()
+    assert rows_of(got) == rows_of(plain)
+    ordered = got.sort_values(KEY, kind="stable").reset_index(drop=True)
+    assert got.reset_index(drop=True).equals(ordered), "files are sorted by the key"
+
+
+def test_dictionary_encoded_tags_outside_the_scope_are_refused(lake: ParquetLake) -> None:
+    frame = _encoded(history_frame(TAGS, window(0, 1)))
+    with pytest.raises(SinkError, match=r"1 tag\(s\) not in the chunk, e.g. '/plant/d'"):
+        lake.write(scope(TAGS[:3], window(0, 1), "c1"), frame, len(frame))
 
 
 def test_bad_frames_and_names_are_sink_errors(lake: ParquetLake) -> None:
