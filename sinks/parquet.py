@@ -4,6 +4,7 @@ Layout (under the lake's root, a local directory or any fsspec URL such as s3://
 
     <root>/<dataset>/date=YYYY-MM-DD/part-<chunk_id>[-<n>].parquet   partition="date"
     <root>/<dataset>/month=YYYY-MM/part-<chunk_id>[-<n>].parquet     partition="month"
+    <root>/<dataset>/year=YYYY/part-<chunk_id>[-<n>].parquet         partition="year"
     <root>/<dataset>/part-<chunk_id>[-<n>].parquet                   partition="none"
     <root>/<dataset>/date=.../part-compact-<digest>[-<n>].parquet    merged by compact()
     <root>/tag_metadata/part-tag_metadata.parquet                    the tag dimension
@@ -19,7 +20,12 @@ Layout (under the lake's root, a local directory or any fsspec URL such as s3://
         <dataset>/tmp/                          staged files (never under <dataset>/)
         <dataset>/write.lock, locks/<flow>.lock flocks (local disk)
 
-Partitions are by the UTC day (or month) of `ts`; the Hive names let pyarrow.dataset,
+Partitions are by the UTC day (month, year) of `ts`. `partition="auto"` (the default)
+picks a dataset's scheme when its first chunk is written, from the flow's chunk size
+(`lake_layout.auto_partition`: day, week, quarter-year windows -> date, month, year), so a
+chunk is one file, not one per day; `dataset.json` records the scheme and the dataset
+keeps it. Readers see the partition column its directories name (`date`, `month` or
+`year`); `ts` is in every file, so filter on `ts`. The Hive names let pyarrow.dataset,
 DuckDB (`read_parquet('<root>/<dataset>/**/*.parquet', hive_partitioning=1)`), Polars
 `scan_parquet` and `pandas.read_parquet('<root>/<dataset>')` read a dataset directly.
 `ts` is `timestamp[ms, tz=UTC]`; the dataset's attrs (mode, method, interval...) are in
@@ -38,7 +44,8 @@ new chunk's files are removed and the markers of every chunk whose files it touc
 forgotten, so the pipeline fetches them again - after recovery each row is there once.
 
 File names are deterministic per chunk, so re-writing a chunk replaces its files.
-`compact()` merges a partition's small files into files of about `target_file_rows`,
+`compact()` merges a partition's small files (under 1/20 of `target_file_rows` rows) into
+files of about `target_file_rows`,
 through the same intent mechanism, and points the markers at the merged files.
 """
 
@@ -72,10 +79,13 @@ from sinks.base import (
     SinkUnavailable,
 )
 from sinks.lake_layout import (
+    AUTO,
     LOCKS_DIR,
     METADATA_DATASET,
     METADATA_FILE,
+    PARTITIONS,
     STATE_DIR,
+    auto_partition,
     check_chunk_id,
     check_dataset,
     check_flow,
@@ -166,7 +176,7 @@ class ParquetLake:
         url: str,
         *,
         name: str = "lake",
-        partition: str = "date",
+        partition: str = AUTO,
         storage_options: Mapping[str, object] | None = None,
         target_file_rows: int = 1_000_000,
         compression: str = "zstd",
@@ -331,14 +341,20 @@ class ParquetLake:
             self._datasets[dataset] = value
         return self._datasets[dataset]
 
-    def _check_dataset_facts(
-        self, dataset: str, kind: str, attrs: Mapping[str, object]
-    ) -> dict[str, Any]:
-        """The dataset's stored facts; the first write stores them, later ones must agree."""
-        wanted = {key: _json_value(value) for key, value in sorted(attrs.items())}
+    def _check_dataset_facts(self, scope: ChunkScope) -> dict[str, Any]:
+        """The dataset's stored facts; the first write stores them, later ones must agree.
+
+        The partition scheme is one of them: `auto` picks it here, once, from the flow's
+        chunk size (`auto_partition`); a dataset keeps the scheme it was created with.
+        """
+        dataset, kind = scope.dataset, scope.kind
+        wanted = {key: _json_value(value) for key, value in sorted(scope.attrs.items())}
         facts = self._dataset_facts(dataset)
         if facts is None:
-            facts = {"dataset": dataset, "kind": kind, "partition": self.partition, "attrs": wanted}
+            scheme = self.partition
+            if scheme == AUTO:
+                scheme = auto_partition(scope.window_size or scope.window.end - scope.window.start)
+            facts = {"dataset": dataset, "kind": kind, "partition": scheme, "attrs": wanted}
             self.store.makedirs(self._state_dir(dataset))
             self.store.write_json(self._state_dir(dataset, "dataset.json"), facts)
             self._datasets[dataset] = facts
@@ -355,12 +371,24 @@ class ParquetLake:
                 f"lake '{self.name}': dataset '{dataset}' was written with other settings "
                 f"({'; '.join(differences)}); use another dataset name or reset it"
             )
-        if facts.get("partition") != self.partition:
+        if self.partition != AUTO and facts.get("partition") != self.partition:
             raise SinkError(
                 f"lake '{self.name}': dataset '{dataset}' is partitioned by "
-                f"{facts.get('partition')}, not {self.partition}; use another dataset name"
+                f"{facts.get('partition')}, not {self.partition}; use another dataset name, "
+                f"or partition: auto (each dataset keeps its own scheme)"
             )
         return facts
+
+    def _scheme(self, dataset: str) -> str:
+        """The partition scheme the dataset was created with."""
+        facts = self._dataset_facts(dataset) or {}
+        scheme = facts.get("partition")
+        if scheme not in PARTITIONS:
+            raise SinkError(
+                f"lake '{self.name}': dataset '{dataset}' records partition {scheme!r}, "
+                f"not one of {', '.join(PARTITIONS)}"
+            )
+        return str(scheme)
 
     def _file_metadata(
         self, dataset: str, kind: str, owners: Sequence[Owner]
@@ -655,7 +683,7 @@ class ParquetLake:
         table = _sorted(table, tables.KEYS[scope.kind])
         with self._errors(what), self._dataset_lock(dataset):
             self._recover(dataset)
-            self._check_dataset_facts(dataset, scope.kind, scope.attrs)
+            self._check_dataset_facts(scope)
             plan = Plan(ident=chunk, dataset=dataset)
             try:
                 self._plan_write(plan, scope, table)
@@ -670,7 +698,8 @@ class ParquetLake:
         dataset, kind, chunk = scope.dataset, scope.kind, scope.chunk_id
         owner: Owner = (scope.flow, chunk)
         metadata = self._file_metadata(dataset, kind, [owner])
-        index, labels = partition_of_rows(table["ts"], self.partition)
+        scheme = self._scheme(dataset)
+        index, labels = partition_of_rows(table["ts"], scheme)
         new_files: dict[str, list[tuple[str, pa.Table]]] = defaultdict(list)
         if table.num_rows:
             for position, label in enumerate(labels):
@@ -685,9 +714,7 @@ class ParquetLake:
         # Earlier files: a sole same-named file is swapped atomically; others lose scope rows.
         drops: list[dict[str, Any]] = []
         rewrites: list[dict[str, Any]] = []
-        for label in sorted(
-            set(partitions_of_window(scope.window, self.partition)) | set(new_files)
-        ):
+        for label in sorted(set(partitions_of_window(scope.window, scheme)) | set(new_files)):
             planned = new_files.get(label, [])
             swap = planned[0][0].rsplit("/", 1)[-1] if len(planned) == 1 else None
             for entry in self._data_files(self._data_dir(dataset, label)):
@@ -743,13 +770,26 @@ class ParquetLake:
 
     # -- compaction -----------------------------------------------------------------------
 
-    def compact(self, dataset: str, *, min_rows: int = 100_000) -> int:
-        """Merge each partition's small files (< min_rows) into ~target_file_rows files.
+    def small_file_rows(self) -> int:
+        """Below this many rows a file is worth merging: 1/20 of `target_file_rows`.
+
+        A larger file costs a reader one more open among tens, while merging it rewrites
+        all its rows: a backfill's chunk files (tens of thousands of rows each) stay as
+        written, the slivers of chunks cut by a partition boundary and the few-hundred-row
+        files of incremental runs are merged.
+        """
+        return max(1, self.target_file_rows // 20)
+
+    def compact(self, dataset: str, *, min_rows: int | None = None) -> int:
+        """Merge each partition's small files (< min_rows, default `small_file_rows()`)
+        into ~target_file_rows files; a partition with fewer than two is left alone.
 
         Returns how many files were merged away. Crash-safe like a write (an intent first);
         the markers of the merged chunks are pointed at the new files.
         """
         check_dataset(dataset)
+        if min_rows is None:
+            min_rows = self.small_file_rows()
         merged = 0
         with self._errors(f"compact dataset '{dataset}'"), self._dataset_lock(dataset):
             self._recover(dataset)
