@@ -51,6 +51,7 @@ through the same intent mechanism, and points the markers at the merged files.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import math
@@ -487,7 +488,8 @@ class ParquetLake:
 
     @staticmethod
     def _may_overlap(info: FileInfo, kind: str, window: Window, members: Sequence[str]) -> bool:
-        """False only when the footer proves no row of the file is in the scope."""
+        """False only when the footer proves no row of the file is in the scope
+        (`members` sorted: one bisection, not a pass over them per file)."""
         if info.rows == 0:
             return False
         if (
@@ -501,8 +503,8 @@ class ParquetLake:
             and info.key_min is not None
             and info.key_max is not None
         ):
-            low, high = info.key_min, info.key_max
-            return any(low <= member <= high for member in members)
+            at = bisect.bisect_left(members, info.key_min)
+            return at < len(members) and members[at] <= info.key_max
         return True
 
     def _data_files(self, directory: str) -> list[Entry]:
@@ -570,12 +572,23 @@ class ParquetLake:
         }
 
     def _commit(self, plan: Plan) -> None:
-        """Record the intent, then apply it; a crash anywhere is finished by recovery."""
+        """Record the intent, then apply it; a crash anywhere is finished by recovery.
+
+        The intent waits for the disk only when the plan rewrites or drops earlier files
+        or repoints other chunks' markers: a power cut must not keep such a change and
+        lose the intent that finishes it. A plan that only places new files (a chunk
+        into empty partitions, the usual case) needs no such wait: lost or torn, its
+        intent is as if the write never began - no marker, so the chunk is written again
+        and replaces whatever of its files had landed.
+        """
         intent = self._intent(plan)
         path = self._state_dir(plan.dataset, "pending", f"{plan.ident}.json")
+        durable = bool(intent["marker_updates"]) or any(
+            op["op"] != "place" or not op.get("new") for op in plan.ops
+        )
         try:
             self.store.makedirs(self._state_dir(plan.dataset, "pending"))
-            self.store.write_json(path, intent)
+            self.store.write_json(path, intent, durable=durable)
         except BaseException:
             self._discard(plan)
             raise
@@ -593,6 +606,7 @@ class ParquetLake:
                         self._roll_back(intent, path)
                         return
                     done.add(op["dest"])
+        directories: set[str] = set()
         for op in ops:
             dest = self._abs(op["dest"])
             if op["dest"] in done:
@@ -601,7 +615,12 @@ class ParquetLake:
                 store.replace(self._abs(op["tmp"]), dest)
             else:
                 store.remove(dest)
+            directories.add(dest.rsplit("/", 1)[0])
             self._infos.pop(dest, None)
+        # The files' new names reach the disk before any marker can claim them (markers
+        # are written without waiting for the disk): one sync per directory touched.
+        for directory in sorted(directories):
+            store.sync_dir(directory)
         for update in intent["marker_updates"]:
             self.state.update_marker_files(
                 update["flow"], update["chunk"], update["remove"], update["add"]
@@ -633,9 +652,13 @@ class ParquetLake:
         for entry in self.store.listdir(pending):
             if entry.is_dir or not entry.name.endswith(".json") or entry.name.startswith("."):
                 continue
-            intent = self.store.read_json(entry.path)
-            if isinstance(intent, dict):
+            # Torn by a power cut: an intent written without waiting for the disk, of new
+            # files only; its chunk has no marker and is written again (`_commit`).
+            intent = self.store.read_json(entry.path, torn_is_missing=True)
+            if isinstance(intent, dict) and "ops" in intent:
                 intents.append((int(intent.get("created_ns", 0)), entry.path, intent))
+            elif min_age_s == 0.0:
+                self.store.remove(entry.path)
         cutoff = time.time_ns() - int(min_age_s * 1e9)
         for created, path, intent in sorted(intents, key=lambda item: item[:2]):
             if created <= cutoff:
@@ -712,6 +735,7 @@ class ParquetLake:
                         (join(dataset, label, part_name(chunk, piece + 1, pieces)), part)
                     )
         # Earlier files: a sole same-named file is swapped atomically; others lose scope rows.
+        members = sorted(scope.members)
         drops: list[dict[str, Any]] = []
         rewrites: list[dict[str, Any]] = []
         for label in sorted(set(partitions_of_window(scope.window, scheme)) | set(new_files)):
@@ -721,7 +745,7 @@ class ParquetLake:
                 if entry.name == swap:
                     continue
                 info = self._info(entry, kind)
-                if not self._may_overlap(info, kind, scope.window, scope.members):
+                if not self._may_overlap(info, kind, scope.window, members):
                     continue
                 rel = self._rel(entry.path)
                 old = self.store.read_table(entry.path)
