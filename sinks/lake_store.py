@@ -287,6 +287,7 @@ class LakeStore:
             with pq.ParquetWriter(handle, schema, **options) as writer:
                 for part in parts:
                     writer.write_table(part, row_group_size=row_group_size)
+                    del part  # gone before the next is made (`parts` may free memory)
 
         if self.local:
             self.makedirs(os.path.dirname(path))

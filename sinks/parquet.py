@@ -103,6 +103,9 @@ from sinks.locks import LEASE_TTL_S, dataset_flock, flow_flock, flow_lease
 
 HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 ROW_GROUP_ROWS = 256 * 1024
+# Compaction decodes and writes this many rows at a time, each one row group: the decoded
+# rows and their temporaries are the part of its peak that does not scale with the file.
+MERGE_GROUP_ROWS = 64 * 1024
 OWNERS_KEY = b"historian.owners"
 DATASET_KEY = b"historian"
 
@@ -870,6 +873,7 @@ class ParquetLake:
             _sort_keys(merged, tables.KEYS[kind]),
             sort_keys=[(key, "ascending") for key in tables.KEYS[kind]],
         )
+        _release_unused()  # the sort's scratch, before the decoded row groups come
         schema = pa.schema(
             [
                 f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
@@ -881,7 +885,10 @@ class ParquetLake:
             temp = self._stage_parts(
                 plan,
                 schema,
-                (merged.take(piece).cast(schema) for piece in _pieces(order, self._group_rows())),
+                _released(
+                    merged.take(piece).cast(schema)
+                    for piece in _pieces(order, min(MERGE_GROUP_ROWS, self._group_rows()))
+                ),
                 rel,
                 self._file_metadata(dataset, kind, sorted(owners)),
             )
@@ -958,6 +965,20 @@ class ParquetLake:
             table = found.to_table(columns=target.names).cast(target).replace_schema_metadata(None)
             table = table.sort_by([(key, "ascending") for key in tables.KEYS[kind]])
             return tables.frame_from_table(table)
+
+
+def _release_unused() -> None:
+    """Hand Arrow's freed memory back to the system now (its pool keeps it for reuse)."""
+    pa.default_memory_pool().release_unused()
+
+
+def _released(parts: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """`parts`, the memory of each released once the writer is done with it, so the
+    decoded row groups of a merge do not stack up in the pool."""
+    for part in parts:
+        yield part
+        del part
+        _release_unused()
 
 
 def _sort_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
