@@ -111,8 +111,8 @@ def partition_of_rows(ts: pa.ChunkedArray, scheme: str) -> tuple[np.ndarray, lis
         return np.zeros(len(ts), dtype=np.int64), [""]
     bounds = pc.min_max(pc.cast(ts, pa.int64()))
     first, last = int(bounds["min"].as_py()) // DAY_MS, int(bounds["max"].as_py()) // DAY_MS
-    if first == last:  # the usual chunk: one day, no per-row work
-        label = _day_label(first, scheme)
+    label = _day_label(first, scheme)
+    if first == last or label == _day_label(last, scheme):  # the usual chunk: one partition
         return np.zeros(len(ts), dtype=np.int64), [label]
     ms = pc.cast(ts, pa.int64()).to_numpy()
     days = np.floor_divide(ms, DAY_MS)

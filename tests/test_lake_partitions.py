@@ -9,12 +9,13 @@ from pathlib import Path
 
 import duckdb
 import orjson
+import pyarrow as pa
 import pytest
 from _lake_frames import history_frame, rows_of, scope, window
 
 from connectors.timewindow import Window
 from sinks.base import ChunkScope, SinkError
-from sinks.lake_layout import auto_partition
+from sinks.lake_layout import auto_partition, partition_of_rows
 from sinks.parquet import ParquetLake
 
 TAGS = ("/plant/a", "/plant/b", "/plant/c", "/plant/d")
@@ -134,3 +135,23 @@ def test_compaction_merges_small_files_and_leaves_well_sized_ones(tmp_lake: Path
     assert {name: (tmp_lake / "hist" / name).stat().st_mtime_ns for name in big} == big
     assert rows_of(lake.read("hist", "tag_history")) == before
     assert lake.compact("hist") == 0, "one small file is left alone"
+
+
+@pytest.mark.parametrize(
+    ("days", "scheme", "labels"),
+    [
+        ((0, 6), "month", ["month=2024-03"]),
+        ((0, 6), "date", ["date=2024-03-01", "date=2024-03-07"]),
+        ((30, 31), "month", ["month=2024-03", "month=2024-04"]),
+        ((0, 400), "year", ["year=2024", "year=2025"]),
+        ((0, 400), "none", [""]),
+    ],
+)
+def test_rows_go_to_the_partition_of_their_day(
+    days: tuple[int, int], scheme: str, labels: list[str]
+) -> None:
+    first = window(0, 1).start_ms
+    ts = pa.chunked_array([[first + day * 86_400_000 for day in days]], pa.int64())
+    index, found = partition_of_rows(ts.cast(pa.timestamp("ms", tz="UTC")), scheme)
+    assert found == labels
+    assert [found[i] for i in index] == [labels[0], labels[-1]]
