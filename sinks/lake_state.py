@@ -157,7 +157,11 @@ class LakeState:
         self, flow: str, chunk_id: str, remove: Sequence[str], add: Sequence[Mapping[str, object]]
     ) -> None:
         """Point a marker's file list at the files that now hold its rows (idempotent)."""
-        marker = self.read_marker(flow, chunk_id)
+        known = self._known.get((flow, chunk_id))
+        if known is not None and self.store.version(self.marker_path(flow, chunk_id)) == known[0]:
+            marker: dict[str, Any] | None = dict(known[1])  # as this process wrote it
+        else:
+            marker = self.read_marker(flow, chunk_id)
         if marker is None:
             return
         added = {str(item["path"]) for item in add}
