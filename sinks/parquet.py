@@ -43,6 +43,13 @@ intent is rolled forward; if a staged file has vanished it is rolled back instea
 new chunk's files are removed and the markers of every chunk whose files it touched are
 forgotten, so the pipeline fetches them again - after recovery each row is there once.
 
+Against a power cut (local disk), a chunk waits for the disk twice: for its staged files,
+then for the directories they were renamed into, before its marker is written. Markers,
+progress snapshots and the intents of plans that only place new files are written
+without waiting: a power cut may lose them or leave them torn, which reads as missing,
+and the chunk is written again. Intents that rewrite or drop earlier files are synced
+before their first change.
+
 File names are deterministic per chunk, so re-writing a chunk replaces its files.
 `compact()` merges a partition's small files (under 1/20 of `target_file_rows` rows) into
 files of about `target_file_rows`,
