@@ -179,6 +179,20 @@ def _json_value(value: object) -> object:
     return orjson.loads(orjson.dumps(value, default=str))
 
 
+def _release_unused() -> None:
+    """Hand Arrow's freed memory back to the system now (its pool keeps it for reuse)."""
+    pa.default_memory_pool().release_unused()
+
+
+def _released(parts: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """`parts`, the memory of each released once the writer is done with it, so the
+    decoded row groups of a merge do not stack up in the pool."""
+    for part in parts:
+        yield part
+        del part
+        _release_unused()
+
+
 class ParquetLake:
     """A Parquet lake on local disk or object storage (see the module docstring)."""
 
@@ -972,20 +986,6 @@ class ParquetLake:
             table = found.to_table(columns=target.names).cast(target).replace_schema_metadata(None)
             table = table.sort_by([(key, "ascending") for key in tables.KEYS[kind]])
             return tables.frame_from_table(table)
-
-
-def _release_unused() -> None:
-    """Hand Arrow's freed memory back to the system now (its pool keeps it for reuse)."""
-    pa.default_memory_pool().release_unused()
-
-
-def _released(parts: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    """`parts`, the memory of each released once the writer is done with it, so the
-    decoded row groups of a merge do not stack up in the pool."""
-    for part in parts:
-        yield part
-        del part
-        _release_unused()
 
 
 def _sort_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
