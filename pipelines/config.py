@@ -122,7 +122,7 @@ class NodeConfig(_Strict):
 class ParquetSinkConfig(_Strict):
     type: Literal["parquet"]
     url: str
-    partition: Literal["date", "month", "none"] = "date"
+    partition: Literal["auto", "date", "month", "year", "none"] = "auto"
     target_file_rows: int = Field(default=1_000_000, ge=1000)
     compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"
     storage_options: dict[str, Any] = Field(default_factory=dict)

@@ -409,6 +409,7 @@ class FlowRun:
             window=chunk.window,
             chunk_id=chunk.chunk_id,
             attrs=dataset_attrs(self.name, self.flow, self.node.name),
+            window_size=self.plan_.window_size if self.plan_ is not None else None,
         )
 
     def fetch(self, chunk: Chunk) -> ChunkResult:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 import pandas as pd
@@ -52,6 +52,9 @@ class ChunkScope:
     window: Window
     chunk_id: str
     attrs: Mapping[str, object] = field(default_factory=dict)
+    # The flow's chunk size (`window` may be clipped at the span's ends): a lake with
+    # `partition: auto` sizes a new dataset's partitions to it.
+    window_size: timedelta | None = None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ full layout is described in `sinks.parquet`.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +22,8 @@ FLOWS_DIR = "_flows"
 LOCKS_DIR = "locks"
 METADATA_DATASET = "tag_metadata"
 METADATA_FILE = "part-tag_metadata.parquet"
-PARTITIONS = ("date", "month", "none")
+PARTITIONS = ("date", "month", "year", "none")
+AUTO = "auto"
 DAY_MS = 86_400_000
 
 _DATASET_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
@@ -59,9 +60,28 @@ def check_chunk_id(chunk_id: str) -> str:
 
 
 def check_partition(scheme: str) -> str:
-    if scheme not in PARTITIONS:
-        raise SinkError(f"partition {scheme!r} is not one of {', '.join(PARTITIONS)}")
+    """A stored scheme, or `auto` (a scheme chosen per dataset when it is created)."""
+    if scheme not in (*PARTITIONS, AUTO):
+        raise SinkError(f"partition {scheme!r} is not one of {', '.join((*PARTITIONS, AUTO))}")
     return scheme
+
+
+def auto_partition(window: timedelta) -> str:
+    """The finest scheme whose partitions a chunk of `window` rarely straddles.
+
+    A chunk's rows are one file per partition they fall in, so partitions finer than the
+    chunk cut every chunk into small files (1-week chunks into 7 day files) that
+    compaction then rewrites. Windows of a day or less sit on the UTC day grid and never
+    straddle a day; longer ones take the coarsest period they span at most 1 time in 4:
+    a month for up to a week, a year for up to 13 weeks, else no partitions at all.
+    """
+    if window <= timedelta(days=1):
+        return "date"
+    if window <= timedelta(days=7):
+        return "month"
+    if window <= timedelta(weeks=13):
+        return "year"
+    return "none"
 
 
 def is_data_file(name: str) -> bool:
@@ -80,6 +100,8 @@ def _day_label(day: int, scheme: str) -> str:
         return f"date={moment:%Y-%m-%d}"
     if scheme == "month":
         return f"month={moment:%Y-%m}"
+    if scheme == "year":
+        return f"year={moment:%Y}"
     return ""
 
 
@@ -89,8 +111,8 @@ def partition_of_rows(ts: pa.ChunkedArray, scheme: str) -> tuple[np.ndarray, lis
         return np.zeros(len(ts), dtype=np.int64), [""]
     bounds = pc.min_max(pc.cast(ts, pa.int64()))
     first, last = int(bounds["min"].as_py()) // DAY_MS, int(bounds["max"].as_py()) // DAY_MS
-    if first == last:  # the usual chunk: one day, no per-row work
-        label = _day_label(first, scheme)
+    label = _day_label(first, scheme)
+    if first == last or label == _day_label(last, scheme):  # the usual chunk: one partition
         return np.zeros(len(ts), dtype=np.int64), [label]
     ms = pc.cast(ts, pa.int64()).to_numpy()
     days = np.floor_divide(ms, DAY_MS)

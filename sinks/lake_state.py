@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from connectors.timewindow import Window, iso_utc
-from sinks.base import ChunkRecord, Progress, merge_windows
+from sinks.base import ChunkRecord, Progress
 from sinks.lake_layout import FLOWS_DIR, STATE_DIR, join
 from sinks.lake_store import LakeStore
 
@@ -82,6 +82,27 @@ def _entry(version: str, marker: Mapping[str, Any]) -> Entry:
     ]
 
 
+def _empty_snapshot(flow: str, resets: Mapping[str, int]) -> dict[str, Any]:
+    return {
+        "version": SNAPSHOT_VERSION,
+        "flow": flow,
+        "resets": dict(resets),
+        "markers": {},
+        "completed": {},
+    }
+
+
+def _merged_ms(windows: list[list[int]]) -> list[list[int]]:
+    """`merge_windows` on [start_ms, end_ms] pairs: sorted, disjoint, non-touching."""
+    merged: list[list[int]] = []
+    for start, end in sorted(windows):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
 class LakeState:
     """Markers, snapshots and resets of every flow in one lake."""
 
@@ -108,14 +129,22 @@ class LakeState:
     # -- markers --------------------------------------------------------------------------
 
     def read_marker(self, flow: str, chunk_id: str) -> dict[str, Any] | None:
-        value = self.store.read_json(self.marker_path(flow, chunk_id))
-        return value if isinstance(value, dict) else None
+        """The marker; None when it is missing or torn (not a committed chunk)."""
+        value = self.store.read_json(self.marker_path(flow, chunk_id), torn_is_missing=True)
+        return value if isinstance(value, dict) and "window" in value else None
 
     def write_marker(self, marker: dict[str, Any]) -> None:
+        """Write a marker atomically but without waiting for the disk.
+
+        The chunk's data files are durable before (the writer syncs their directories
+        first), so a power cut can only lose the marker or leave it torn, which reads as
+        missing: the chunk is fetched and written again, replacing its own rows. Waiting
+        for the disk here would cost a sync per chunk and buy nothing for exactly-once.
+        """
         flow, chunk_id = str(marker["flow"]), str(marker["chunk_id"])
         path = self.marker_path(flow, chunk_id)
         self.store.makedirs(self.markers_dir(flow))
-        self.store.write_json(path, marker)
+        self.store.write_json(path, marker, durable=False)
         version = self.store.version(path)
         if version is not None:
             self._known[(flow, chunk_id)] = (version, marker)
@@ -128,7 +157,11 @@ class LakeState:
         self, flow: str, chunk_id: str, remove: Sequence[str], add: Sequence[Mapping[str, object]]
     ) -> None:
         """Point a marker's file list at the files that now hold its rows (idempotent)."""
-        marker = self.read_marker(flow, chunk_id)
+        known = self._known.get((flow, chunk_id))
+        if known is not None and self.store.version(self.marker_path(flow, chunk_id)) == known[0]:
+            marker: dict[str, Any] | None = dict(known[1])  # as this process wrote it
+        else:
+            marker = self.read_marker(flow, chunk_id)
         if marker is None:
             return
         added = {str(item["path"]) for item in add}
@@ -147,7 +180,8 @@ class LakeState:
         return {str(k): int(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
     def _snapshot(self, flow: str) -> dict[str, Any] | None:
-        value = self.store.read_json(join(self.flow_dir(flow), "progress.json"))
+        path = join(self.flow_dir(flow), "progress.json")
+        value = self.store.read_json(path, torn_is_missing=True)
         if not isinstance(value, dict) or value.get("version") != SNAPSHOT_VERSION:
             return None
         return value
@@ -156,7 +190,8 @@ class LakeState:
         # A cache: a read-only lake still answers progress, just without saving it.
         with contextlib.suppress(OSError):
             self.store.makedirs(self.flow_dir(flow))
-            self.store.write_json(join(self.flow_dir(flow), "progress.json"), snapshot)
+            path = join(self.flow_dir(flow), "progress.json")
+            self.store.write_json(path, snapshot, durable=False)
 
     def snapshot(self, flow: str) -> dict[str, Any]:
         """The flow's snapshot brought up to date with its markers (saved when it changed)."""
@@ -174,13 +209,24 @@ class LakeState:
             or snapshot.get("resets") != resets
             or any(chunk not in listing for chunk in snapshot["markers"])
         ):
-            snapshot = {
-                "version": SNAPSHOT_VERSION,
-                "flow": flow,
-                "resets": resets,
-                "markers": {},
-                "completed": {},
-            }
+            snapshot = _empty_snapshot(flow, resets)
+        changed = self._fold(flow, snapshot, listing, resets)
+        if changed is None:  # a folded marker is torn now: its windows must go
+            snapshot = _empty_snapshot(flow, resets)
+            changed = self._fold(flow, snapshot, listing, resets)
+        if changed:
+            self._save_snapshot(flow, snapshot)
+        return snapshot
+
+    def _fold(
+        self,
+        flow: str,
+        snapshot: dict[str, Any],
+        listing: Mapping[str, str],
+        resets: Mapping[str, int],
+    ) -> bool | None:
+        """Fold new and changed markers into `snapshot`: whether it changed, None when a
+        marker it holds can no longer be read (the snapshot must be rebuilt)."""
         entries: dict[str, Entry] = snapshot["markers"]
         completed: dict[str, list[list[int]]] = snapshot["completed"]
         touched: set[str] = set()
@@ -192,6 +238,8 @@ class LakeState:
             known = self._known.get((flow, chunk_id))
             marker = known[1] if known and known[0] == version else self.read_marker(flow, chunk_id)
             if marker is None:
+                if held is not None:
+                    return None
                 continue
             entries[chunk_id] = _entry(version, marker)
             changed = True
@@ -201,16 +249,23 @@ class LakeState:
                     completed.setdefault(member, []).append(window)
                     touched.add(member)
         for member in touched:
-            merged = merge_windows([Window.from_ms(s, e) for s, e in completed[member]])
-            completed[member] = [[w.start_ms, w.end_ms] for w in merged]
-        if changed:
-            self._save_snapshot(flow, snapshot)
-        return snapshot
+            completed[member] = _merged_ms(completed[member])
+        return changed
 
     def progress(self, flow: str) -> Progress:
         snapshot = self.snapshot(flow)
+        # Members of a flow share their windows (every batch covers the same span): one
+        # Window per distinct window, not one per member and window.
+        made: dict[tuple[int, int], Window] = {}
+
+        def window(start: int, end: int) -> Window:
+            found = made.get((start, end))
+            if found is None:
+                found = made[(start, end)] = Window.from_ms(start, end)
+            return found
+
         completed = {
-            member: [Window.from_ms(s, e) for s, e in windows]
+            member: [window(s, e) for s, e in windows]
             for member, windows in snapshot["completed"].items()
             if windows
         }

@@ -91,9 +91,18 @@ class LakeStore:
         except FileNotFoundError:
             return None
 
-    def read_json(self, path: str) -> Any:
+    def read_json(self, path: str, *, torn_is_missing: bool = False) -> Any:
+        """The file's JSON, None when missing; with `torn_is_missing` also when it is not
+        valid JSON (a file written without `durable`, cut short by a power cut)."""
         data = self.read_bytes(path)
-        return None if data is None else orjson.loads(data)
+        if data is None:
+            return None
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            if torn_is_missing:
+                return None
+            raise
 
     def exists(self, path: str) -> bool:
         if self.local:
@@ -200,35 +209,55 @@ class LakeStore:
         if self.local:
             os.makedirs(directory, exist_ok=True)
 
-    def write_bytes(self, path: str, data: bytes) -> None:
-        """Write a whole file in place (callers use temp names and `replace`)."""
+    def write_bytes(self, path: str, data: bytes, *, durable: bool = True) -> None:
+        """Write a whole file in place (callers use temp names and `replace`); `durable`
+        flushes it to the disk before returning (local disk)."""
         if self.local:
             self.makedirs(os.path.dirname(path))
             with open(path, "wb") as handle:
                 handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
+                if durable:
+                    handle.flush()
+                    _sync_data(handle.fileno())
             return
         with self.fs.open(path, "wb") as handle:
             handle.write(data)
 
-    def write_atomic(self, path: str, data: bytes) -> None:
-        """Readers see the old file or the new one, never a part (temp + rename / one PUT)."""
+    def write_atomic(self, path: str, data: bytes, *, durable: bool = True) -> None:
+        """Readers see the old file or the new one, never a part (temp + rename / one PUT).
+
+        `durable` (local disk): the content is on the disk before the rename and the
+        rename is when this returns. Without it a power cut may lose the file or leave
+        it empty or cut short, which its readers then must take as missing.
+        """
         if not self.local:
             self.write_bytes(path, data)  # an object PUT is atomic
             return
         directory, name = os.path.split(path)
         temp = os.path.join(directory, f".{name}.{token()}.tmp")
         try:
-            self.write_bytes(temp, data)
+            self.write_bytes(temp, data, durable=durable)
             os.replace(temp, path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.remove(temp)
             raise
+        if durable:
+            self.sync_dir(directory)
 
-    def write_json(self, path: str, value: Any) -> None:
-        self.write_atomic(path, orjson.dumps(value))
+    def write_json(self, path: str, value: Any, *, durable: bool = True) -> None:
+        self.write_atomic(path, orjson.dumps(value), durable=durable)
+
+    def sync_dir(self, directory: str) -> None:
+        """Make the renames and removals in `directory` durable (local disk; a no-op on
+        object stores, whose writes are durable when they return)."""
+        if not self.local:
+            return
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def write_parquet(self, table: pa.Table, path: str, **options: Any) -> None:
         """Write a Parquet file at `path` (a temp name: not atomic by itself)."""
@@ -258,6 +287,7 @@ class LakeStore:
             with pq.ParquetWriter(handle, schema, **options) as writer:
                 for part in parts:
                     writer.write_table(part, row_group_size=row_group_size)
+                    del part  # gone before the next is made (`parts` may free memory)
 
         if self.local:
             self.makedirs(os.path.dirname(path))
@@ -307,10 +337,16 @@ def _fs_version(info: Mapping[str, Any]) -> str:
     return f"{tag}-{moment}-{info.get('size')}"
 
 
+def _sync_data(fd: int) -> None:
+    """Flush a file's data and size (not its times: fdatasync, where there is one)."""
+    sync = getattr(os, "fdatasync", os.fsync)
+    sync(fd)
+
+
 def _fsync(path: str) -> None:
     """Flush a file Arrow wrote and closed to the disk before it is renamed into place."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        _sync_data(fd)
     finally:
         os.close(fd)

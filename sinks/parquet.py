@@ -4,6 +4,7 @@ Layout (under the lake's root, a local directory or any fsspec URL such as s3://
 
     <root>/<dataset>/date=YYYY-MM-DD/part-<chunk_id>[-<n>].parquet   partition="date"
     <root>/<dataset>/month=YYYY-MM/part-<chunk_id>[-<n>].parquet     partition="month"
+    <root>/<dataset>/year=YYYY/part-<chunk_id>[-<n>].parquet         partition="year"
     <root>/<dataset>/part-<chunk_id>[-<n>].parquet                   partition="none"
     <root>/<dataset>/date=.../part-compact-<digest>[-<n>].parquet    merged by compact()
     <root>/tag_metadata/part-tag_metadata.parquet                    the tag dimension
@@ -19,7 +20,12 @@ Layout (under the lake's root, a local directory or any fsspec URL such as s3://
         <dataset>/tmp/                          staged files (never under <dataset>/)
         <dataset>/write.lock, locks/<flow>.lock flocks (local disk)
 
-Partitions are by the UTC day (or month) of `ts`; the Hive names let pyarrow.dataset,
+Partitions are by the UTC day (month, year) of `ts`. `partition="auto"` (the default)
+picks a dataset's scheme when its first chunk is written, from the flow's chunk size
+(`lake_layout.auto_partition`: day, week, quarter-year windows -> date, month, year), so a
+chunk is one file, not one per day; `dataset.json` records the scheme and the dataset
+keeps it. Readers see the partition column its directories name (`date`, `month` or
+`year`); `ts` is in every file, so filter on `ts`. The Hive names let pyarrow.dataset,
 DuckDB (`read_parquet('<root>/<dataset>/**/*.parquet', hive_partitioning=1)`), Polars
 `scan_parquet` and `pandas.read_parquet('<root>/<dataset>')` read a dataset directly.
 `ts` is `timestamp[ms, tz=UTC]`; the dataset's attrs (mode, method, interval...) are in
@@ -37,13 +43,22 @@ intent is rolled forward; if a staged file has vanished it is rolled back instea
 new chunk's files are removed and the markers of every chunk whose files it touched are
 forgotten, so the pipeline fetches them again - after recovery each row is there once.
 
+Against a power cut (local disk), a chunk waits for the disk twice: for its staged files,
+then for the directories they were renamed into, before its marker is written. Markers,
+progress snapshots and the intents of plans that only place new files are written
+without waiting: a power cut may lose them or leave them torn, which reads as missing,
+and the chunk is written again. Intents that rewrite or drop earlier files are synced
+before their first change.
+
 File names are deterministic per chunk, so re-writing a chunk replaces its files.
-`compact()` merges a partition's small files into files of about `target_file_rows`,
+`compact()` merges a partition's small files (under 1/20 of `target_file_rows` rows) into
+files of about `target_file_rows`,
 through the same intent mechanism, and points the markers at the merged files.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import math
@@ -72,10 +87,13 @@ from sinks.base import (
     SinkUnavailable,
 )
 from sinks.lake_layout import (
+    AUTO,
     LOCKS_DIR,
     METADATA_DATASET,
     METADATA_FILE,
+    PARTITIONS,
     STATE_DIR,
+    auto_partition,
     check_chunk_id,
     check_dataset,
     check_flow,
@@ -92,6 +110,9 @@ from sinks.locks import LEASE_TTL_S, dataset_flock, flow_flock, flow_lease
 
 HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 ROW_GROUP_ROWS = 256 * 1024
+# Compaction decodes and writes this many rows at a time, each one row group: the decoded
+# rows and their temporaries are the part of its peak that does not scale with the file.
+MERGE_GROUP_ROWS = 64 * 1024
 OWNERS_KEY = b"historian.owners"
 DATASET_KEY = b"historian"
 
@@ -158,6 +179,20 @@ def _json_value(value: object) -> object:
     return orjson.loads(orjson.dumps(value, default=str))
 
 
+def _release_unused() -> None:
+    """Hand Arrow's freed memory back to the system now (its pool keeps it for reuse)."""
+    pa.default_memory_pool().release_unused()
+
+
+def _released(parts: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """`parts`, the memory of each released once the writer is done with it, so the
+    decoded row groups of a merge do not stack up in the pool."""
+    for part in parts:
+        yield part
+        del part
+        _release_unused()
+
+
 class ParquetLake:
     """A Parquet lake on local disk or object storage (see the module docstring)."""
 
@@ -166,7 +201,7 @@ class ParquetLake:
         url: str,
         *,
         name: str = "lake",
-        partition: str = "date",
+        partition: str = AUTO,
         storage_options: Mapping[str, object] | None = None,
         target_file_rows: int = 1_000_000,
         compression: str = "zstd",
@@ -331,14 +366,20 @@ class ParquetLake:
             self._datasets[dataset] = value
         return self._datasets[dataset]
 
-    def _check_dataset_facts(
-        self, dataset: str, kind: str, attrs: Mapping[str, object]
-    ) -> dict[str, Any]:
-        """The dataset's stored facts; the first write stores them, later ones must agree."""
-        wanted = {key: _json_value(value) for key, value in sorted(attrs.items())}
+    def _check_dataset_facts(self, scope: ChunkScope) -> dict[str, Any]:
+        """The dataset's stored facts; the first write stores them, later ones must agree.
+
+        The partition scheme is one of them: `auto` picks it here, once, from the flow's
+        chunk size (`auto_partition`); a dataset keeps the scheme it was created with.
+        """
+        dataset, kind = scope.dataset, scope.kind
+        wanted = {key: _json_value(value) for key, value in sorted(scope.attrs.items())}
         facts = self._dataset_facts(dataset)
         if facts is None:
-            facts = {"dataset": dataset, "kind": kind, "partition": self.partition, "attrs": wanted}
+            scheme = self.partition
+            if scheme == AUTO:
+                scheme = auto_partition(scope.window_size or scope.window.end - scope.window.start)
+            facts = {"dataset": dataset, "kind": kind, "partition": scheme, "attrs": wanted}
             self.store.makedirs(self._state_dir(dataset))
             self.store.write_json(self._state_dir(dataset, "dataset.json"), facts)
             self._datasets[dataset] = facts
@@ -355,12 +396,24 @@ class ParquetLake:
                 f"lake '{self.name}': dataset '{dataset}' was written with other settings "
                 f"({'; '.join(differences)}); use another dataset name or reset it"
             )
-        if facts.get("partition") != self.partition:
+        if self.partition != AUTO and facts.get("partition") != self.partition:
             raise SinkError(
                 f"lake '{self.name}': dataset '{dataset}' is partitioned by "
-                f"{facts.get('partition')}, not {self.partition}; use another dataset name"
+                f"{facts.get('partition')}, not {self.partition}; use another dataset name, "
+                f"or partition: auto (each dataset keeps its own scheme)"
             )
         return facts
+
+    def _scheme(self, dataset: str) -> str:
+        """The partition scheme the dataset was created with."""
+        facts = self._dataset_facts(dataset) or {}
+        scheme = facts.get("partition")
+        if scheme not in PARTITIONS:
+            raise SinkError(
+                f"lake '{self.name}': dataset '{dataset}' records partition {scheme!r}, "
+                f"not one of {', '.join(PARTITIONS)}"
+            )
+        return str(scheme)
 
     def _file_metadata(
         self, dataset: str, kind: str, owners: Sequence[Owner]
@@ -464,7 +517,8 @@ class ParquetLake:
 
     @staticmethod
     def _may_overlap(info: FileInfo, kind: str, window: Window, members: Sequence[str]) -> bool:
-        """False only when the footer proves no row of the file is in the scope."""
+        """False only when the footer proves no row of the file is in the scope
+        (`members` sorted: one bisection, not a pass over them per file)."""
         if info.rows == 0:
             return False
         if (
@@ -478,8 +532,8 @@ class ParquetLake:
             and info.key_min is not None
             and info.key_max is not None
         ):
-            low, high = info.key_min, info.key_max
-            return any(low <= member <= high for member in members)
+            at = bisect.bisect_left(members, info.key_min)
+            return at < len(members) and members[at] <= info.key_max
         return True
 
     def _data_files(self, directory: str) -> list[Entry]:
@@ -547,12 +601,23 @@ class ParquetLake:
         }
 
     def _commit(self, plan: Plan) -> None:
-        """Record the intent, then apply it; a crash anywhere is finished by recovery."""
+        """Record the intent, then apply it; a crash anywhere is finished by recovery.
+
+        The intent waits for the disk only when the plan rewrites or drops earlier files
+        or repoints other chunks' markers: a power cut must not keep such a change and
+        lose the intent that finishes it. A plan that only places new files (a chunk
+        into empty partitions, the usual case) needs no such wait: lost or torn, its
+        intent is as if the write never began - no marker, so the chunk is written again
+        and replaces whatever of its files had landed.
+        """
         intent = self._intent(plan)
         path = self._state_dir(plan.dataset, "pending", f"{plan.ident}.json")
+        durable = bool(intent["marker_updates"]) or any(
+            op["op"] != "place" or not op.get("new") for op in plan.ops
+        )
         try:
             self.store.makedirs(self._state_dir(plan.dataset, "pending"))
-            self.store.write_json(path, intent)
+            self.store.write_json(path, intent, durable=durable)
         except BaseException:
             self._discard(plan)
             raise
@@ -570,6 +635,7 @@ class ParquetLake:
                         self._roll_back(intent, path)
                         return
                     done.add(op["dest"])
+        directories: set[str] = set()
         for op in ops:
             dest = self._abs(op["dest"])
             if op["dest"] in done:
@@ -578,7 +644,12 @@ class ParquetLake:
                 store.replace(self._abs(op["tmp"]), dest)
             else:
                 store.remove(dest)
+            directories.add(dest.rsplit("/", 1)[0])
             self._infos.pop(dest, None)
+        # The files' new names reach the disk before any marker can claim them (markers
+        # are written without waiting for the disk): one sync per directory touched.
+        for directory in sorted(directories):
+            store.sync_dir(directory)
         for update in intent["marker_updates"]:
             self.state.update_marker_files(
                 update["flow"], update["chunk"], update["remove"], update["add"]
@@ -610,9 +681,13 @@ class ParquetLake:
         for entry in self.store.listdir(pending):
             if entry.is_dir or not entry.name.endswith(".json") or entry.name.startswith("."):
                 continue
-            intent = self.store.read_json(entry.path)
-            if isinstance(intent, dict):
+            # Torn by a power cut: an intent written without waiting for the disk, of new
+            # files only; its chunk has no marker and is written again (`_commit`).
+            intent = self.store.read_json(entry.path, torn_is_missing=True)
+            if isinstance(intent, dict) and "ops" in intent:
                 intents.append((int(intent.get("created_ns", 0)), entry.path, intent))
+            elif min_age_s == 0.0:
+                self.store.remove(entry.path)
         cutoff = time.time_ns() - int(min_age_s * 1e9)
         for created, path, intent in sorted(intents, key=lambda item: item[:2]):
             if created <= cutoff:
@@ -660,7 +735,7 @@ class ParquetLake:
         table = _sorted(table, tables.KEYS[scope.kind])
         with self._errors(what), self._dataset_lock(dataset):
             self._recover(dataset)
-            self._check_dataset_facts(dataset, scope.kind, scope.attrs)
+            self._check_dataset_facts(scope)
             plan = Plan(ident=chunk, dataset=dataset)
             try:
                 self._plan_write(plan, scope, table)
@@ -675,7 +750,8 @@ class ParquetLake:
         dataset, kind, chunk = scope.dataset, scope.kind, scope.chunk_id
         owner: Owner = (scope.flow, chunk)
         metadata = self._file_metadata(dataset, kind, [owner])
-        index, labels = partition_of_rows(table["ts"], self.partition)
+        scheme = self._scheme(dataset)
+        index, labels = partition_of_rows(table["ts"], scheme)
         new_files: dict[str, list[tuple[str, pa.Table]]] = defaultdict(list)
         if table.num_rows:
             for position, label in enumerate(labels):
@@ -688,18 +764,17 @@ class ParquetLake:
                         (join(dataset, label, part_name(chunk, piece + 1, pieces)), part)
                     )
         # Earlier files: a sole same-named file is swapped atomically; others lose scope rows.
+        members = sorted(scope.members)
         drops: list[dict[str, Any]] = []
         rewrites: list[dict[str, Any]] = []
-        for label in sorted(
-            set(partitions_of_window(scope.window, self.partition)) | set(new_files)
-        ):
+        for label in sorted(set(partitions_of_window(scope.window, scheme)) | set(new_files)):
             planned = new_files.get(label, [])
             swap = planned[0][0].rsplit("/", 1)[-1] if len(planned) == 1 else None
             for entry in self._data_files(self._data_dir(dataset, label)):
                 if entry.name == swap:
                     continue
                 info = self._info(entry, kind)
-                if not self._may_overlap(info, kind, scope.window, scope.members):
+                if not self._may_overlap(info, kind, scope.window, members):
                     continue
                 rel = self._rel(entry.path)
                 old = self.store.read_table(entry.path)
@@ -748,13 +823,26 @@ class ParquetLake:
 
     # -- compaction -----------------------------------------------------------------------
 
-    def compact(self, dataset: str, *, min_rows: int = 100_000) -> int:
-        """Merge each partition's small files (< min_rows) into ~target_file_rows files.
+    def small_file_rows(self) -> int:
+        """Below this many rows a file is worth merging: 1/20 of `target_file_rows`.
+
+        A larger file costs a reader one more open among tens, while merging it rewrites
+        all its rows: a backfill's chunk files (tens of thousands of rows each) stay as
+        written, the slivers of chunks cut by a partition boundary and the few-hundred-row
+        files of incremental runs are merged.
+        """
+        return max(1, self.target_file_rows // 20)
+
+    def compact(self, dataset: str, *, min_rows: int | None = None) -> int:
+        """Merge each partition's small files (< min_rows, default `small_file_rows()`)
+        into ~target_file_rows files; a partition with fewer than two is left alone.
 
         Returns how many files were merged away. Crash-safe like a write (an intent first);
         the markers of the merged chunks are pointed at the new files.
         """
         check_dataset(dataset)
+        if min_rows is None:
+            min_rows = self.small_file_rows()
         merged = 0
         with self._errors(f"compact dataset '{dataset}'"), self._dataset_lock(dataset):
             self._recover(dataset)
@@ -811,6 +899,7 @@ class ParquetLake:
             _sort_keys(merged, tables.KEYS[kind]),
             sort_keys=[(key, "ascending") for key in tables.KEYS[kind]],
         )
+        _release_unused()  # the sort's scratch, before the decoded row groups come
         schema = pa.schema(
             [
                 f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
@@ -822,7 +911,10 @@ class ParquetLake:
             temp = self._stage_parts(
                 plan,
                 schema,
-                (merged.take(piece).cast(schema) for piece in _pieces(order, self._group_rows())),
+                _released(
+                    merged.take(piece).cast(schema)
+                    for piece in _pieces(order, min(MERGE_GROUP_ROWS, self._group_rows()))
+                ),
                 rel,
                 self._file_metadata(dataset, kind, sorted(owners)),
             )
