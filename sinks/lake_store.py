@@ -266,11 +266,11 @@ class LakeStore:
             # never takes the GIL per buffer (a Python handle made every write a call back
             # into Python, which stalled the fetch threads; bench/compare.py).
             self.makedirs(os.path.dirname(path))
-            pq.write_table(table, path, **options)
+            _write_table(table, path, **options)
             _fsync(path)
             return
         with self.fs.open(path, "wb") as handle:
-            pq.write_table(table, handle, **options)
+            _write_table(table, handle, **options)
 
     def write_parquet_parts(
         self,
@@ -284,10 +284,17 @@ class LakeStore:
         """Like `write_parquet`, from tables made one at a time (only one is held at once)."""
 
         def write(handle: Any) -> None:
-            with pq.ParquetWriter(handle, schema, **options) as writer:
+            metadata = schema.metadata or {}
+            with pq.ParquetWriter(
+                handle, schema.remove_metadata(), store_schema=False, **options
+            ) as writer:
                 for part in parts:
-                    writer.write_table(part, row_group_size=row_group_size)
+                    writer.write_table(
+                        part.replace_schema_metadata(None), row_group_size=row_group_size
+                    )
                     del part  # gone before the next is made (`parts` may free memory)
+                if metadata:
+                    writer.add_key_value_metadata(metadata)
 
         if self.local:
             self.makedirs(os.path.dirname(path))
@@ -350,3 +357,24 @@ def _fsync(path: str) -> None:
         _sync_data(fd)
     finally:
         os.close(fd)
+
+
+def _write_table(
+    table: pa.Table, where: Any, *, row_group_size: int | None = None, **options: Any
+) -> None:
+    """Write `table` without Arrow's stored schema, keeping its key-value metadata.
+
+    Without the stored schema every reader takes a column's type from Parquet's own logical
+    types, so a dictionary-encoded `tag` (written as Parquet dictionary pages straight from
+    its codes, which is cheaper than from strings) reads back as plain strings, as in files
+    written from string columns: pandas gets no category, and engines see one type across
+    old and new files. Timestamps keep their UTC zone (isAdjustedToUTC). pyarrow's
+    `store_schema=False` also drops the metadata, so it is added back explicitly.
+    """
+    metadata = table.schema.metadata or {}
+    with pq.ParquetWriter(
+        where, table.schema.remove_metadata(), store_schema=False, **options
+    ) as writer:
+        writer.write_table(table.replace_schema_metadata(None), row_group_size=row_group_size)
+        if metadata:
+            writer.add_key_value_metadata(metadata)

@@ -291,7 +291,11 @@ class ParquetLake:
             "compression": None if self.compression == "none" else self.compression,
             "version": "2.6",
             "write_statistics": True,
-            "use_dictionary": [f.name for f in schema if pa.types.is_string(f.type)],
+            "use_dictionary": [
+                f.name
+                for f in schema
+                if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)
+            ],
         }
         if "ts" in schema.names and pa.types.is_timestamp(schema.field("ts").type):
             options["column_encoding"] = {"ts": "DELTA_BINARY_PACKED"}
@@ -1014,18 +1018,12 @@ def _pieces(order: pa.Array, size: int) -> Iterator[pa.Array]:
 
 
 def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """`table` sorted by `keys` (stable), dictionary-encoded columns decoded to the strings
-    files store; as it is when it already is sorted, as the engine's chunks are: checking
-    adjacent rows is a fraction of the cost of a sort and a copy. Dictionary-encoded keys
-    are compared by the rank of their value, never string by string."""
-    table = _sorted_rows(table, keys)
-    decoded = pa.schema(
-        [
-            field.with_type(field.type.value_type) if pa.types.is_dictionary(field.type) else field
-            for field in table.schema
-        ]
-    )
-    return table if decoded.equals(table.schema) else table.cast(decoded)
+    """`table` sorted by `keys` (stable); as it is when it already is sorted, as the engine's
+    chunks are: checking adjacent rows is a fraction of the cost of a sort and a copy.
+    Dictionary-encoded keys are compared by the rank of their value, never string by
+    string, and stay encoded: the file's dictionary pages are written from their codes,
+    and files read back as strings (`LakeStore.write_parquet`)."""
+    return _sorted_rows(table, keys)
 
 
 def _sorted_rows(table: pa.Table, keys: Sequence[str]) -> pa.Table:
