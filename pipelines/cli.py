@@ -152,6 +152,7 @@ def _run_flows(
     end: datetime | None,
     backfill: bool,
     direct: bool,
+    config: Config | None = None,
 ) -> None:
     if not direct:  # the Prefect server boots while the config loads and Prefect imports
         from pipelines.prefect_env import start_ephemeral_server
@@ -159,7 +160,8 @@ def _run_flows(
         start_ephemeral_server()
     from pipelines.runner import RunFailed, RunRequest
 
-    config = _load(config_path)
+    if config is None:
+        config = _load(config_path)
     for name in names:
         _check_flow(config, name, config_path)
     if start is not None and end is not None and end <= start:
@@ -192,7 +194,12 @@ def _run_flows(
                     from pipelines.flows import run_prefect
 
                     summary = run_prefect(
-                        config_path, name, request, on_chunk=on_chunk, on_plan=on_plan
+                        config_path,
+                        name,
+                        request,
+                        on_chunk=on_chunk,
+                        on_plan=on_plan,
+                        config=config,
                     )
                 summaries.append(summary)
             except RunFailed as exc:
@@ -356,6 +363,7 @@ def run(
             end=_moment(end, "--end"),
             backfill=False,
             direct=direct,
+            config=cfg,  # read once: a flows.yaml may name 10,000 tags
         )
 
 

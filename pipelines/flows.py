@@ -639,15 +639,18 @@ def run_prefect(
     on_chunk: ProgressCallback | None = None,
     on_plan: PlanCallback | None = None,
     report_dir: Path | None = None,
+    config: Config | None = None,
 ) -> RunSummary:
     """Run one flow through Prefect now (what `historian run` does by default).
 
     Like `run_flow`: node and sink errors come out as `RunFailed` carrying the partial
     summary, with the original error (its own type, not a Prefect wrapper) as `__cause__`;
     configuration errors come out as they are. `on_chunk(outcome, summary)` is called in
-    this thread after each chunk is written.
+    this thread after each chunk is written. `config`: flows.yaml as the caller read it
+    (read here when None).
     """
-    config = load_config(config_path)
+    if config is None:
+        config = load_config(config_path)
     if flow_name not in config.flows:
         raise ConfigError(
             f"{config_path.name}: no flow named {flow_name!r} (flows: {', '.join(config.flows)})"
