@@ -3,7 +3,12 @@
 All three ask the node's `tag?cmd=details` once per run, which both resolves the tag list
 (the planner needs it: progress is kept per tag) and yields the tag metadata that becomes
 the warehouse's tag dimension. Explicit paths the node does not know are an error naming
-the path, not a silent gap.
+the path, not a silent gap. The paths are read at once (msgspec, skipping the
+configurations); the metadata table is built only when a flow writes it.
+
+The resolved list is not cached between runs: with the node answering from memory, 10,000
+paths in 6 groups resolve in ~0.1 s, and a cache would still have to ask the node to
+refuse an unknown path and to notice a deleted tag.
 """
 
 from __future__ import annotations
