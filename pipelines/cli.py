@@ -31,9 +31,9 @@ from rich.progress import (
 from rich.table import Table
 
 from connectors.errors import NodeError, one_line
-from pipelines.config import DEFAULT_CONFIG, Config, ConfigError, load_config, parse_moment
 
-if TYPE_CHECKING:  # the runner pulls in pandas and pyarrow: imported only when a flow runs
+if TYPE_CHECKING:  # config and runner pull in pandas and pyarrow: imported when needed
+    from pipelines.config import Config
     from pipelines.runner import ChunkOutcome, Plan, RunRequest, RunSummary
     from sinks.base import ChunkRecord
 
@@ -52,6 +52,9 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+# pipelines.config.DEFAULT_CONFIG, spelled here so that the command starts (and a Prefect
+# run starts its server) before pandas is imported; a test keeps the two equal.
+DEFAULT_CONFIG = "flows.yaml"
 
 ConfigOption = Annotated[
     Path, typer.Option("--config", "-c", help="flows.yaml to use.", envvar="HISTORIAN_CONFIG")
@@ -78,6 +81,7 @@ def user_errors() -> Iterator[None]:
     if os.environ.get("HISTORIAN_DEBUG") == "1":
         yield
         return
+    from pipelines.config import ConfigError
     from sinks.base import SinkError
 
     try:
@@ -108,12 +112,16 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _load(path: Path) -> Config:
+    from pipelines.config import load_config
+
     return load_config(path)
 
 
 def _moment(value: str | None, option: str) -> datetime | None:
     if value is None:
         return None
+    from pipelines.config import parse_moment
+
     try:
         return parse_moment(value)
     except ValueError as exc:
@@ -152,14 +160,14 @@ def _run_flows(
     end: datetime | None,
     backfill: bool,
     direct: bool,
+    config: Config | None = None,
 ) -> None:
-    if not direct:  # the Prefect server boots while the config loads and Prefect imports
-        from pipelines.prefect_env import start_ephemeral_server
-
-        start_ephemeral_server()
+    _boot_prefect(direct)
+    from pipelines.config import ConfigError
     from pipelines.runner import RunFailed, RunRequest
 
-    config = _load(config_path)
+    if config is None:
+        config = _load(config_path)
     for name in names:
         _check_flow(config, name, config_path)
     if start is not None and end is not None and end <= start:
@@ -192,7 +200,12 @@ def _run_flows(
                     from pipelines.flows import run_prefect
 
                     summary = run_prefect(
-                        config_path, name, request, on_chunk=on_chunk, on_plan=on_plan
+                        config_path,
+                        name,
+                        request,
+                        on_chunk=on_chunk,
+                        on_plan=on_plan,
+                        config=config,
                     )
                 summaries.append(summary)
             except RunFailed as exc:
@@ -211,6 +224,16 @@ def _run_flows(
     _print_summaries(config, config_path, [s for s in summaries if s.chunks_done or not failed])
     if failed:
         raise UserError(failed)
+
+
+def _boot_prefect(direct: bool) -> None:
+    """Start the ephemeral Prefect server now, when the command will need it: it boots
+    (~6 s, mostly importing Prefect's server code) while this process imports pandas and
+    Prefect and reads flows.yaml, instead of after. A no-op once started."""
+    if not direct:
+        from pipelines.prefect_env import start_ephemeral_server
+
+        start_ephemeral_server()
 
 
 def _failure(config: Config, name: str, exc: BaseException, chunks_done: int) -> str:
@@ -343,6 +366,7 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run one flow (or --all) now: incremental from its state unless --start is given."""
+    _boot_prefect(direct)
     _setup_logging(verbose)
     with user_errors():
         if all_flows == (flow is not None):
@@ -356,6 +380,7 @@ def run(
             end=_moment(end, "--end"),
             backfill=False,
             direct=direct,
+            config=cfg,  # read once: a flows.yaml may name 10,000 tags
         )
 
 
@@ -371,6 +396,7 @@ def backfill(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Extract a range; chunks already in every sink are skipped, so a killed backfill resumes."""
+    _boot_prefect(direct)
     _setup_logging(verbose)
     with user_errors():
         _run_flows(
@@ -641,7 +667,11 @@ def main() -> None:
         app()
     except SystemExit:
         raise
-    except ConfigError as exc:
+    except Exception as exc:
+        from pipelines.config import ConfigError
+
+        if not isinstance(exc, ConfigError):
+            raise
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(EXIT_USAGE)
 

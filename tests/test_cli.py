@@ -272,6 +272,46 @@ def test_a_prefect_run_from_the_cli_is_quiet(tmp_path: Path, token_server: Any) 
     assert backfill.stderr.strip() == "", backfill.stderr
 
 
+def test_a_prefect_run_uses_the_server_prefect_api_url_names(
+    tmp_path: Path, token_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipelines.prefect_env import EphemeralServer
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    long_lived = EphemeralServer()  # stands for a `prefect server start` left running
+    try:
+        api = long_lived.wait()
+        write_config(
+            tmp_path,
+            flows={"f": small_flow()},
+            sinks=["lake"],
+            node={"url": token_server.http_url, "token_env": "NODE_TOKEN"},
+        )
+        env = {"NODE_TOKEN": "s3cret-t0ken-value", "PREFECT_API_URL": api}
+        for _ in range(2):  # two commands, one server
+            result = historian("run", "f", cwd=tmp_path, env=env, timeout=300)
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert "Traceback" not in result.stdout + result.stderr
+            assert result.stderr.strip() == "", result.stderr
+        runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=30).json()
+        assert [run["state_type"] for run in runs] == ["COMPLETED", "COMPLETED"]
+    finally:
+        long_lived.stop()
+
+
+def test_no_server_is_started_when_prefect_api_url_names_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipelines import prefect_env
+
+    server = prefect_env.EphemeralServer()
+    monkeypatch.setattr(prefect_env, "_SERVER", server)
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    prefect_env.start_ephemeral_server()
+    assert server.process is None
+
+
 def test_an_unknown_tag_path_is_named(tmp_path: Path, token_server: Any) -> None:
     flow = small_flow(tags={"paths": ["/Plant A/Line 1/Temp. 000", "/No/Such tag"]})
     write_config(
@@ -285,3 +325,22 @@ def test_an_unknown_tag_path_is_named(tmp_path: Path, token_server: Any) -> None
     )
     assert_clean_failure(result, 1, "flows.f.tags", "'/No/Such tag' not found")
     assert not list(tmp_path.glob("lake/f/**/*.parquet")), "nothing written"
+
+
+def test_the_command_starts_without_the_data_stack_or_prefect() -> None:
+    """Imported lazily, so a Prefect run starts its server first and --help is quick."""
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pipelines.cli; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'prefect'}))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert probe.stdout.strip() == "[]"
+    from pipelines import cli, config
+
+    assert cli.DEFAULT_CONFIG == config.DEFAULT_CONFIG

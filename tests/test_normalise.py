@@ -29,6 +29,7 @@ from connectors.normalise import (
     parse_history_answer_careful,
     parse_single_history_answer,
     parse_tag_details,
+    tag_details_paths,
 )
 from connectors.schema import (
     ALARM_HISTORY_SCHEMA,
@@ -893,6 +894,42 @@ def test_any_details_json_either_parses_or_raises_malformed_answer(answer: Any) 
     except MalformedAnswer:
         return
     assert table.schema == TAG_METADATA_SCHEMA
+
+
+def test_details_paths_name_the_tags_the_full_reading_names() -> None:
+    assert tag_details_paths(orjson.dumps(DETAILS)) == ["/Plant A/Temp", "Bare"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {"tags": st.dictionaries(st.text(max_size=3), json_values, max_size=3)}
+        ),
+    )
+)
+def test_details_paths_agree_with_the_full_reading(answer: Any) -> None:
+    try:
+        body = orjson.dumps(answer)
+    except orjson.JSONEncodeError:
+        return
+    try:
+        expected: list[str] | type[MalformedAnswer] = (
+            parse_tag_details(body, "n", T0).column("tag").to_pylist()
+        )
+    except MalformedAnswer:
+        expected = MalformedAnswer
+    if expected is MalformedAnswer:
+        with pytest.raises(MalformedAnswer):
+            tag_details_paths(body)
+    else:
+        assert tag_details_paths(body) == expected
+
+
+def test_details_paths_of_a_truncated_answer_are_malformed() -> None:
+    with pytest.raises(MalformedAnswer, match="not JSON"):
+        tag_details_paths(orjson.dumps(DETAILS)[:40])
 
 
 def test_nan_is_never_invented_for_a_null_value() -> None:

@@ -329,6 +329,20 @@ def test_replay_mode_serves_the_same_bytes_until_history_changes() -> None:
         assert [NOW - 300_000 + 1, 99.5, 192, 0] in c.get("/tag", params=params).json()["data"]
 
 
+def test_replay_mode_serves_details_once_until_a_write_changes_a_value() -> None:
+    node = SimulatedNode(SimConfig(seed=4, tags=10, cache_answers=True))
+    path = next(p for p in node.tag_paths() if node.tag_type(p) == "number")
+    group = path.rsplit("/", 1)[0] + "/"
+    params = {"cmd": "details", "path": group}
+    with run_server(node, https_port=None) as server, httpx.Client(base_url=server.http_url) as c:
+        first = c.get("/tag", params=params).content
+        assert node.cache_stats()[0] == 1
+        assert c.get("/tag", params=params).content == first
+        c.post("/tag", params={"cmd": "write"}, json={"path": path, "value": 12.5})
+        entry = c.get("/tag", params=params).json()["tags"][path.rsplit("/", 1)[1]]
+    assert entry["data"]["value"] == 12.5
+
+
 def test_replay_mode_serves_one_question_spelled_two_ways_from_one_render() -> None:
     node = SimulatedNode(SimConfig(seed=4, tags=10, cache_answers=True))
     node.set_clock(NOW)

@@ -295,7 +295,7 @@ class SimulatedNode:
             return error_answer(500, f"internal error in {operation}: {type(exc).__name__}")
 
     def cached(self, key: str, produce: Callable[[], Answer]) -> Answer:
-        """Replay mode (`cache_answers`): a history answer rendered once per query string.
+        """Replay mode (`cache_answers`): a history or details answer rendered once per query.
 
         Its bytes are kept once (zstd-compressed with `cache_compress`; a second render
         of the same query, made while the first was under way, is dropped) while the
@@ -339,6 +339,10 @@ class SimulatedNode:
         """(answers, bytes held) by replay mode (compressed sizes with `cache_compress`)."""
         with self._lock:
             return len(self._cache), self._cache_bytes
+
+    def forget_answers(self) -> None:
+        """Drop the answers replay mode holds (something they show has changed)."""
+        self._clear_cache()
 
     def _clear_cache(self) -> None:
         with self._lock:

@@ -33,7 +33,9 @@ from connectors.simulator.protocol import (
     parse_time,
 )
 
-_HISTORY = {"tag.history", "tag.historyMany", "tag.historyFilter"}
+# Replay mode serves these from memory: the history a benchmark reads, and the details of
+# the tags it names (a details answer of 10,000 tags renders each tag's current value).
+_REPLAYED = {"tag.history", "tag.historyMany", "tag.historyFilter", "tag.details"}
 
 
 class _Server(ThreadingHTTPServer):
@@ -143,7 +145,7 @@ class _Handler(BaseHTTPRequestHandler):
             except orjson.JSONDecodeError:
                 self._send(error_answer(400, "the body is not JSON"))
                 return
-        if f"{resource}.{cmd}" in _HISTORY and method == "GET":
+        if f"{resource}.{cmd}" in _REPLAYED and method == "GET":
             key = _replay_key(resource, cmd, params)
             answer = node.cached(key, lambda: node.handle(method, resource, cmd, params, body))
         else:
@@ -300,7 +302,7 @@ def serve_forever(
 
 
 def _replay_key(resource: str, cmd: str, params: dict[str, str]) -> str:
-    """What a history query asks, whatever its spelling: times as epoch ms, lists parsed.
+    """What a replayed query asks, whatever its spelling: times as epoch ms, lists parsed.
 
     Clients spell one question differently (`...00Z` or `...00.000Z`, `["/a", "/b"]` with or
     without spaces); replay mode keys its cache by the question, so every client asking it

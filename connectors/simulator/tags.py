@@ -126,6 +126,7 @@ class TagService:
             self._written = {
                 path: (value, ts) for path, value in values.items() if path in self._local.by_path
             }
+        self._node.forget_answers()  # replayed details hold current values
 
     @property
     def _local(self) -> TagTree:
@@ -300,6 +301,7 @@ class TagService:
         with self._lock:
             for spec, value in writes:
                 self._written[spec.path] = (value, ts)
+        self._node.forget_answers()  # replayed details hold current values
         for spec, value in writes:
             self._node.subscriptions.publish_tag(spec.path, value, 192, ts)
 
