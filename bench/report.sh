@@ -17,10 +17,10 @@ compare() {  # NAME ARGS...: one bench/compare.py run, printout and JSON kept
 
 # Scaled-down side by side: every contender, medians of 3 after a warm-up.
 compare raw-small-parquet --workload raw-small --targets parquet --runs 3 \
-    --contenders pipeline,cli,dlt,baseline,node
+    --contenders pipeline,cli,cli-served,dlt,baseline,node
 # The hand-written to_sql baseline loads ~9k rows/s: it runs on the 661k-row workload only.
 compare raw-small-postgres --workload raw-small --targets postgres --runs 3 \
-    --contenders pipeline,cli,dlt
+    --contenders pipeline,cli-served,dlt
 compare small-postgres-baseline --workload small --targets postgres --runs 1 \
     --contenders pipeline,baseline
 compare agg-small-parquet --workload agg-small --targets parquet --runs 2 \
@@ -28,10 +28,10 @@ compare agg-small-parquet --workload agg-small --targets parquet --runs 2 \
 compare agg-small-postgres --workload agg-small --targets postgres --runs 1 --no-warmup \
     --contenders pipeline,dlt
 compare incr-10k-hour --workload incr-10k-hour --targets parquet,postgres --runs 3 \
-    --contenders pipeline,cli,dlt,baseline
+    --contenders pipeline,cli,cli-served,dlt,baseline
 # Full size: this pipeline (the peers would take hours: dlt ~30k rows/s).
 compare raw-1k-day --workload raw-1k-day --targets parquet --runs 1 \
-    --contenders pipeline,cli
+    --contenders pipeline,cli,cli-served
 compare raw-1k-day-postgres --workload raw-1k-day --targets postgres --runs 1 --no-warmup \
     --contenders pipeline
 compare agg-10k-month --workload agg-10k-month --targets parquet --runs 1 \
