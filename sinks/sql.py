@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -94,6 +95,7 @@ class SqlWarehouse:
         name: str = "warehouse",
         schema: str | None = None,
         connect_args: Mapping[str, object] | None = None,
+        writers: int = 2,
     ) -> None:
         self.name = name
         try:
@@ -128,6 +130,11 @@ class SqlWarehouse:
         self._engine: Engine | None = None
         self._ready: dict[str, Storage] = {}
         self._series: dict[tuple[str, str], int] = {}
+        # Chunk writes the runner may run at once (each its own connection and transaction):
+        # while the server inserts one chunk into the key's B-tree, the next is encoded and
+        # copied by a second backend. DuckDB has one writer.
+        self.write_concurrency = max(1, writers) if self.dialect == "postgresql" else 1
+        self._prepare = threading.Lock()  # dataset DDL and series registration, once each
 
     def __repr__(self) -> str:
         return f"SqlWarehouse({self.describe()!r}, name={self.name!r})"
@@ -269,14 +276,15 @@ class SqlWarehouse:
 
     def _ensure_dataset(self, dataset: str, kind: str) -> Storage:
         """Create or migrate a dataset's table once per open sink, in its own transaction."""
-        storage = self._ready.get(dataset)
-        if storage is not None:
+        with self._prepare:
+            storage = self._ready.get(dataset)
+            if storage is not None:
+                return storage
+            with self._errors(f"prepare table {dataset}"), self.engine.begin() as conn:
+                self._ddl_lock(conn)
+                storage = self.layout.ensure_dataset(conn, dataset, kind)
+            self._ready[dataset] = storage
             return storage
-        with self._errors(f"prepare table {dataset}"), self.engine.begin() as conn:
-            self._ddl_lock(conn)
-            storage = self.layout.ensure_dataset(conn, dataset, kind)
-        self._ready[dataset] = storage
-        return storage
 
     def _narrow(self, table: pa.Table) -> pa.Table:
         """Tag history rows with (node, tag) replaced by their series_id (text column last)."""
@@ -299,7 +307,8 @@ class SqlWarehouse:
         pairs = [
             (node_names[node_codes[row]], tag_names[tag_codes[row]]) for row in firsts.tolist()
         ]
-        self._learn_series([p for p in pairs if p not in self._series])
+        with self._prepare:
+            self._learn_series([p for p in pairs if p not in self._series])
         ids = np.array([self._series[p] for p in pairs], dtype=np.int32)
         return pa.table([pa.array(ids[pair_codes]), *columns], names=names)
 
@@ -338,18 +347,26 @@ class SqlWarehouse:
         """Register the dataset's facts on first write; refuse a write whose facts differ."""
         wanted = json.loads(json.dumps(dict(scope.attrs), sort_keys=True, default=str))
         datasets = self.layout.table(DATASETS_TABLE)
-        conn.execute(
-            sa.text(
-                f"INSERT INTO {datasets} (dataset, kind, attrs, created_at) "
-                f"VALUES (:d, :k, CAST(:a AS {self.layout.json_type}), :t) "
-                "ON CONFLICT (dataset) DO NOTHING"
-            ),
-            {"d": scope.dataset, "k": scope.kind, "a": json.dumps(wanted), "t": datetime.now(UTC)},
-        )
-        kind, raw = conn.execute(
-            sa.text(f"SELECT kind, CAST(attrs AS TEXT) FROM {datasets} WHERE dataset = :d"),
-            {"d": scope.dataset},
-        ).one()
+        select = sa.text(f"SELECT kind, CAST(attrs AS TEXT) FROM {datasets} WHERE dataset = :d")
+        found = conn.execute(select, {"d": scope.dataset}).one_or_none()
+        if found is None:
+            # Only a dataset's first writes insert (and so wait for each other's commit):
+            # later chunks, written concurrently, merely read.
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {datasets} (dataset, kind, attrs, created_at) "
+                    f"VALUES (:d, :k, CAST(:a AS {self.layout.json_type}), :t) "
+                    "ON CONFLICT (dataset) DO NOTHING"
+                ),
+                {
+                    "d": scope.dataset,
+                    "k": scope.kind,
+                    "a": json.dumps(wanted),
+                    "t": datetime.now(UTC),
+                },
+            )
+            found = conn.execute(select, {"d": scope.dataset}).one()
+        kind, raw = found
         stored = {"kind": kind, **json.loads(raw)}
         wanted = {"kind": scope.kind, **wanted}
         differences = [
@@ -428,8 +445,22 @@ class SqlWarehouse:
         )
 
     def _merge_progress(self, conn: Connection, scope: ChunkScope) -> None:
-        """Set-based merge: read the touching windows of all members, replace them merged."""
+        """Set-based merge: read the touching windows of all members, replace them merged.
+
+        Chunks of one flow may be written by concurrent transactions (see
+        `write_concurrency`), and two of them can touch one stored window (a look-back
+        re-reading inside it): each would replace it by its own merge and the second insert
+        would collide. A transaction-scoped advisory lock per flow makes the merges take
+        turns, each reading what the previous one committed (READ COMMITTED: a new snapshot
+        per statement). It is taken after the bulk load, so only the short merge and the
+        commit are serialised.
+        """
         progress = self.layout.table(PROGRESS_TABLE)
+        if self.dialect == "postgresql":
+            conn.execute(
+                sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"),
+                {"k": f"historian-progress:{self.layout.catalog_schema}:{scope.flow}"},
+            )
         members = list(dict.fromkeys(scope.members))
         window = scope.window
         touching = "flow = :f AND member = ANY(:m) AND window_end >= :s AND window_start <= :e"
