@@ -45,7 +45,6 @@ from connectors.schema import (
     SCHEMAS,
     SCOPE_COLUMN,
     frame_from_table,
-    table_from_frame,
 )
 from connectors.timewindow import Window
 from sinks.base import (
@@ -259,8 +258,7 @@ class SqlWarehouse:
         table = _typed_table(frame, scope.kind)
         _check_scope(table, scope)
         storage = self._ensure_dataset(scope.dataset, scope.kind)
-        if storage.narrow:
-            table = self._narrow(table)
+        table = self._narrow(table) if storage.narrow else _plain(table)
         with self._errors(f"write chunk {scope.chunk_id}"), self.engine.begin() as conn:
             self._check_attrs(conn, scope)
             self._delete_scope(conn, scope, storage)
@@ -288,10 +286,10 @@ class SqlWarehouse:
 
     def _narrow(self, table: pa.Table) -> pa.Table:
         """Tag history rows with (node, tag) replaced by their series_id (text column last)."""
-        rest = [n for n in table.column_names if n not in ("node", "tag")]
-        fixed = [n for n in rest if not pa.types.is_string(table.schema.field(n).type)]
-        text = [n for n in rest if n not in fixed]
-        columns = [table.column(n) for n in fixed + text]
+        rest = _plain(table.select([n for n in table.column_names if n not in ("node", "tag")]))
+        fixed = [n for n in rest.column_names if not _is_text(rest.schema.field(n).type)]
+        text = [n for n in rest.column_names if n not in fixed]
+        columns = [rest.column(n) for n in fixed + text]
         names = ["series_id", *fixed, *text]
         if table.num_rows == 0:
             return pa.table([pa.array([], pa.int32()), *columns], names=names)
@@ -598,10 +596,41 @@ def _typed_table(frame: pd.DataFrame, kind: str) -> pa.Table:
     if frame.empty:
         return SCHEMAS[kind].empty_table()
     try:
-        return table_from_frame(frame, kind)
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        # Text columns may come dictionary-encoded (tag names, repeated on every row): they
+        # stay so, as the narrow load wants codes anyway; plain text stays plain.
+        target = pa.schema(
+            [
+                f.with_type(table.schema.field(f.name).type)
+                if f.name in table.column_names
+                and _is_text(f.type)
+                and _is_text_dictionary(table.schema.field(f.name).type)
+                else f
+                for f in SCHEMAS[kind]
+            ]
+        )
+        return table.select(target.names).cast(target)
     except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
         reason = " ".join(str(exc).split())[:200]
         raise SinkError(f"frame does not match the {kind} schema: {reason}") from None
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_text_dictionary(kind)
+
+
+def _is_text_dictionary(kind: pa.DataType) -> bool:
+    if not pa.types.is_dictionary(kind):
+        return False
+    return bool(pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type))
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """Dictionary-encoded columns decoded (what the wide tables and DuckDB are loaded from)."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_dictionary(f.type):
+            table = table.set_column(i, f.name, table.column(i).cast(f.type.value_type))
+    return table
 
 
 def _check_scope(table: pa.Table, scope: ChunkScope) -> None:

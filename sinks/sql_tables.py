@@ -113,6 +113,8 @@ class Storage:
 def sql_type(field: pa.Field) -> str:
     """The column type of an Arrow field (the only mapping between the two type systems)."""
     kind = field.type
+    if pa.types.is_dictionary(kind):  # dictionary-encoded text is stored as its values
+        kind = kind.value_type
     if pa.types.is_timestamp(kind):
         return TS
     if pa.types.is_float64(kind):
@@ -123,7 +125,7 @@ def sql_type(field: pa.Field) -> str:
         return "SMALLINT"
     if pa.types.is_int64(kind):
         return "BIGINT"
-    if pa.types.is_string(kind):
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return "TEXT"
     raise SinkError(f"column {field.name}: no warehouse type for {kind}")
 

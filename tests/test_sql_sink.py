@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,33 @@ def test_rewrite_with_another_window_size_leaves_every_row_once(sink: SqlWarehou
     assert_same(back, expected, HIST)
     assert not back.duplicated(["node", "tag", "ts", "seq"]).any()
     assert sink.progress("f1").windows_of("a") == [hours(0, 4)]
+
+
+def dictionary_tags(frame: pd.DataFrame, pieces: int = 2) -> pd.DataFrame:
+    """The frame with its tag column dictionary-encoded, in pieces of different dictionaries."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    step = max(1, -(-table.num_rows // pieces))
+    tags = table.column("tag").combine_chunks()
+    encoded = pa.chunked_array(
+        [tags.slice(at, step).dictionary_encode() for at in range(0, len(tags), step)]
+    )
+    table = table.set_column(table.schema.get_field_index("tag"), "tag", encoded)
+    return table.to_pandas(types_mapper=pd.ArrowDtype)
+
+
+def test_dictionary_encoded_tags_are_written_like_plain_ones(sink: SqlWarehouse) -> None:
+    window = hours(0, 2)
+    tags = ["b", "a", "c"]
+    plain = history(tags, window)
+    encoded = dictionary_tags(plain)
+    assert str(encoded["tag"].dtype).startswith("dictionary")
+    assert sink.write(scope(tags, window), encoded, len(plain)) == len(plain)
+    assert_same(sink.read("hist", HIST), plain, HIST)
+    assert sink.write(scope(tags, window), plain, len(plain)) == len(plain)  # replaced, once
+    assert_same(sink.read("hist", HIST), plain, HIST)
+    outside = dictionary_tags(history(["d"], window), pieces=1)
+    with pytest.raises(SinkError, match="outside its scope"):
+        sink.write(scope(tags, window), outside, len(outside))
 
 
 def test_count_mismatch_commits_nothing_and_keeps_earlier_rows(sink: SqlWarehouse) -> None:
@@ -747,6 +775,44 @@ def test_pg_narrow_history_keeps_node_tag_ts_seq_unique(pg_sink: SqlWarehouse) -
             )
         ).scalar()
     assert dupes == 0
+
+
+@pytest.mark.postgres
+def test_pg_concurrent_chunk_writes_commit_every_row_once_and_merge_progress(
+    pg_sink: SqlWarehouse,
+) -> None:
+    """Chunks of one flow written at once (as the runner does for PostgreSQL): re-reads
+    inside a stored window and new windows after it, all touching one progress window."""
+    tags = ["a", "b"]
+    whole = history(tags, hours(0, 4))
+    pg_sink.write(scope(tags, hours(0, 4)), whole, len(whole))
+    assert pg_sink.write_concurrency == 2
+    windows = [hours(h, h + 1) for h in (5, 0, 3, 1, 4, 2, 6, 7)]  # out of plan order
+    frames = [history(tags, w) for w in windows]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        done = list(
+            pool.map(lambda w, f: pg_sink.write(scope(tags, w), f, len(f)), windows, frames)
+        )
+    assert done == [len(f) for f in frames]
+    assert_same(pg_sink.read("hist", HIST), history(tags, hours(0, 8)), HIST)
+    progress = pg_sink.progress("f1")
+    assert progress.windows_of("a") == progress.windows_of("b") == [hours(0, 8)]
+
+
+@pytest.mark.postgres
+def test_pg_a_later_chunk_committed_first_leaves_a_gap_until_the_earlier_one(
+    pg_sink: SqlWarehouse,
+) -> None:
+    tags = ["a"]
+    later, earlier = hours(1, 2), hours(0, 1)
+    pg_sink.write(scope(tags, later), history(tags, later), 6)
+    assert pg_sink.progress("f1").windows_of("a") == [later]
+    pg_sink.write(scope(tags, earlier), history(tags, earlier), 6)
+    assert pg_sink.progress("f1").windows_of("a") == [hours(0, 2)]
+
+
+def test_duckdb_takes_one_chunk_write_at_a_time(tmp_path: Path) -> None:
+    assert SqlWarehouse(f"duckdb:///{tmp_path}/w.duckdb").write_concurrency == 1
 
 
 @pytest.mark.postgres
