@@ -560,6 +560,17 @@ def test_pg_tables_have_the_schema_types(pg_sink: SqlWarehouse) -> None:
     assert found[("hist", "node")][0] == found[("hist", "tag")][0] == "text"
     assert found[("hist", "ts")][0] == "timestamp with time zone"
     rows_table = "historian_rows_hist"
+    stored = [c for (t, c) in found if t == rows_table]  # widest first: no padding
+    assert stored == [
+        "ts",
+        "value",
+        "extra",
+        "series_id",
+        "seq",
+        "quality",
+        "value_bool",
+        "value_str",
+    ]
     assert found[(rows_table, "series_id")] == ("integer", "NO")
     assert found[(rows_table, "ts")] == ("timestamp with time zone", "NO")
     assert found[(rows_table, "seq")] == ("smallint", "NO")
