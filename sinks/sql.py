@@ -129,6 +129,7 @@ class SqlWarehouse:
         self._engine: Engine | None = None
         self._ready: dict[str, Storage] = {}
         self._series: dict[tuple[str, str], int] = {}
+        self._registered: set[tuple[str, str]] = set()
         # Chunk writes the runner may run at once (each its own connection and transaction):
         # while the server inserts one chunk into the key's B-tree, the next is encoded and
         # copied by a second backend. DuckDB has one writer.
@@ -200,6 +201,7 @@ class SqlWarehouse:
             self._engine = None
         self._ready.clear()
         self._series.clear()
+        self._registered.clear()
 
     def check_writable(self) -> None:
         with self._errors("write check"), self.engine.connect() as conn:
@@ -258,6 +260,7 @@ class SqlWarehouse:
         table = _typed_table(frame, scope.kind)
         _check_scope(table, scope)
         storage = self._ensure_dataset(scope.dataset, scope.kind)
+        self._register(scope)
         table = self._narrow(table) if storage.narrow else _plain(table)
         with self._errors(f"write chunk {scope.chunk_id}"), self.engine.begin() as conn:
             self._check_attrs(conn, scope)
@@ -283,6 +286,19 @@ class SqlWarehouse:
                 storage = self.layout.ensure_dataset(conn, dataset, kind)
             self._ready[dataset] = storage
             return storage
+
+    def _register(self, scope: ChunkScope) -> None:
+        """Register (or check) the dataset's facts once per open sink, in a short transaction
+        of its own: registered inside a chunk's transaction, a second chunk written at the
+        same time would wait on that uncommitted row for the whole first chunk. Every chunk
+        still checks them inside its own transaction (a read, then)."""
+        key = (scope.dataset, json.dumps(dict(scope.attrs), sort_keys=True, default=str))
+        with self._prepare:
+            if key in self._registered:
+                return
+            with self._errors(f"register dataset {scope.dataset}"), self.engine.begin() as conn:
+                self._check_attrs(conn, scope)
+            self._registered.add(key)
 
     def _narrow(self, table: pa.Table) -> pa.Table:
         """Tag history rows with (node, tag) replaced by their series_id (text column last)."""
@@ -348,8 +364,7 @@ class SqlWarehouse:
         select = sa.text(f"SELECT kind, CAST(attrs AS TEXT) FROM {datasets} WHERE dataset = :d")
         found = conn.execute(select, {"d": scope.dataset}).one_or_none()
         if found is None:
-            # Only a dataset's first writes insert (and so wait for each other's commit):
-            # later chunks, written concurrently, merely read.
+            # Only the first registration inserts; chunks (see `_register`) merely read.
             conn.execute(
                 sa.text(
                     f"INSERT INTO {datasets} (dataset, kind, attrs, created_at) "
