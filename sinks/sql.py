@@ -7,6 +7,13 @@ check the count. The state therefore lives with the data: a crash or a dropped c
 at any point leaves either the whole chunk or nothing, and a re-run replaces instead of
 adding.
 
+PostgreSQL takes two chunk writes at once (`write_concurrency`, used by the runner): each
+is still one transaction on its own connection, with a disjoint scope. What they share is
+ordered: a dataset's facts are registered once, before its first chunk, and the progress
+merges take turns under a per-flow transaction-scoped advisory lock, taken after the bulk
+load. Why: a chunk's write is mostly the server inserting into the key's B-tree on one
+backend; a second chunk keeps the other core busy (bench/bench_sql.py).
+
 Tables (in `schema` when given, created if missing) are described in sinks/sql_tables.py;
 loading in sinks/sql_load.py and sinks/sql_copy.py; locks in sinks/sql_locks.py.
 

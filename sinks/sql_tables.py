@@ -11,8 +11,8 @@ Tag history in PostgreSQL (schema version 2) is stored narrow, behind a view:
 * `historian_series (series_id, node, tag)`: one row per (node, tag), `series_id` the
   primary key and `(node, tag)` UNIQUE, so the two name each other one to one. The sink
   only ever adds rows to it (never renames or deletes one).
-* `historian_rows_<dataset> (series_id, ts, seq, value, ...)`, PRIMARY KEY
-  `(series_id, ts, seq)`.
+* `historian_rows_<dataset>` (series_id, ts, seq, value, ...; stored widest column
+  first, see `by_alignment`), PRIMARY KEY `(series_id, ts, seq)`.
 * the view `<dataset>`: the rows joined to their series, with exactly the columns (and
   order) of the tag history schema: `node, tag, ts, seq, value, ...`.
 

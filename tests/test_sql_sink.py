@@ -26,6 +26,7 @@ import sqlalchemy as sa
 
 from connectors import schema
 from connectors.timewindow import Window
+from pipelines.runner import ChunkOutcome, FlowRun, RunSummary
 from sinks.base import CountMismatch, FlowLocked, Sink, SinkError, SinkUnavailable
 from sinks.sql import SqlWarehouse
 from sinks.sql_copy import encode_binary_copy
@@ -899,3 +900,70 @@ def test_binary_copy_by_shape_holds_the_same_rows_as_the_row_by_row_join() -> No
     fields = table.num_columns
     assert sorted(_decoded_rows(grouped, fields)) == sorted(_decoded_rows(joined, fields))
     assert len(_decoded_rows(grouped, fields)) == table.num_rows
+
+
+# -- the runner's overlapped writes (what `write_concurrency` 2 makes it do) -------------
+
+
+class _OverlappedRun(FlowRun):
+    """A run whose chunks are given and whose writes are scripted (no node, no sink)."""
+
+    def __init__(self, results: list[str], write: Any) -> None:
+        self.summary = RunSummary("f", "d", HIST, "n")
+        self._given = results
+        self._script = write
+        self.submitted: list[str] = []
+
+    def results(self) -> Iterator[Any]:
+        for label in self._given:
+            self.submitted.append(label)
+            yield label
+
+    def write(self, result: Any) -> ChunkOutcome:
+        self._script(result)
+        return ChunkOutcome(result, result, hours(0, 1), 1, 10, {"s": 10}, 1, 0, 0.0)
+
+
+def test_overlapped_writes_count_every_chunk_that_committed_then_raise_the_failure() -> None:
+    failed = threading.Event()
+    both = threading.Barrier(2, timeout=30)
+
+    def write(label: str) -> None:
+        if label in ("c1", "c2"):
+            both.wait()  # c1 and c2 are written at the same time
+        if label == "c2":
+            failed.set()
+            raise SinkError("chunk c2 failed")
+        if label == "c1":
+            assert failed.wait(timeout=30)  # still writing when c2 fails
+
+    run = _OverlappedRun(["c1", "c2", "c3", "c4"], write)
+    seen: list[str] = []
+    with pytest.raises(SinkError, match="c2 failed"):
+        run._write_overlapped(2, lambda outcome, summary: seen.append(outcome.chunk_id))
+    assert seen == ["c1"]  # the write under way when c2 failed committed, and counts
+    assert run.summary.chunks_done == 1
+    assert run.summary.rows == 10
+    assert run.submitted == ["c1", "c2"]  # nothing more is taken after a failure
+
+
+def test_overlapped_writes_keep_at_most_depth_chunks_in_flight() -> None:
+    lock = threading.Lock()
+    now = [0]
+    peak = [0]
+    release = threading.Semaphore(0)
+
+    def write(label: str) -> None:
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        if now[0] >= 2:
+            release.release(2)
+        release.acquire(timeout=5)
+        with lock:
+            now[0] -= 1
+
+    run = _OverlappedRun([f"c{i}" for i in range(8)], write)
+    run._write_overlapped(2, None)
+    assert run.summary.chunks_done == 8
+    assert peak[0] == 2
