@@ -4,7 +4,8 @@
         [--pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test] [--no-duckdb] [--formats]
 
 Frames are built before the clock starts. Each repeat writes every chunk into a fresh
-warehouse (a new PostgreSQL schema, a new DuckDB file) through `SqlWarehouse.write`: the
+warehouse (a new PostgreSQL schema, a new DuckDB file) through `SqlWarehouse.write`, as
+many chunks at once as the sink's `write_concurrency` (what the runner does): the
 whole path, i.e. frame -> Arrow, scope check, encoding, one transaction with staging,
 delete, insert, chunk record and progress merge. Then one chunk is written again onto
 the full table (the idempotent replace a re-run does). Prints medians in rows/s.
@@ -28,6 +29,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -86,9 +88,11 @@ def run_once(
     try:
         sink.open()
         total = sum(len(frame) for _, frame in chunks)
+        # As many chunks at once as the runner writes to this sink (PostgreSQL: 2).
+        writers = int(getattr(sink, "write_concurrency", 1))
         started = time.perf_counter()
-        for scope, frame in chunks:
-            sink.write(scope, frame, len(frame))
+        with ThreadPoolExecutor(max_workers=writers) as pool:
+            list(pool.map(lambda c: sink.write(c[0], c[1], len(c[1])), chunks))
         load = total / (time.perf_counter() - started)
         scope, frame = chunks[len(chunks) // 2]
         started = time.perf_counter()

@@ -6,10 +6,11 @@ task runner, which fetches the chunk and writes it to every sink, then a summary
 
 * One task run per chunk: each task run costs Prefect's engine some CPU in the flow's
   process (its states become events sent to the API), so a chunk that was two task runs
-  (fetch, then write) is now one. A chunk task writes under the run's write lock, so the
-  sinks still see one writer at a time, as in the direct path; fetches go on meanwhile.
-* Concurrency per node: at most `max_connections` chunk tasks fetch (or hold their rows
-  for the writer) at once (the node's setting), and one writes: a thread pool of
+  (fetch, then write) is now one. A chunk task writes in one of the run's write slots, so
+  the sinks see as many writers as in the direct path (one; two when every sink is
+  PostgreSQL, each chunk its own transaction); fetches go on meanwhile.
+* Concurrency per node: at most `max_connections` + 1 chunk tasks at once, fetching,
+  holding their rows for a writer, or writing (one or two of them): a thread pool of
   `max_connections` + 1, and no more chunks submitted than that, so memory stays bounded
   as in the direct path (which holds as many) whatever the number of chunks. With twice
   the fetches submitted, it held up to two chunks more than the direct path (15 MB more
@@ -116,10 +117,13 @@ _LIVE: dict[str, FlowRun] = {}
 
 @dataclass(frozen=True)
 class _Gates:
-    """What keeps a run's chunk tasks in step: fetch slots and the one writer."""
+    """What keeps a run's chunk tasks in step: fetch slots and write slots (as many as every
+    sink of the flow takes at once: `FlowRun.write_depth`, 1 unless all are PostgreSQL)."""
 
     fetching: threading.BoundedSemaphore
-    writing: threading.Lock = field(default_factory=threading.Lock)
+    writing: threading.BoundedSemaphore = field(
+        default_factory=lambda: threading.BoundedSemaphore(1)
+    )
 
 
 _GATES: dict[str, _Gates] = {}
@@ -235,7 +239,7 @@ def extract_chunk(job: FetchJob, chunk: Chunk) -> ChunkOutcome:
     """Fetch one chunk, then replace its scope in every sink and record it complete.
 
     Runs on a thread of the flow's process (the run and its sinks live there). Writes take
-    the run's write lock: one writer at a time, as in the direct path.
+    one of the run's write slots: as many writers as in the direct path.
     """
     gates = _GATES[job.run_id]
     with gates.fetching:
@@ -325,7 +329,9 @@ def extract(
         run = FlowRun(config, flow_name, nodes=nodes, sinks=sinks, request=request)
         caller.summary = run.summary
         _LIVE[run_id] = run
-        _GATES[run_id] = _Gates(threading.BoundedSemaphore(workers))
+        _GATES[run_id] = _Gates(
+            threading.BoundedSemaphore(workers), threading.BoundedSemaphore(run.write_depth())
+        )
         began = time.perf_counter()
         try:
             with run:
@@ -544,7 +550,8 @@ def summary_markdown(
 def task_runner(workers: int) -> Any:
     """Threads (default) or Dask (`HISTORIAN_TASK_RUNNER=dask`) for `workers` fetches.
 
-    Threads: `workers` fetching (or holding fetched rows for the writer), one writing.
+    Threads: `workers` + 1 chunk tasks, fetching, holding fetched rows for a writer, or
+    writing (one, or two into PostgreSQL).
     """
     choice = os.environ.get(TASK_RUNNER_ENV, "threads").strip().lower()
     if choice in ("", "threads", "thread"):

@@ -20,6 +20,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -449,13 +450,15 @@ class FlowRun:
         try:
             if self.plan_ is None:
                 self.plan()
-            for result in self.results():
-                outcome = self.write(result)
-                del result  # written: its buffers go now, and their pages back to the system
-                release_memory()
-                self.summary.add(outcome)
-                if on_chunk is not None:
-                    on_chunk(outcome, self.summary)
+            depth = self.write_depth()
+            if depth > 1:
+                self._write_overlapped(depth, on_chunk)
+            else:
+                for result in self.results():
+                    outcome = self.write(result)
+                    del result  # written: its buffers go now, and their pages back to the system
+                    release_memory()
+                    self._done(outcome, on_chunk)
             self.finish()
         except Exception as exc:
             self.summary.seconds = time.perf_counter() - began
@@ -463,6 +466,59 @@ class FlowRun:
             raise
         self.summary.seconds = time.perf_counter() - began
         return self.summary
+
+    def write_depth(self) -> int:
+        """Chunks written at once: what every sink of the flow allows (1 unless all say more)."""
+        return min((int(getattr(sink, "write_concurrency", 1)) for sink in self.sinks), default=1)
+
+    def _done(self, outcome: ChunkOutcome, on_chunk: ProgressCallback | None) -> None:
+        self.summary.add(outcome)
+        if on_chunk is not None:
+            on_chunk(outcome, self.summary)
+
+    def _write_and_release(self, result: ChunkResult) -> ChunkOutcome:
+        outcome = self.write(result)
+        del result
+        release_memory()
+        return outcome
+
+    def _write_overlapped(self, depth: int, on_chunk: ProgressCallback | None) -> None:
+        """Write up to `depth` chunks at once, each still its own atomic, idempotent write.
+
+        Why: a chunk's write is mostly the database inserting into its key; with a second
+        chunk under way, that work overlaps the next chunk's encoding and a second server
+        process. Chunks may commit out of plan order: the progress is a set of completed
+        windows per member (merged by every sink), so a later window committed before an
+        earlier one leaves a gap, never a false claim, and the watermark stops at the gap.
+        On a failure the writes under way finish (each commits whole or not at all) and
+        are counted, then the first error is raised.
+        """
+        with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="write") as pool:
+            pending: set[Future[ChunkOutcome]] = set()
+
+            def settle(until: int) -> None:
+                nonlocal pending
+                while len(pending) > until:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    failed = [e for f in done if (e := f.exception()) is not None]
+                    for future in done:
+                        if future.exception() is None:
+                            self._done(future.result(), on_chunk)
+                    if failed:
+                        raise failed[0]
+
+            try:
+                for result in self.results():
+                    pending.add(pool.submit(self._write_and_release, result))
+                    del result
+                    settle(depth - 1)
+                settle(0)
+            except BaseException:
+                finished, _ = wait(pending)
+                for future in finished:
+                    if future.exception() is None:
+                        self._done(future.result(), on_chunk)
+                raise
 
     def finish(self) -> None:
         """After the last chunk: compact small lake files and record the new watermark."""

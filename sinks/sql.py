@@ -7,6 +7,13 @@ check the count. The state therefore lives with the data: a crash or a dropped c
 at any point leaves either the whole chunk or nothing, and a re-run replaces instead of
 adding.
 
+PostgreSQL takes two chunk writes at once (`write_concurrency`, used by the runner): each
+is still one transaction on its own connection, with a disjoint scope. What they share is
+ordered: a dataset's facts are registered once, before its first chunk, and the progress
+merges take turns under a per-flow transaction-scoped advisory lock, taken after the bulk
+load. Why: a chunk's write is mostly the server inserting into the key's B-tree on one
+backend; a second chunk keeps the other core busy (bench/bench_sql.py).
+
 Tables (in `schema` when given, created if missing) are described in sinks/sql_tables.py;
 loading in sinks/sql_load.py and sinks/sql_copy.py; locks in sinks/sql_locks.py.
 
@@ -24,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,7 +52,6 @@ from connectors.schema import (
     SCHEMAS,
     SCOPE_COLUMN,
     frame_from_table,
-    table_from_frame,
 )
 from connectors.timewindow import Window
 from sinks.base import (
@@ -94,6 +101,7 @@ class SqlWarehouse:
         name: str = "warehouse",
         schema: str | None = None,
         connect_args: Mapping[str, object] | None = None,
+        writers: int = 2,
     ) -> None:
         self.name = name
         try:
@@ -128,6 +136,12 @@ class SqlWarehouse:
         self._engine: Engine | None = None
         self._ready: dict[str, Storage] = {}
         self._series: dict[tuple[str, str], int] = {}
+        self._registered: set[tuple[str, str]] = set()
+        # Chunk writes the runner may run at once (each its own connection and transaction):
+        # while the server inserts one chunk into the key's B-tree, the next is encoded and
+        # copied by a second backend. DuckDB has one writer.
+        self.write_concurrency = max(1, writers) if self.dialect == "postgresql" else 1
+        self._prepare = threading.Lock()  # dataset DDL and series registration, once each
 
     def __repr__(self) -> str:
         return f"SqlWarehouse({self.describe()!r}, name={self.name!r})"
@@ -194,6 +208,7 @@ class SqlWarehouse:
             self._engine = None
         self._ready.clear()
         self._series.clear()
+        self._registered.clear()
 
     def check_writable(self) -> None:
         with self._errors("write check"), self.engine.connect() as conn:
@@ -252,8 +267,8 @@ class SqlWarehouse:
         table = _typed_table(frame, scope.kind)
         _check_scope(table, scope)
         storage = self._ensure_dataset(scope.dataset, scope.kind)
-        if storage.narrow:
-            table = self._narrow(table)
+        self._register(scope)
+        table = self._narrow(table) if storage.narrow else _plain(table)
         with self._errors(f"write chunk {scope.chunk_id}"), self.engine.begin() as conn:
             self._check_attrs(conn, scope)
             self._delete_scope(conn, scope, storage)
@@ -269,21 +284,35 @@ class SqlWarehouse:
 
     def _ensure_dataset(self, dataset: str, kind: str) -> Storage:
         """Create or migrate a dataset's table once per open sink, in its own transaction."""
-        storage = self._ready.get(dataset)
-        if storage is not None:
+        with self._prepare:
+            storage = self._ready.get(dataset)
+            if storage is not None:
+                return storage
+            with self._errors(f"prepare table {dataset}"), self.engine.begin() as conn:
+                self._ddl_lock(conn)
+                storage = self.layout.ensure_dataset(conn, dataset, kind)
+            self._ready[dataset] = storage
             return storage
-        with self._errors(f"prepare table {dataset}"), self.engine.begin() as conn:
-            self._ddl_lock(conn)
-            storage = self.layout.ensure_dataset(conn, dataset, kind)
-        self._ready[dataset] = storage
-        return storage
+
+    def _register(self, scope: ChunkScope) -> None:
+        """Register (or check) the dataset's facts once per open sink, in a short transaction
+        of its own: registered inside a chunk's transaction, a second chunk written at the
+        same time would wait on that uncommitted row for the whole first chunk. Every chunk
+        still checks them inside its own transaction (a read, then)."""
+        key = (scope.dataset, json.dumps(dict(scope.attrs), sort_keys=True, default=str))
+        with self._prepare:
+            if key in self._registered:
+                return
+            with self._errors(f"register dataset {scope.dataset}"), self.engine.begin() as conn:
+                self._check_attrs(conn, scope)
+            self._registered.add(key)
 
     def _narrow(self, table: pa.Table) -> pa.Table:
         """Tag history rows with (node, tag) replaced by their series_id (text column last)."""
-        rest = [n for n in table.column_names if n not in ("node", "tag")]
-        fixed = [n for n in rest if not pa.types.is_string(table.schema.field(n).type)]
-        text = [n for n in rest if n not in fixed]
-        columns = [table.column(n) for n in fixed + text]
+        rest = _plain(table.select([n for n in table.column_names if n not in ("node", "tag")]))
+        fixed = [n for n in rest.column_names if not _is_text(rest.schema.field(n).type)]
+        text = [n for n in rest.column_names if n not in fixed]
+        columns = [rest.column(n) for n in fixed + text]
         names = ["series_id", *fixed, *text]
         if table.num_rows == 0:
             return pa.table([pa.array([], pa.int32()), *columns], names=names)
@@ -299,7 +328,8 @@ class SqlWarehouse:
         pairs = [
             (node_names[node_codes[row]], tag_names[tag_codes[row]]) for row in firsts.tolist()
         ]
-        self._learn_series([p for p in pairs if p not in self._series])
+        with self._prepare:
+            self._learn_series([p for p in pairs if p not in self._series])
         ids = np.array([self._series[p] for p in pairs], dtype=np.int32)
         return pa.table([pa.array(ids[pair_codes]), *columns], names=names)
 
@@ -338,18 +368,25 @@ class SqlWarehouse:
         """Register the dataset's facts on first write; refuse a write whose facts differ."""
         wanted = json.loads(json.dumps(dict(scope.attrs), sort_keys=True, default=str))
         datasets = self.layout.table(DATASETS_TABLE)
-        conn.execute(
-            sa.text(
-                f"INSERT INTO {datasets} (dataset, kind, attrs, created_at) "
-                f"VALUES (:d, :k, CAST(:a AS {self.layout.json_type}), :t) "
-                "ON CONFLICT (dataset) DO NOTHING"
-            ),
-            {"d": scope.dataset, "k": scope.kind, "a": json.dumps(wanted), "t": datetime.now(UTC)},
-        )
-        kind, raw = conn.execute(
-            sa.text(f"SELECT kind, CAST(attrs AS TEXT) FROM {datasets} WHERE dataset = :d"),
-            {"d": scope.dataset},
-        ).one()
+        select = sa.text(f"SELECT kind, CAST(attrs AS TEXT) FROM {datasets} WHERE dataset = :d")
+        found = conn.execute(select, {"d": scope.dataset}).one_or_none()
+        if found is None:
+            # Only the first registration inserts; chunks (see `_register`) merely read.
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {datasets} (dataset, kind, attrs, created_at) "
+                    f"VALUES (:d, :k, CAST(:a AS {self.layout.json_type}), :t) "
+                    "ON CONFLICT (dataset) DO NOTHING"
+                ),
+                {
+                    "d": scope.dataset,
+                    "k": scope.kind,
+                    "a": json.dumps(wanted),
+                    "t": datetime.now(UTC),
+                },
+            )
+            found = conn.execute(select, {"d": scope.dataset}).one()
+        kind, raw = found
         stored = {"kind": kind, **json.loads(raw)}
         wanted = {"kind": scope.kind, **wanted}
         differences = [
@@ -428,8 +465,22 @@ class SqlWarehouse:
         )
 
     def _merge_progress(self, conn: Connection, scope: ChunkScope) -> None:
-        """Set-based merge: read the touching windows of all members, replace them merged."""
+        """Set-based merge: read the touching windows of all members, replace them merged.
+
+        Chunks of one flow may be written by concurrent transactions (see
+        `write_concurrency`), and two of them can touch one stored window (a look-back
+        re-reading inside it): each would replace it by its own merge and the second insert
+        would collide. A transaction-scoped advisory lock per flow makes the merges take
+        turns, each reading what the previous one committed (READ COMMITTED: a new snapshot
+        per statement). It is taken after the bulk load, so only the short merge and the
+        commit are serialised.
+        """
         progress = self.layout.table(PROGRESS_TABLE)
+        if self.dialect == "postgresql":
+            conn.execute(
+                sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"),
+                {"k": f"historian-progress:{self.layout.catalog_schema}:{scope.flow}"},
+            )
         members = list(dict.fromkeys(scope.members))
         window = scope.window
         touching = "flow = :f AND member = ANY(:m) AND window_end >= :s AND window_start <= :e"
@@ -567,10 +618,41 @@ def _typed_table(frame: pd.DataFrame, kind: str) -> pa.Table:
     if frame.empty:
         return SCHEMAS[kind].empty_table()
     try:
-        return table_from_frame(frame, kind)
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        # Text columns may come dictionary-encoded (tag names, repeated on every row): they
+        # stay so, as the narrow load wants codes anyway; plain text stays plain.
+        target = pa.schema(
+            [
+                f.with_type(table.schema.field(f.name).type)
+                if f.name in table.column_names
+                and _is_text(f.type)
+                and _is_text_dictionary(table.schema.field(f.name).type)
+                else f
+                for f in SCHEMAS[kind]
+            ]
+        )
+        return table.select(target.names).cast(target)
     except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
         reason = " ".join(str(exc).split())[:200]
         raise SinkError(f"frame does not match the {kind} schema: {reason}") from None
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_text_dictionary(kind)
+
+
+def _is_text_dictionary(kind: pa.DataType) -> bool:
+    if not pa.types.is_dictionary(kind):
+        return False
+    return bool(pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type))
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """Dictionary-encoded columns decoded (what the wide tables and DuckDB are loaded from)."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_dictionary(f.type):
+            table = table.set_column(i, f.name, table.column(i).cast(f.type.value_type))
+    return table
 
 
 def _check_scope(table: pa.Table, scope: ChunkScope) -> None:

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import sqlalchemy as sa
 
 from connectors import schema
 from connectors.timewindow import Window
+from pipelines.runner import ChunkOutcome, FlowRun, RunSummary
 from sinks.base import CountMismatch, FlowLocked, Sink, SinkError, SinkUnavailable
 from sinks.sql import SqlWarehouse
 from sinks.sql_copy import encode_binary_copy
@@ -164,6 +166,33 @@ def test_rewrite_with_another_window_size_leaves_every_row_once(sink: SqlWarehou
     assert_same(back, expected, HIST)
     assert not back.duplicated(["node", "tag", "ts", "seq"]).any()
     assert sink.progress("f1").windows_of("a") == [hours(0, 4)]
+
+
+def dictionary_tags(frame: pd.DataFrame, pieces: int = 2) -> pd.DataFrame:
+    """The frame with its tag column dictionary-encoded, in pieces of different dictionaries."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    step = max(1, -(-table.num_rows // pieces))
+    tags = table.column("tag").combine_chunks()
+    encoded = pa.chunked_array(
+        [tags.slice(at, step).dictionary_encode() for at in range(0, len(tags), step)]
+    )
+    table = table.set_column(table.schema.get_field_index("tag"), "tag", encoded)
+    return table.to_pandas(types_mapper=pd.ArrowDtype)
+
+
+def test_dictionary_encoded_tags_are_written_like_plain_ones(sink: SqlWarehouse) -> None:
+    window = hours(0, 2)
+    tags = ["b", "a", "c"]
+    plain = history(tags, window)
+    encoded = dictionary_tags(plain)
+    assert str(encoded["tag"].dtype).startswith("dictionary")
+    assert sink.write(scope(tags, window), encoded, len(plain)) == len(plain)
+    assert_same(sink.read("hist", HIST), plain, HIST)
+    assert sink.write(scope(tags, window), plain, len(plain)) == len(plain)  # replaced, once
+    assert_same(sink.read("hist", HIST), plain, HIST)
+    outside = dictionary_tags(history(["d"], window), pieces=1)
+    with pytest.raises(SinkError, match="outside its scope"):
+        sink.write(scope(tags, window), outside, len(outside))
 
 
 def test_count_mismatch_commits_nothing_and_keeps_earlier_rows(sink: SqlWarehouse) -> None:
@@ -532,6 +561,17 @@ def test_pg_tables_have_the_schema_types(pg_sink: SqlWarehouse) -> None:
     assert found[("hist", "node")][0] == found[("hist", "tag")][0] == "text"
     assert found[("hist", "ts")][0] == "timestamp with time zone"
     rows_table = "historian_rows_hist"
+    stored = [c for (t, c) in found if t == rows_table]  # widest first: no padding
+    assert stored == [
+        "ts",
+        "value",
+        "extra",
+        "series_id",
+        "seq",
+        "quality",
+        "value_bool",
+        "value_str",
+    ]
     assert found[(rows_table, "series_id")] == ("integer", "NO")
     assert found[(rows_table, "ts")] == ("timestamp with time zone", "NO")
     assert found[(rows_table, "seq")] == ("smallint", "NO")
@@ -750,6 +790,44 @@ def test_pg_narrow_history_keeps_node_tag_ts_seq_unique(pg_sink: SqlWarehouse) -
 
 
 @pytest.mark.postgres
+def test_pg_concurrent_chunk_writes_commit_every_row_once_and_merge_progress(
+    pg_sink: SqlWarehouse,
+) -> None:
+    """Chunks of one flow written at once (as the runner does for PostgreSQL): re-reads
+    inside a stored window and new windows after it, all touching one progress window."""
+    tags = ["a", "b"]
+    whole = history(tags, hours(0, 4))
+    pg_sink.write(scope(tags, hours(0, 4)), whole, len(whole))
+    assert pg_sink.write_concurrency == 2
+    windows = [hours(h, h + 1) for h in (5, 0, 3, 1, 4, 2, 6, 7)]  # out of plan order
+    frames = [history(tags, w) for w in windows]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        done = list(
+            pool.map(lambda w, f: pg_sink.write(scope(tags, w), f, len(f)), windows, frames)
+        )
+    assert done == [len(f) for f in frames]
+    assert_same(pg_sink.read("hist", HIST), history(tags, hours(0, 8)), HIST)
+    progress = pg_sink.progress("f1")
+    assert progress.windows_of("a") == progress.windows_of("b") == [hours(0, 8)]
+
+
+@pytest.mark.postgres
+def test_pg_a_later_chunk_committed_first_leaves_a_gap_until_the_earlier_one(
+    pg_sink: SqlWarehouse,
+) -> None:
+    tags = ["a"]
+    later, earlier = hours(1, 2), hours(0, 1)
+    pg_sink.write(scope(tags, later), history(tags, later), 6)
+    assert pg_sink.progress("f1").windows_of("a") == [later]
+    pg_sink.write(scope(tags, earlier), history(tags, earlier), 6)
+    assert pg_sink.progress("f1").windows_of("a") == [hours(0, 2)]
+
+
+def test_duckdb_takes_one_chunk_write_at_a_time(tmp_path: Path) -> None:
+    assert SqlWarehouse(f"duckdb:///{tmp_path}/w.duckdb").write_concurrency == 1
+
+
+@pytest.mark.postgres
 def test_pg_tag_history_table_of_an_earlier_version_keeps_taking_writes(
     pg_sink: SqlWarehouse, pg_url: str, pg_schema: str
 ) -> None:
@@ -822,3 +900,70 @@ def test_binary_copy_by_shape_holds_the_same_rows_as_the_row_by_row_join() -> No
     fields = table.num_columns
     assert sorted(_decoded_rows(grouped, fields)) == sorted(_decoded_rows(joined, fields))
     assert len(_decoded_rows(grouped, fields)) == table.num_rows
+
+
+# -- the runner's overlapped writes (what `write_concurrency` 2 makes it do) -------------
+
+
+class _OverlappedRun(FlowRun):
+    """A run whose chunks are given and whose writes are scripted (no node, no sink)."""
+
+    def __init__(self, results: list[str], write: Any) -> None:
+        self.summary = RunSummary("f", "d", HIST, "n")
+        self._given = results
+        self._script = write
+        self.submitted: list[str] = []
+
+    def results(self) -> Iterator[Any]:
+        for label in self._given:
+            self.submitted.append(label)
+            yield label
+
+    def write(self, result: Any) -> ChunkOutcome:
+        self._script(result)
+        return ChunkOutcome(result, result, hours(0, 1), 1, 10, {"s": 10}, 1, 0, 0.0)
+
+
+def test_overlapped_writes_count_every_chunk_that_committed_then_raise_the_failure() -> None:
+    failed = threading.Event()
+    both = threading.Barrier(2, timeout=30)
+
+    def write(label: str) -> None:
+        if label in ("c1", "c2"):
+            both.wait()  # c1 and c2 are written at the same time
+        if label == "c2":
+            failed.set()
+            raise SinkError("chunk c2 failed")
+        if label == "c1":
+            assert failed.wait(timeout=30)  # still writing when c2 fails
+
+    run = _OverlappedRun(["c1", "c2", "c3", "c4"], write)
+    seen: list[str] = []
+    with pytest.raises(SinkError, match="c2 failed"):
+        run._write_overlapped(2, lambda outcome, summary: seen.append(outcome.chunk_id))
+    assert seen == ["c1"]  # the write under way when c2 failed committed, and counts
+    assert run.summary.chunks_done == 1
+    assert run.summary.rows == 10
+    assert run.submitted == ["c1", "c2"]  # nothing more is taken after a failure
+
+
+def test_overlapped_writes_keep_at_most_depth_chunks_in_flight() -> None:
+    lock = threading.Lock()
+    now = [0]
+    peak = [0]
+    release = threading.Semaphore(0)
+
+    def write(label: str) -> None:
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        if now[0] >= 2:
+            release.release(2)
+        release.acquire(timeout=5)
+        with lock:
+            now[0] -= 1
+
+    run = _OverlappedRun([f"c{i}" for i in range(8)], write)
+    run._write_overlapped(2, None)
+    assert run.summary.chunks_done == 8
+    assert peak[0] == 2
