@@ -190,7 +190,9 @@ def _run_flows(
                     "", total=None, flow=summary.flow, rows=0, rate=0.0
                 )
             elapsed = max(progress.tasks[task].elapsed or 0.0, 1e-9)
-            progress.update(task, advance=1, rows=summary.rows, rate=summary.rows / elapsed)
+            progress.update(
+                task, advance=outcome.chunks, rows=summary.rows, rate=summary.rows / elapsed
+            )
 
         for name in names:
             try:

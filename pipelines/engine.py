@@ -105,6 +105,13 @@ class ChunkResult:
     bytes_received: int = 0
     seconds: float = 0.0
     continuations: int = 0
+    # The planned chunks a joined result holds (pipelines/coalesce.py); empty for one chunk.
+    parts: tuple[Chunk, ...] = ()
+
+    @property
+    def chunks(self) -> int:
+        """Planned chunks this result completes."""
+        return len(self.parts) or 1
 
 
 @dataclass

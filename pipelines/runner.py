@@ -42,6 +42,7 @@ from connectors.schema import (
     SCOPE_COLUMN,
 )
 from connectors.timewindow import Window, iso_utc
+from pipelines.coalesce import coalesce
 from pipelines.config import Config, FlowConfig, flow_dataset, flow_kind
 from pipelines.destinations import SinkSet
 from pipelines.engine import AlarmEngine, ChunkResult, HistoryEngine
@@ -97,6 +98,7 @@ class ChunkOutcome:
     seconds: float
     rows_per_tag: Counter[str] = field(default_factory=Counter)
     bad_quality_per_tag: Counter[str] = field(default_factory=Counter)
+    chunks: int = 1  # planned chunks this write completed (small ones of a window join)
 
 
 @dataclass
@@ -143,7 +145,7 @@ class RunSummary:
         return max(0, self.tags - len(self.rows_per_tag)) if self.kind == KIND_TAG_HISTORY else 0
 
     def add(self, outcome: ChunkOutcome) -> None:
-        self.chunks_done += 1
+        self.chunks_done += outcome.chunks
         self.rows += outcome.rows_fetched
         self.requests += outcome.requests
         self.bytes_received += outcome.bytes_received
@@ -436,13 +438,19 @@ class FlowRun:
             seconds=result.seconds,
             rows_per_tag=rows_per_tag,
             bad_quality_per_tag=bad_per_tag,
+            chunks=result.chunks,
         )
 
     def results(self) -> Iterator[ChunkResult]:
-        """Fetched chunks, concurrently and bounded, in completion order."""
+        """Fetched chunks, concurrently and bounded, in completion order; the small ones
+        of a window joined into one write (pipelines/coalesce.py)."""
         if self._engine is None or self.plan_ is None:
             raise RuntimeError("plan() first")
-        yield from self._engine.stream(self.plan_.pending)
+        fetched = self._engine.stream(self.plan_.pending)
+        if self.kind != KIND_TAG_HISTORY:
+            yield from fetched
+            return
+        yield from coalesce(fetched, Counter(chunk.window for chunk in self.plan_.pending))
 
     def execute(self, on_chunk: ProgressCallback | None = None) -> RunSummary:
         """Plan (unless done), fetch and write every pending chunk; return the summary."""

@@ -143,6 +143,49 @@ def test_run_twice_and_with_another_window_leaves_the_same_rows(
     assert contents(path, "f") == first
 
 
+def test_joined_and_chunk_by_chunk_writes_replace_each_other_exactly(
+    tmp_path: Path,
+    node: SimulatedNode,
+    server: Any,
+    sink_setup: tuple[str, str] | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tags = node.tag_paths()[:10]
+    path = write_config(
+        tmp_path, node={"url": server.http_url}, flows={"f": raw_flow(tags)}, pg=sink_setup
+    )
+    want = truth_keys(node, tags, NOW - timedelta(hours=3), NOW)
+    summary = run(path, "f")
+    # 6 windows x 2 batches of 5 tags, each a few hundred rows: one write per window.
+    assert summary.chunks_done == summary.chunks_planned == 12
+    config = load(path)
+    sink_names = config.flows["f"].sinks
+    with SinkSet(config, path.parent) as sinks:
+        for name in sink_names:
+            log = sinks.get(name).chunk_log("f")
+            assert [record.members for record in log] == [10] * 6, name
+
+    def one_by_one(fetched: Any, expected: Any) -> Any:
+        return fetched
+
+    everything = RunRequest(start=NOW - timedelta(hours=3), end=NOW)
+    with monkeypatch.context() as patched:
+        patched.setattr("pipelines.runner.coalesce", one_by_one)
+        again = run(path, "f", request=everything)
+    assert again.chunks_done == 12
+    with SinkSet(config, path.parent) as sinks:
+        for name in sink_names:
+            log = sinks.get(name).chunk_log("f", limit=12)
+            assert [record.members for record in log] == [5] * 12, name
+    last_hour = RunRequest(start=NOW - timedelta(hours=1), end=NOW)
+    assert run(path, "f", request=last_hour).chunks_done == 4
+    with SinkSet(config, path.parent) as sinks:
+        for name in sink_names:
+            assert as_ms_keys(sinks.get(name).read("f", "tag_history")) == want, name
+            newest = sinks.get(name).chunk_log("f", limit=2)
+            assert [record.members for record in newest] == [10, 10], name
+
+
 def test_incremental_runs_continue_and_skip_what_is_done(
     tmp_path: Path, node: SimulatedNode, server: Any
 ) -> None:
