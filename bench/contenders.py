@@ -102,10 +102,19 @@ def history_url(base: str, paths: list[str], start: datetime, end: datetime, wor
 
 
 def requests_of(base: str, tags: list[str], work: Work) -> Iterator[tuple[str, datetime, datetime]]:
-    """Every (url, lower, upper) of the work, window-major like the pipeline's plan."""
+    """Every (url, lower, upper) of the work, window-major like the pipeline's plan.
+
+    Batches are the pipeline's own (`batch_members`: at most BATCH tags and ~7 KB of
+    encoded query), so every contender asks the node exactly the same questions: long or
+    non-ASCII names make some batches smaller than BATCH, and a peer slicing fixed
+    hundreds would ask other questions, which the replay node renders anew.
+    """
+    from pipelines.planning import batch_members
+
+    batches = batch_members(tags, max_batch=BATCH)
     for lower, upper in work.windows():
-        for i in range(0, len(tags), BATCH):
-            yield history_url(base, tags[i : i + BATCH], lower, upper, work), lower, upper
+        for batch in batches:
+            yield history_url(base, list(batch), lower, upper, work), lower, upper
 
 
 def flow_document(
