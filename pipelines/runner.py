@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -99,6 +99,12 @@ class ChunkOutcome:
     rows_per_tag: Counter[str] = field(default_factory=Counter)
     bad_quality_per_tag: Counter[str] = field(default_factory=Counter)
     chunks: int = 1  # planned chunks this write completed (small ones of a window join)
+    parts: tuple[str, ...] = ()  # their chunk ids
+
+    @property
+    def part_ids(self) -> tuple[str, ...]:
+        """Ids of the planned chunks this write completed."""
+        return self.parts or (self.chunk_id,)
 
 
 @dataclass
@@ -439,6 +445,7 @@ class FlowRun:
             rows_per_tag=rows_per_tag,
             bad_quality_per_tag=bad_per_tag,
             chunks=result.chunks,
+            parts=tuple(chunk.chunk_id for chunk in result.parts),
         )
 
     def results(self) -> Iterator[ChunkResult]:
@@ -446,11 +453,17 @@ class FlowRun:
         of a window joined into one write (pipelines/coalesce.py)."""
         if self._engine is None or self.plan_ is None:
             raise RuntimeError("plan() first")
-        fetched = self._engine.stream(self.plan_.pending)
+        yield from self.joined(self._engine.stream(self.plan_.pending), self.plan_.pending)
+
+    def joined(
+        self, fetched: Iterable[ChunkResult], chunks: Sequence[Chunk]
+    ) -> Iterator[ChunkResult]:
+        """`fetched` (results of `chunks`, in any order) with the small tag-history ones of
+        each window joined into one write (`pipelines/coalesce.py`)."""
         if self.kind != KIND_TAG_HISTORY:
             yield from fetched
             return
-        yield from coalesce(fetched, Counter(chunk.window for chunk in self.plan_.pending))
+        yield from coalesce(fetched, Counter(chunk.window for chunk in chunks))
 
     def execute(self, on_chunk: ProgressCallback | None = None) -> RunSummary:
         """Plan (unless done), fetch and write every pending chunk; return the summary."""

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -22,15 +23,26 @@ configure_prefect()
 
 from connectors.errors import MalformedAnswer, RetriesExhausted  # noqa: E402
 from connectors.simulator import SimConfig, SimulatedNode, run_server  # noqa: E402
+from connectors.timewindow import Window  # noqa: E402
 from pipelines.destinations import SinkSet  # noqa: E402
 from pipelines.flows import (  # noqa: E402
+    _Caller,
+    _GroupSizer,
+    _Tally,
     artifact_key,
     build_deployments,
     deploy_flows,
     run_prefect,
 )
 from pipelines.nodes import NodePool  # noqa: E402
-from pipelines.runner import RunFailed, RunRequest, run_flow  # noqa: E402
+from pipelines.runner import (  # noqa: E402
+    ChunkOutcome,
+    FlowRun,
+    RunFailed,
+    RunRequest,
+    RunSummary,
+    run_flow,
+)
 from tests.pipeline_helpers import canonical, load, write_config  # noqa: E402
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -115,12 +127,13 @@ def test_a_prefect_run_writes_what_the_direct_run_writes(
         pg=(pg_url, pg_schema),
         sinks=["lake", "duck", "pg"],
     )
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []  # (rows, chunks) of each write, as it commits
     summary = run_prefect(
-        via_prefect, "f", request, on_chunk=lambda o, s: seen.append(o.rows_fetched)
+        via_prefect, "f", request, on_chunk=lambda o, s: seen.append((o.rows_fetched, o.chunks))
     )
-    assert summary.chunks_done == summary.chunks_planned == len(seen)
-    assert summary.rows == len(expected) == sum(seen)
+    assert summary.chunks_done == summary.chunks_planned == sum(c for _, c in seen)
+    assert len(seen) < summary.chunks_planned, "small chunks of a window are written together"
+    assert summary.rows == len(expected) == sum(rows for rows, _ in seen)
     for name, rows in contents(via_prefect, "f", "tag_history").items():
         assert rows == expected, name
 
@@ -230,14 +243,22 @@ def test_a_run_is_named_summarised_reported_and_holds_the_node_limit(
         )
     assert limit.active_slots == 0, "every slot is given back"
     assert any(re.fullmatch(r"f \d{4}-\d\d-\d\dT\d\d:\d\dZ", run.name) for run in runs)
-    # One task run per chunk, named by the chunk (the server records them as events arrive).
+    # Chunk task runs, named by their chunks, cover every chunk once (the server records
+    # them as events arrive): the first task takes one chunk, later ones as many as
+    # make about a second of work.
     latest = max(runs, key=lambda run: run.created or NOW)
-    names = recorded_task_runs(latest.id, summary.chunks_done + 1)
-    chunk_runs = [name for name in names if name.startswith("chunk ")]
-    assert len(chunk_runs) == summary.chunks_done == summary.chunks_planned, names
-    assert all(
-        re.fullmatch(r"chunk \d tags? /.+ \[20\S+Z, \+15m\)", name) for name in chunk_runs
-    ), names
+    task_name = re.compile(r"(?:chunk|(\d+) chunks) \d tags? /.+ \[20\S+Z, \+15m\)(?: \.\.\.)?")
+
+    def chunks_named(names: list[str]) -> int:
+        return sum(int(m.group(1) or 1) for n in names if (m := task_name.fullmatch(n)))
+
+    names = recorded_task_runs(
+        latest.id, lambda names: chunks_named(names) >= summary.chunks_planned
+    )
+    others = [name for name in names if not task_name.fullmatch(name)]
+    assert len(others) == 1, names
+    assert others[0].startswith("plan"), names
+    assert chunks_named(names) == summary.chunks_done == summary.chunks_planned, names
     markdown = str(max(artifacts, key=lambda artifact: artifact.created or NOW).data)
     assert f"rows: {summary.rows:,}" in markdown
     busiest, count = summary.rows_per_tag.most_common(1)[0]
@@ -250,8 +271,10 @@ def test_a_run_is_named_summarised_reported_and_holds_the_node_limit(
         assert html.escape(tag) in page
 
 
-def recorded_task_runs(flow_run_id: Any, expected: int, within_s: float = 30) -> list[str]:
-    """Names of a flow run's task runs, once the server has recorded `expected` of them."""
+def recorded_task_runs(
+    flow_run_id: Any, complete: Callable[[list[str]], bool], within_s: float = 30
+) -> list[str]:
+    """Names of a flow run's task runs, once those the server has recorded are `complete`."""
     import time
 
     from prefect.client.orchestration import get_client
@@ -264,7 +287,7 @@ def recorded_task_runs(flow_run_id: Any, expected: int, within_s: float = 30) ->
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
             )
         names = sorted(run.name for run in runs)
-        if len(names) >= expected or time.monotonic() > deadline:
+        if complete(names) or time.monotonic() > deadline:
             return names
         time.sleep(0.2)
 
@@ -354,3 +377,37 @@ def test_the_token_can_come_from_a_prefect_secret_block(tmp_path: Path) -> None:
     for file in tmp_path.rglob("*"):
         if file.is_file():
             assert secret.encode() not in file.read_bytes(), file
+
+
+def test_a_task_takes_one_chunk_until_one_ends_then_about_a_second_of_them() -> None:
+    sizer = _GroupSizer(target_s=1.0, most=32)
+    assert sizer.next_size(remaining=500, slots=3) == 1
+    sizer.observe(0.1, 1)
+    sizer.observe(0.3, 3)  # 0.1 s a chunk
+    assert sizer.next_size(remaining=500, slots=3) == 10
+    assert sizer.next_size(remaining=12, slots=3) == 4, "the last chunks spread over every slot"
+    sizer.observe(0.0, 96)  # tiny chunks: never more than `most`
+    assert sizer.next_size(remaining=500, slots=3) == 32
+    slow = _GroupSizer(target_s=1.0)
+    slow.observe(5.0, 1)
+    assert slow.next_size(remaining=500, slots=3) == 1
+
+
+def test_writes_are_counted_once_each_even_when_a_retried_group_writes_them_again() -> None:
+    window = Window(START, NOW)
+    run = cast(FlowRun, SimpleNamespace(summary=RunSummary("f", "f", "tag_history", "n")))
+    seen: list[str] = []
+    tally = _Tally(run, _Caller(on_chunk=lambda outcome, summary: seen.append(outcome.chunk_id)))
+
+    def outcome(chunk_id: str, parts: tuple[str, ...], rows: int) -> ChunkOutcome:
+        return ChunkOutcome(
+            chunk_id, chunk_id, window, 1, rows, {"lake": rows}, 1, 0, 0.0,
+            chunks=max(1, len(parts)), parts=parts,
+        )  # fmt: skip
+
+    tally(outcome("a", (), 5))
+    tally(outcome("joined", ("b", "c"), 7))
+    tally(outcome("a", (), 5))  # the group failed after "a" and ran again
+    tally(outcome("joined", ("b", "c"), 7))
+    assert seen == ["a", "joined"]
+    assert (run.summary.chunks_done, run.summary.rows) == (3, 12)
