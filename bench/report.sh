@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every comparison of BENCHMARKS.md in one go (about an hour on 2 cores; FULL_YEAR=1 adds ~25 min), each run's
-# printout and measures kept in OUT (default bench-results/). Needs '.[bench]' installed
-# and PostgreSQL at HISTORIAN_TEST_PG_URL (default postgresql+psycopg://postgres@127.0.0.1/test).
+# Every comparison of BENCHMARKS.md in one go (about an hour on 2 cores; FULL_YEAR=1 adds
+# ~25 min), each run's printout and measures kept in OUT (default bench-results/). Needs
+# '.[bench]' installed and PostgreSQL at HISTORIAN_TEST_PG_URL
+# (default postgresql+psycopg://postgres@127.0.0.1/test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-results}

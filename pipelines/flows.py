@@ -136,8 +136,10 @@ class _Tally:
     """Counts committed writes into the run's summary once each, from any task's thread.
 
     A group task counts each write as it commits, so a group that fails half-way still
-    counts what it committed; a retried group writes its chunks again (idempotent) and
-    they are not counted twice: chunks are counted by id.
+    counts what it committed. A retried group writes its chunks again (idempotent); a
+    write whose chunks were all counted already is not counted again (a retry that joins
+    them differently with new ones is, so the summary may then count a chunk twice; the
+    data never holds it twice).
     """
 
     def __init__(self, run: FlowRun, caller: _Caller) -> None:
