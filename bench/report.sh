@@ -40,8 +40,9 @@ compare raw-1k-day-postgres --workload raw-1k-day --targets postgres --runs 1 \
 compare agg-10k-month --workload agg-10k-month --targets parquet --runs 1 \
     --contenders pipeline,node
 # The full-size aggregated year (349 M rows, ~10.5 GB of answers held by the node, ~25 min)
-# only with FULL_YEAR=1: the node's pass renders it (~10 min), then the pipeline is measured.
+# only with FULL_YEAR=1: the node's pass renders it (~10 min), then the pipeline and the
+# same run through a long-lived Prefect server are measured.
 if [[ ${FULL_YEAR:-0} == 1 ]]; then
     compare agg-10k-year --workload agg-10k-year --targets parquet --runs 1 --no-warmup \
-        --contenders node,pipeline
+        --contenders node,pipeline,cli-served
 fi
