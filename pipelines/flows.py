@@ -270,9 +270,9 @@ def _fetch(job: FetchJob, chunk: Chunk) -> ChunkResult:
     retry_delay_seconds=RETRY_DELAY_S,
     retry_condition_fn=_retry_if_transient,
 )
-def extract_chunks(job: FetchJob, chunks: tuple[Chunk, ...]) -> int:
+def extract_chunks(job: FetchJob, chunks: tuple[Chunk, ...]) -> None:
     """Fetch a group of chunks one after another and write them to every sink, the small
-    ones of a window joined into one write, as the direct path does; returns the writes.
+    ones of a window joined into one write, as the direct path does.
 
     Runs on a thread of the flow's process (the run and its sinks live there). Fetches
     take one of the run's fetch slots, writes one of its write slots: as many of each as
@@ -287,15 +287,12 @@ def extract_chunks(job: FetchJob, chunks: tuple[Chunk, ...]) -> int:
                 result = _fetch(job, chunk)
             yield result
 
-    writes = 0
     for result in run.joined(fetched(), chunks):
         with gates.writing:
             outcome = run.write(result)
         del result  # written: its pages go back to the system, as in the direct path
         release_memory()
         gates.record(outcome)
-        writes += 1
-    return writes
 
 
 @task(
@@ -423,19 +420,20 @@ def _fetch_and_write(run: FlowRun, run_id: str, plan: Plan, workers: int, caller
     # In process: `workers` tasks, each holding one chunk's rows at most (module doc).
     # On Dask, twice the fetches (the writes are here).
     bound = workers if in_process else 2 * workers
-    pending = list(plan.pending)
+    pending = plan.pending
+    taken = 0  # pending[:taken] are submitted
     sizer = _GroupSizer()
     outstanding: dict[PrefectFuture[Any], tuple[float, int]] = {}
     try:
         while True:
-            while len(outstanding) < bound and pending:
+            while len(outstanding) < bound and taken < len(pending):
                 future: PrefectFuture[Any]
+                size = sizer.next_size(len(pending) - taken, bound) if in_process else 1
+                group = tuple(pending[taken : taken + size])
+                taken += size
                 if in_process:
-                    size = sizer.next_size(len(pending), bound)
-                    group, pending = tuple(pending[:size]), pending[size:]
                     future = extract_chunks.submit(job, group)
                 else:
-                    group, pending = (pending[0],), pending[1:]
                     future = fetch_chunk.submit(job, group[0])
                 outstanding[future] = (time.perf_counter(), len(group))
                 future.add_done_callback(done.put)

@@ -98,13 +98,19 @@ class ChunkOutcome:
     seconds: float
     rows_per_tag: Counter[str] = field(default_factory=Counter)
     bad_quality_per_tag: Counter[str] = field(default_factory=Counter)
-    chunks: int = 1  # planned chunks this write completed (small ones of a window join)
-    parts: tuple[str, ...] = ()  # their chunk ids
+    # Ids of the planned chunks a joined write completed (small ones of a window join);
+    # empty for a write of one chunk.
+    parts: tuple[str, ...] = ()
 
     @property
     def part_ids(self) -> tuple[str, ...]:
         """Ids of the planned chunks this write completed."""
         return self.parts or (self.chunk_id,)
+
+    @property
+    def chunks(self) -> int:
+        """Planned chunks this write completed."""
+        return len(self.part_ids)
 
 
 @dataclass
@@ -444,7 +450,6 @@ class FlowRun:
             seconds=result.seconds,
             rows_per_tag=rows_per_tag,
             bad_quality_per_tag=bad_per_tag,
-            chunks=result.chunks,
             parts=tuple(chunk.chunk_id for chunk in result.parts),
         )
 

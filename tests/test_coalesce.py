@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
-from connectors.schema import frame_from_table
+from connectors.schema import SCHEMAS, frame_from_table
 from connectors.timewindow import Window
 from pipelines.coalesce import coalesce, join, joined_id
 from pipelines.engine import ChunkResult
@@ -146,3 +146,27 @@ def test_empty_chunks_join_with_the_others() -> None:
     )
     assert joined.chunk.members == ("/quiet", "/a")
     assert joined.rows_fetched == 2 == len(joined.frame)
+
+
+def full_result(tags: list[str], *, dictionary: bool) -> ChunkResult:
+    """A result whose frame has every tag-history column, `tag` plain or dictionary-encoded."""
+    empty = SCHEMAS["tag_history"].empty_table()
+    start_ms = window(0).start_ms
+    columns = {
+        name: pa.nulls(len(tags), empty.schema.field(name).type) for name in empty.column_names
+    }
+    columns["node"] = pa.array(["n"] * len(tags))
+    columns["tag"] = pa.array(tags).dictionary_encode() if dictionary else pa.array(tags)
+    columns["ts"] = pa.array([start_ms] * len(tags), pa.timestamp("ms", tz="UTC"))
+    columns["seq"] = pa.array([0] * len(tags), empty.schema.field("seq").type)
+    base = result(tags, window(0), 1)
+    base.frame = frame_from_table(pa.table(columns))
+    return base
+
+
+def test_frames_typed_apart_join_in_the_kinds_schema() -> None:
+    joined = join(
+        [full_result(["/a"], dictionary=False), full_result(["/b", "/c"], dictionary=True)]
+    )
+    assert sorted(joined.frame["tag"].astype(str)) == ["/a", "/b", "/c"]
+    assert len(joined.frame) == joined.rows_fetched == 3

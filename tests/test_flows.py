@@ -402,7 +402,7 @@ def test_writes_are_counted_once_each_even_when_a_retried_group_writes_them_agai
     def outcome(chunk_id: str, parts: tuple[str, ...], rows: int) -> ChunkOutcome:
         return ChunkOutcome(
             chunk_id, chunk_id, window, 1, rows, {"lake": rows}, 1, 0, 0.0,
-            chunks=max(1, len(parts)), parts=parts,
+            parts=parts,
         )  # fmt: skip
 
     tally(outcome("a", (), 5))
