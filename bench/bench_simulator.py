@@ -14,7 +14,7 @@ warm-up; the machine is shared, so compare numbers from one run only.
 * replay-full    replay mode, the whole raw-1k-day workload (1,000 tags x 1 day at 1 s,
                  240 requests): bytes held, process RSS, and the rate of the second pass
 * compare        aggregated answers in-process, the former bucket loop (kept in
-                 tests/test_simulator_aggregates.py) against the node, alternating
+                 tests/connectors/test_simulator_aggregates.py) against the node, alternating
 
     .venv/bin/python bench/bench_simulator.py [--cases raw,raw-1s,agg,agg-mixed,replay]
     .venv/bin/python bench/bench_simulator.py --cases compare --repeat 3
@@ -234,8 +234,8 @@ def case_replay_full(repeat: int) -> None:
 
 def case_compare(repeat: int) -> None:
     """Aggregated answers in-process (rows built and JSON-encoded), former loop vs now."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from test_simulator_aggregates import reference_aggregated
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.connectors.test_simulator_aggregates import reference_aggregated
 
     def node_rows(spec: TagSpec, start: int, end: int, now: int) -> list[object]:
         return history.aggregate(

@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.destinations import SinkSet
-from tests.pipeline_helpers import canonical, load, write_config
+from tests.fixtures import canonical, load, write_config
 
 HISTORIAN = str(Path(sys.executable).with_name("historian"))
 START, END = "2026-11-01T00:00:00Z", "2026-11-01T08:00:00Z"

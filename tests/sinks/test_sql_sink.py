@@ -30,9 +30,9 @@ from pipelines.runner import ChunkOutcome, FlowRun, RunSummary
 from sinks.base import CountMismatch, FlowLocked, Sink, SinkError, SinkUnavailable
 from sinks.sql import SqlWarehouse
 from sinks.sql_copy import encode_binary_copy
-from tests._sql_frames import ATTRS, alarms, history, hours, rows, scope, sort_key
+from tests.sinks.sql_frames import ATTRS, alarms, history, hours, rows, scope, sort_key
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HIST = schema.KIND_TAG_HISTORY
 ALARM = schema.KIND_ALARM_HISTORY
 HOSTILE_TAGS = [

@@ -43,7 +43,7 @@ from pipelines.runner import (  # noqa: E402
     RunSummary,
     run_flow,
 )
-from tests.pipeline_helpers import canonical, load, write_config  # noqa: E402
+from tests.fixtures import canonical, load, write_config  # noqa: E402
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 START = NOW - timedelta(hours=1)

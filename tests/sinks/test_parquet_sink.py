@@ -18,7 +18,13 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
-from _lake_frames import (
+
+from connectors import schema
+from sinks.base import CountMismatch, FlowLocked, Sink, SinkError, SinkUnavailable
+from sinks.lake_layout import is_data_file
+from sinks.lake_store import LakeStore
+from sinks.parquet import ParquetLake
+from tests.sinks.lake_frames import (
     ATTRS,
     HOSTILE_TAGS,
     alarm_frame,
@@ -30,12 +36,6 @@ from _lake_frames import (
     scope,
     window,
 )
-
-from connectors import schema
-from sinks.base import CountMismatch, FlowLocked, Sink, SinkError, SinkUnavailable
-from sinks.lake_layout import is_data_file
-from sinks.lake_store import LakeStore
-from sinks.parquet import ParquetLake
 
 TAGS = ("/plant/a", "/plant/b", "/plant/c", "/plant/d")
 KEY = ["node", "tag", "ts", "seq"]
@@ -752,8 +752,8 @@ def test_a_killed_writer_leaves_rows_at_most_once_and_a_rerun_exactly_once(tmp_l
     code = textwrap.dedent(
         f"""
         import sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from _lake_frames import history_frame, scope, window
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from tests.sinks.lake_frames import history_frame, scope, window
         from sinks.parquet import ParquetLake
         lake = ParquetLake({str(tmp_lake)!r}, target_file_rows=1000)
         tags = {list(TAGS)!r}

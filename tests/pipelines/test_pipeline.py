@@ -19,7 +19,7 @@ from pipelines.destinations import SinkSet
 from pipelines.nodes import NodePool
 from pipelines.runner import RunFailed, RunRequest, run_flow
 from sinks.base import FlowLocked
-from tests.pipeline_helpers import canonical, keys_of, load, write_config
+from tests.fixtures import canonical, keys_of, load, write_config
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 

@@ -19,7 +19,7 @@ from pipelines.config import (
     parse_moment,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 BASE: dict[str, Any] = {
     "nodes": {"plant": {"url": "https://node.example:3443", "token_env": "NODE_TOKEN"}},

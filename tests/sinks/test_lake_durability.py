@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
-from _lake_frames import history_frame, rows_of, scope, window
 
 from sinks.parquet import ParquetLake
+from tests.sinks.lake_frames import history_frame, rows_of, scope, window
 
 TAGS = ("/plant/a", "/plant/b", "/plant/c", "/plant/d")
 

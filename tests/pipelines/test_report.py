@@ -14,7 +14,7 @@ import pytest
 from connectors.schema import ALARM_HISTORY_SCHEMA, TAG_HISTORY_SCHEMA, frame_from_table
 from pipelines.destinations import SinkSet
 from pipelines.report import coverage, flow_coverage, render_html, report_markdown, write_report
-from tests.pipeline_helpers import load, write_config
+from tests.fixtures import load, write_config
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from pipelines.destinations import SinkSet
-from tests.pipeline_helpers import canonical, load, write_config
+from tests.fixtures import canonical, load, write_config
 
 HISTORIAN = str(Path(sys.executable).with_name("historian"))
 START, END = "2026-11-01T00:00:00Z", "2026-11-01T06:00:00Z"

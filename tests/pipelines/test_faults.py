@@ -17,7 +17,7 @@ from connectors.simulator import SimConfig, SimulatedNode, run_server
 from pipelines.destinations import SinkSet
 from pipelines.nodes import NodePool
 from pipelines.runner import RunFailed, RunRequest, run_flow
-from tests.pipeline_helpers import canonical, load, write_config
+from tests.fixtures import canonical, load, write_config
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 START = NOW - timedelta(hours=2)

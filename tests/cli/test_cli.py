@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from connectors.simulator import SimConfig, SimulatedNode, run_server
-from tests.pipeline_helpers import write_config
+from tests.fixtures import write_config
 
 HISTORIAN = str(Path(sys.executable).with_name("historian"))
 START = (datetime.now(UTC) - timedelta(minutes=40)).replace(microsecond=0).isoformat()

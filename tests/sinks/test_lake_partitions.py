@@ -11,12 +11,12 @@ import duckdb
 import orjson
 import pyarrow as pa
 import pytest
-from _lake_frames import history_frame, rows_of, scope, window
 
 from connectors.timewindow import Window
 from sinks.base import ChunkScope, SinkError
 from sinks.lake_layout import auto_partition, partition_of_rows
 from sinks.parquet import ParquetLake
+from tests.sinks.lake_frames import history_frame, rows_of, scope, window
 
 TAGS = ("/plant/a", "/plant/b", "/plant/c", "/plant/d")
 DAY = timedelta(days=1)
