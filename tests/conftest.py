@@ -6,7 +6,10 @@ HISTORIAN_REQUIRE_PG=1 (set by .ci/run): there a missing server is a failure.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +19,13 @@ import pytest
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+# Every test session gets a Prefect home of its own: two sessions on one machine (or a
+# user's own ~/.prefect) never share a Prefect database, and no test reaches a server the
+# environment names.
+_PREFECT_HOME = tempfile.mkdtemp(prefix="historian-test-prefect-")
+os.environ["PREFECT_HOME"] = _PREFECT_HOME
+os.environ.pop("PREFECT_API_URL", None)
+atexit.register(shutil.rmtree, _PREFECT_HOME, True)
 
 PG_URL = os.environ.get(
     "HISTORIAN_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
