@@ -36,7 +36,10 @@ class Entry:
     size: int
     version: str
     is_dir: bool = False
-    modified_s: float = 0.0  # last change, epoch seconds (0.0 when the store does not say)
+    # Last change of the file or its name, epoch seconds (0.0 when the store does not
+    # say). Local disk: the later of mtime and ctime, as a link or a rename changes only
+    # the latter.
+    modified_s: float = 0.0
 
 
 def redacted_url(url: str) -> str:
@@ -139,7 +142,7 @@ class LakeStore:
                                     entry.name,
                                     stat.st_size,
                                     f"{stat.st_mtime_ns}-{stat.st_size}",
-                                    modified_s=stat.st_mtime,
+                                    modified_s=max(stat.st_mtime, stat.st_ctime),
                                 )
                             )
                     return result
@@ -184,7 +187,7 @@ class LakeStore:
                                 name,
                                 stat.st_size,
                                 f"{stat.st_mtime_ns}-{stat.st_size}",
-                                modified_s=stat.st_mtime,
+                                modified_s=max(stat.st_mtime, stat.st_ctime),
                             )
                         )
             return result
@@ -334,7 +337,8 @@ class LakeStore:
         """Put a copy of `source` (a small file that never changes) at `target` atomically.
 
         Local disk: a hard link renamed over the target, so the copy shares the source's
-        synced content and costs no write; object stores: one PUT of its bytes.
+        synced content and costs no write (and its inode: every copy's ctime is that of
+        the newest); object stores: one PUT of its bytes.
         """
         if self.local:
             directory, name = os.path.split(target)

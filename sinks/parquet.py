@@ -49,8 +49,9 @@ What a reader of the plain folder sees (pyarrow.dataset, DuckDB, pandas, Polars)
 * Every change of a data file is an atomic rename over its path, and no data file is
   removed while a reader may still hold a listing naming it: a file whose rows all left
   becomes an empty Parquet file (0 rows, the dataset's schema; `_historian/<dataset>/
-  empty.parquet`), which `compact()` removes once it is older than `reader_grace_s`
-  (10 minutes). So a read never fails with FileNotFoundError because of a write.
+  empty.parquet`), which a later write to its partition or compaction removes once it is
+  older than `reader_grace_s` (60 s). So a read that takes less than that never fails
+  with FileNotFoundError because of a write.
 * New rows appear before the rows they replace leave: files of new rows first, then the
   file the new rows join, then the other earlier files. No instant lacks a row that was
   complete before the write began. The usual writes (a new chunk, a re-written chunk, a
@@ -155,9 +156,10 @@ ROW_GROUP_ROWS = 256 * 1024
 # decoded, while unchanged, up to this many rows (at least one file), so the chunks of a
 # re-extraction over a compacted partition read that file once, not once each.
 DECODED_MAX_ROWS = 2_000_000
-# Emptied files stay (0 rows) this long before compaction removes them: a reader that
-# listed the lake before a write can still open every file it listed.
-READER_GRACE_S = 600.0
+# Emptied files stay (0 rows) this long before a write or a compaction of their partition
+# removes them: a reader that listed the lake before a write still opens every file it
+# listed, as long as it reads within this time. Until then each costs a reader an open.
+READER_GRACE_S = 60.0
 OWNERS_KEY = b"historian.owners"
 DATASET_KEY = b"historian"
 
@@ -906,7 +908,7 @@ class ParquetLake:
         members = sorted(scope.members)
         for label in sorted(set(partitions_of_window(scope.window, scheme)) | set(rows_of)):
             new = rows_of.get(label, table.slice(0, 0))
-            listing = self._data_files(self._data_dir(dataset, label))
+            listing = self._swept(self.store.listdir(self._data_dir(dataset, label)), kind)
             hits = self._hits(scope, listing, members)
             if self._unchanged(hits, new, owner, kind):
                 # The rows are already there, as this chunk wrote them: nothing to move.
@@ -1114,8 +1116,7 @@ class ParquetLake:
             if facts is None:
                 return 0
             kind = str(facts["kind"])
-            for label in self._partitions(dataset):
-                self._sweep(dataset, label, kind)
+            for label in self._partitions(dataset, kind):
                 while True:  # passes: a pass's outputs may be small files again
                     done = self._compact_partition(dataset, kind, label, min_rows)
                     merged += done
@@ -1123,27 +1124,35 @@ class ParquetLake:
                         break
         return merged
 
-    def _partitions(self, dataset: str) -> list[str]:
-        """Partition directories (relative to the dataset) holding data files."""
+    def _partitions(self, dataset: str, kind: str) -> list[str]:
+        """Partition directories (relative to the dataset) holding data files, after
+        removing the emptied ones that are past `reader_grace_s` (one listing for all:
+        on local disk an emptied file's age is that of the newest, `LakeStore.copy_over`)."""
         prefix = self._data_dir(dataset).rstrip("/") + "/"
-        labels = set()
+        listing = []
         for entry in self.store.find(self._data_dir(dataset)):
             parts = entry.path[len(prefix) :].split("/")
-            if is_data_file(entry.name) and not any(p.startswith((".", "_")) for p in parts[:-1]):
-                labels.add("/".join(parts[:-1]))
-        return sorted(labels)
+            if not any(p.startswith((".", "_")) for p in parts[:-1]):
+                listing.append(("/".join(parts[:-1]), entry))
+        kept = {entry.path for entry in self._swept([entry for _, entry in listing], kind)}
+        return sorted({label for label, entry in listing if entry.path in kept})
 
-    def _sweep(self, dataset: str, label: str, kind: str) -> None:
-        """Remove emptied files (and stray link temps) older than `reader_grace_s`: by
-        then no reader still holds a listing that names them."""
+    def _swept(self, entries: list[Entry], kind: str) -> list[Entry]:
+        """`entries` but the emptied data files (and stray link temps) older than
+        `reader_grace_s`, which are removed: by then no reader still holds a listing that
+        names them."""
         cutoff = time.time() - self.reader_grace_s
-        for entry in self.store.listdir(self._data_dir(dataset, label)):
-            if entry.is_dir or entry.modified_s > cutoff:
-                continue
-            stray = entry.name.startswith(".part-") and entry.name.endswith(".tmp")
-            if stray or (is_data_file(entry.name) and self._info(entry, kind).rows == 0):
-                self.store.remove(entry.path)
-                self._forget_file(entry.path)
+        kept = []
+        for entry in entries:
+            if not entry.is_dir and entry.modified_s <= cutoff:
+                stray = entry.name.startswith(".part-") and entry.name.endswith(".tmp")
+                if stray or (is_data_file(entry.name) and self._info(entry, kind).rows == 0):
+                    self.store.remove(entry.path)
+                    self._forget_file(entry.path)
+                    continue
+            if not entry.is_dir and is_data_file(entry.name):
+                kept.append(entry)
+        return kept
 
     def _compact_partition(self, dataset: str, kind: str, label: str, min_rows: int) -> int:
         """One pass over a partition: merge its small files in bounded batches."""

@@ -203,7 +203,8 @@ class SqlWarehouse:
 
     def _retrying(self, action: Callable[[], T], *, flow: str | None = None) -> T:
         """Run `action` (one transaction, or idempotent ones in turn) again while the
-        database is away (`SinkUnavailable`), with backoff, for up to `retry_s` seconds.
+        database is away (`SinkUnavailable`), with backoff, for up to `retry_s` seconds;
+        then a `SinkError` naming the attempts.
 
         Safe because every write is one transaction that replaces its scope: a write cut
         by a lost connection committed whole or not at all, and running it again leaves
@@ -226,7 +227,9 @@ class SqlWarehouse:
                 if waited >= self.retry_s:
                     if attempt == 1:
                         raise
-                    raise SinkUnavailable(
+                    # Not SinkUnavailable any more: retried here already, so a Prefect task
+                    # retry must not retry it again (one retry layer per purpose).
+                    raise SinkError(
                         f"{exc} (still after {attempt} attempts in {waited:.0f} s)"
                     ) from None
                 delay = min(RETRY_MAX_DELAY_S, RETRY_FIRST_DELAY_S * 2 ** (attempt - 1))

@@ -253,6 +253,7 @@ def pg_flow_config(tmp_path: Path, server: Any, own_pg: Any) -> Path:
     )
 
 
+@pytest.mark.slow
 def test_postgres_killed_and_restarted_mid_run_completes_exactly(
     tmp_path: Path, server: Any, reference: list[Any], own_pg: Any, caplog: Any
 ) -> None:
@@ -277,6 +278,7 @@ def test_postgres_killed_and_restarted_mid_run_completes_exactly(
     assert contents(path)["pg"] == reference
 
 
+@pytest.mark.slow
 def test_postgres_staying_away_stops_with_one_line_and_the_next_run_completes(
     tmp_path: Path,
     server: Any,
@@ -309,6 +311,7 @@ def test_postgres_staying_away_stops_with_one_line_and_the_next_run_completes(
     assert contents(path)["pg"] == reference
 
 
+@pytest.mark.slow
 def test_postgres_gone_after_every_chunk_committed_leaves_the_run_complete(
     tmp_path: Path,
     server: Any,

@@ -105,6 +105,25 @@ def test_emptied_files_stay_readable_until_the_grace_has_passed(tmp_lake: Path) 
     assert sum(pq.read_metadata(p).num_rows == 0 for p in files) == MINUTES - 1
     assert pq.read_table(files[0]).schema.names == pq.read_table(merged).schema.names
     lake.compact("hist")
+    write_minute(lake, 5)
     assert len(list((tmp_lake / "hist").rglob("*.parquet"))) == MINUTES, "within the grace"
-    ParquetLake(str(tmp_lake), reader_grace_s=0).compact("hist")
+    write_minute(ParquetLake(str(tmp_lake), reader_grace_s=0), 5)  # a write to the partition
     assert list((tmp_lake / "hist").rglob("*.parquet")) == [merged]
+
+
+def test_a_compaction_past_the_grace_removes_emptied_files_of_every_partition(
+    tmp_lake: Path,
+) -> None:
+    lake = ParquetLake(str(tmp_lake))
+    for day in range(3):  # three date partitions of four small files each
+        for h in range(4):
+            frame = history_frame(TAGS, window(day * 24 + h, day * 24 + h + 1), step_s=600)
+            lake.write(
+                scope(TAGS, window(day * 24 + h, day * 24 + h + 1), f"d{day}h{h}"),
+                frame,
+                len(frame),
+            )
+    lake.compact("hist")
+    assert len(list((tmp_lake / "hist").rglob("*.parquet"))) == 12
+    ParquetLake(str(tmp_lake), reader_grace_s=0).compact("hist")
+    assert len(list((tmp_lake / "hist").rglob("*.parquet"))) == 3, "one per day, all swept"
