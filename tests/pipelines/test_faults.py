@@ -7,7 +7,6 @@ or a clear error with state intact, after which the next run completes it exactl
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from connectors.simulator import SimConfig, SimulatedNode, run_server
 from pipelines.destinations import SinkSet
 from pipelines.nodes import NodePool
 from pipelines.runner import RunFailed, RunRequest, run_flow
-from tests.fixtures import canonical, load, write_config
+from tests.fixtures import canonical, load, server_missing, write_config
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 START = NOW - timedelta(hours=2)
@@ -227,10 +226,7 @@ def pg_bindir() -> Path:
 
     found = find_bindir()
     if found is None:
-        reason = "no PostgreSQL binaries (initdb) on this machine"
-        if os.environ.get("HISTORIAN_REQUIRE_PG") == "1":
-            pytest.fail(f"{reason} (HISTORIAN_REQUIRE_PG=1)")
-        pytest.skip(reason)
+        server_missing("no PostgreSQL binaries (initdb) on this machine")
     return found
 
 
@@ -241,6 +237,14 @@ def own_pg(pg_bindir: Path) -> Iterator[Any]:
 
     with throwaway_postgres(pg_bindir) as pg:
         yield pg
+
+
+@pytest.fixture
+def brief_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sink tries a database that went away again for 1.5 s instead of a minute."""
+    import sinks.sql
+
+    monkeypatch.setattr(sinks.sql, "RETRY_S", 1.5)
 
 
 def pg_flow_config(tmp_path: Path, server: Any, own_pg: Any) -> Path:
@@ -279,16 +283,10 @@ def test_postgres_killed_and_restarted_mid_run_completes_exactly(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("brief_retries")
 def test_postgres_staying_away_stops_with_one_line_and_the_next_run_completes(
-    tmp_path: Path,
-    server: Any,
-    reference: list[Any],
-    own_pg: Any,
-    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, server: Any, reference: list[Any], own_pg: Any
 ) -> None:
-    import sinks.sql
-
-    monkeypatch.setattr(sinks.sql, "RETRY_S", 1.5)
     path = pg_flow_config(tmp_path, server, own_pg)
     killed: list[bool] = []
 
@@ -312,16 +310,10 @@ def test_postgres_staying_away_stops_with_one_line_and_the_next_run_completes(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("brief_retries")
 def test_postgres_gone_after_every_chunk_committed_leaves_the_run_complete(
-    tmp_path: Path,
-    server: Any,
-    reference: list[Any],
-    own_pg: Any,
-    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, server: Any, reference: list[Any], own_pg: Any
 ) -> None:
-    import sinks.sql
-
-    monkeypatch.setattr(sinks.sql, "RETRY_S", 1.0)
     path = pg_flow_config(tmp_path, server, own_pg)
 
     def crash_after_the_last(outcome: Any, summary: Any) -> None:
