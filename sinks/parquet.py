@@ -913,7 +913,8 @@ class ParquetLake:
             if self._unchanged(hits, new, owner, kind):
                 # The rows are already there, as this chunk wrote them: nothing to move.
                 for hit in hits:
-                    files.append({"path": self._in_dataset(hit.entry.path), "rows": hit.rows})
+                    rel = self._in_dataset(self._rel(hit.entry.path))
+                    files.append({"path": rel, "rows": hit.rows})
                 plan.rows += new.num_rows
                 continue
             self._plan_partition(plan, scope, label, new, hits, listing, ops, files)

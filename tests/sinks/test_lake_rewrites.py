@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow.parquet as pq
 import pytest
 
@@ -75,6 +76,8 @@ def test_reextracting_unchanged_rows_over_a_compacted_file_writes_no_data(
     assert rows_of(lake.read("hist", "tag_history")) == before
     assert lake.progress("f") == progress
     assert {r.chunk_id for r in lake.chunk_log("f", 100)} == {f"m{m:02d}" for m in range(60)}
+    marker = orjson.loads((tmp_lake / "_historian/_flows/f/markers/m07.json").read_bytes())
+    assert marker["files"] == [{"path": str(merged.relative_to(tmp_lake / "hist")), "rows": 720}]
 
 
 def test_a_changed_chunk_over_a_compacted_file_joins_it_in_one_rename(
