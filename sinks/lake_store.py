@@ -125,6 +125,18 @@ class LakeStore:
             return None
         return _fs_version(info)
 
+    def dir_version(self, directory: str) -> str | None:
+        """A token that changes when entries of `directory` are added, renamed or removed
+        (local disk: its mtime and ctime); None where the store cannot tell (object
+        stores) or the directory does not exist."""
+        if not self.local:
+            return None
+        try:
+            stat = os.stat(directory)
+        except FileNotFoundError:
+            return None
+        return f"{stat.st_mtime_ns}-{stat.st_ctime_ns}-{stat.st_nlink}"
+
     def listdir(self, directory: str) -> list[Entry]:
         """Entries directly in `directory` (empty when it does not exist)."""
         if self.local:

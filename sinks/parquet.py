@@ -313,6 +313,7 @@ class ParquetLake:
         self._thread_locks: dict[str, threading.Lock] = {}
         self._decoded_lock = threading.Lock()
         self._decoded_files: OrderedDict[str, tuple[str, pa.Table]] = OrderedDict()
+        self._listings: dict[str, tuple[str, list[Entry]]] = {}  # directory -> version, files
 
     def __repr__(self) -> str:
         return f"ParquetLake({self.describe()!r})"
@@ -418,6 +419,7 @@ class ParquetLake:
 
     def close(self) -> None:
         self._infos.clear()
+        self._listings.clear()
         with self._decoded_lock:
             self._decoded_files.clear()
 
@@ -753,6 +755,7 @@ class ParquetLake:
                 store.remove(dest)
             directories.add(dest.rsplit("/", 1)[0])
             self._forget_file(dest)
+            self._listings.pop(dest.rsplit("/", 1)[0], None)
         # The files' new names reach the disk before any marker can claim them (markers
         # are written without waiting for the disk): one sync per directory touched.
         for directory in sorted(directories):
@@ -773,6 +776,7 @@ class ParquetLake:
 
     def _forget_file(self, path: str) -> None:
         self._infos.pop(path, None)
+        self._listings.pop(path.rsplit("/", 1)[0], None)
         with self._decoded_lock:
             self._decoded_files.pop(path, None)
 
@@ -908,7 +912,7 @@ class ParquetLake:
         members = sorted(scope.members)
         for label in sorted(set(partitions_of_window(scope.window, scheme)) | set(rows_of)):
             new = rows_of.get(label, table.slice(0, 0))
-            listing = self._swept(self.store.listdir(self._data_dir(dataset, label)), kind)
+            listing = self._listing(self._data_dir(dataset, label), kind)
             hits = self._hits(scope, listing, members)
             if self._unchanged(hits, new, owner, kind):
                 # The rows are already there, as this chunk wrote them: nothing to move.
@@ -933,6 +937,23 @@ class ParquetLake:
             rows_fetched=table.num_rows,
             rows_committed=plan.rows,
         )
+
+    def _listing(self, directory: str, kind: str) -> list[Entry]:
+        """A partition's data files, stale emptied ones removed (`_swept`); listed again
+        only when the directory changed. Writes that change nothing (a re-extraction over
+        a compacted partition, whose emptied inputs are still there) would otherwise list
+        and stat every file of the partition per chunk. Only this process writes the
+        dataset (its lock), and `_apply` forgets the directories it changes; the
+        directory's own version (local disk) guards the rest."""
+        version = self.store.dir_version(directory)
+        held = self._listings.get(directory)
+        if held is not None and version is not None and held[0] == version:
+            return held[1]
+        listing = self._swept(self.store.listdir(directory), kind)
+        version = self.store.dir_version(directory)
+        if version is not None:
+            self._listings[directory] = (version, listing)
+        return listing
 
     def _hits(self, scope: ChunkScope, listing: list[Entry], members: Sequence[str]) -> list[_Hit]:
         """Earlier files of a partition holding rows of the scope, sorted by name.
