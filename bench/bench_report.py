@@ -1,9 +1,9 @@
 """Coverage report on millions of rows: aggregated in the sink against read-whole, time and memory.
 
-    .venv/bin/python bench/bench_report.py [--rows 5000000] [--tags 100] [--runs 3]
+    .venv/bin/python bench/bench_report.py [--rows 5000000] [--tags 400] [--runs 3]
         [--sinks lake,duck,pg] [--pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test]
 
-Writes one tag-history dataset of ROWS samples (TAGS tags over 30 days, 1 % bad quality)
+Writes one tag-history dataset of ROWS samples (TAGS tags over 4 days, 1 % bad quality)
 into each sink once, then, alternating the two contenders run by run, computes the flow's
 coverage (rows, bad quality, min/mean/max per tag and bucket) in a fresh process each:
 
@@ -15,7 +15,9 @@ coverage (rows, bad quality, min/mean/max per tag and bucket) in a fresh process
 Prints, per sink and contender, medians over `--runs` processes of: wall seconds of the
 computation, rows/s, the process's peak RSS (imports included) and how much the peak grew
 during the computation; the ratio compares medians of the same run. Both contenders must
-give the same numbers.
+give the same numbers. Then the whole `historian report` command on each sink (process
+start and imports included: what a user waits for; 400 tags x 96 hourly buckets by
+default) and the size of the page it writes.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from sinks.base import ChunkScope, Progress
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 DAY_MS = 86_400_000
-DAYS = 30
+DAYS = 4
 CONTENDERS = ("in-sink", "read-whole")
 
 
@@ -165,10 +167,23 @@ def run_child(path: Path, sink_name: str, contender: str) -> dict[str, Any]:
     return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def report_command(path: Path, sink_name: str, runs: int) -> tuple[float, int]:
+    """Median wall seconds of `historian report` on the sink's flow, and the page's size."""
+    historian = Path(sys.executable).with_name("historian")
+    page = path.parent / f"{sink_name}.html"
+    times = []
+    for _ in range(runs):
+        command = [str(historian), "report", f"f_{sink_name}", "--out", str(page)]
+        began = time.perf_counter()
+        subprocess.run([*command, "--config", str(path)], capture_output=True, check=True)
+        times.append(time.perf_counter() - began)
+    return statistics.median(times), page.stat().st_size
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=5_000_000)
-    parser.add_argument("--tags", type=int, default=100)
+    parser.add_argument("--tags", type=int, default=400)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sinks", default="lake,duck,pg")
     parser.add_argument("--pg-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -207,6 +222,12 @@ def main() -> None:
                         f"| {name} | {contender} | {wall[contender]:.2f} | "
                         f"{rows / wall[contender]:,.0f} | {rss:.0f} | {growth:.0f} | {ratio:.2f}x |"
                     )
+            print()
+            print("| sink | `historian report` wall s (median) | page KB |")
+            print("|---|---:|---:|")
+            for name in sinks:
+                seconds, size = report_command(path, name, args.runs)
+                print(f"| {name} | {seconds:.2f} | {size / 1024:,.0f} |")
         finally:
             if pg is not None:
                 import sqlalchemy as sa
