@@ -1,9 +1,9 @@
 """Coverage report on millions of rows: aggregated in the sink against read-whole, time and memory.
 
-    .venv/bin/python bench/bench_report.py [--rows 5000000] [--tags 400] [--runs 3]
+    .venv/bin/python bench/bench_report.py [--rows 5000000] [--tags 400] [--days 4] [--runs 3]
         [--sinks lake,duck,pg] [--pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test]
 
-Writes one tag-history dataset of ROWS samples (TAGS tags over 4 days, 1 % bad quality)
+Writes one tag-history dataset of ROWS samples (TAGS tags over DAYS days, 1 % bad quality)
 into each sink once, then, alternating the two contenders run by run, computes the flow's
 coverage (rows, bad quality, min/mean/max per tag and bucket) in a fresh process each:
 
@@ -46,7 +46,6 @@ from sinks.base import ChunkScope, Progress
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 DAY_MS = 86_400_000
-DAYS = 4
 CONTENDERS = ("in-sink", "read-whole")
 
 
@@ -95,7 +94,7 @@ def make_project(folder: Path, sinks: list[str], pg: tuple[str, str] | None) -> 
     return path
 
 
-def fill(path: Path, sinks: list[str], rows: int, tag_count: int) -> None:
+def fill(path: Path, sinks: list[str], rows: int, tag_count: int, days: int) -> None:
     tags = [f"/Plant {t % 4}/Line {t % 9}/Sensor {t:04d}" for t in range(tag_count)]
     config = load_config(path, env={})
     with SinkSet(config, path.parent) as opened:
@@ -103,8 +102,8 @@ def fill(path: Path, sinks: list[str], rows: int, tag_count: int) -> None:
             sink = opened.get(name)
             rng = np.random.default_rng(1)
             started = time.perf_counter()
-            for day in range(DAYS):
-                table = day_of_rows(day, tags, rows // DAYS, rng)
+            for day in range(days):
+                table = day_of_rows(day, tags, rows // days, rng)
                 window = Window.from_ms(START_MS + day * DAY_MS, START_MS + (day + 1) * DAY_MS)
                 scope = ChunkScope(
                     f"f_{name}",
@@ -184,6 +183,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--tags", type=int, default=400)
+    parser.add_argument("--days", type=int, default=4, help="days of history (one chunk each)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sinks", default="lake,duck,pg")
     parser.add_argument("--pg-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -199,7 +199,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-report-") as folder:
         path = make_project(Path(folder), sinks, pg)
         try:
-            fill(path, sinks, args.rows, args.tags)
+            fill(path, sinks, args.rows, args.tags, args.days)
             print(
                 "| sink | contender | wall s | rows/s | peak RSS MB | peak growth MB "
                 "| time / read-whole |"

@@ -306,9 +306,16 @@ def _reduce(kind: str) -> Any:
 
 
 class _LakeSource:
-    """A lake dataset scanned batch by batch (only the needed columns, `ts` pushed down)."""
+    """A lake dataset read file by file, row group by row group (only the needed columns).
+
+    One `ParquetFile` at a time rather than a pyarrow Dataset scan: the scan's memory grew
+    with the number of files (47 -> 154 MB from 4 to 16 files of 1.25 M rows, measured with
+    pyarrow 26), a file at a time stays at one row group's worth (21 MB either way).
+    Row groups whose `ts` statistics fall outside the range are not read.
+    """
 
     def __init__(self, lake: Any, dataset: str, kind: str) -> None:
+        from connectors.schema import SCHEMAS
         from sinks.lake_layout import is_data_file
 
         self.kind = kind
@@ -325,70 +332,78 @@ class _LakeSource:
         )
         self.filesystem = store.pafs
         self.member = "tag" if kind == KIND_TAG_HISTORY else "path"
-
-    def _dataset(self) -> Any:
-        import pyarrow.dataset as pads
-
-        from connectors.schema import SCHEMAS
-
-        schema = pa.schema(
+        self.schema = pa.schema(
             [
                 pa.field(name, pa.dictionary(pa.int32(), pa.string()))
                 if name == self.member
-                else SCHEMAS[self.kind].field(name)
-                for name in _columns(self.kind)
+                else SCHEMAS[kind].field(name)
+                for name in _columns(kind)
             ]
         )
-        options = pads.ParquetReadOptions(dictionary_columns={self.member})
-        return pads.dataset(
-            self.paths,
-            schema=schema,
-            format=pads.ParquetFileFormat(read_options=options),
-            filesystem=self.filesystem,
-        )
+
+    def _files(self) -> Iterator[Any]:
+        import pyarrow.parquet as pq
+
+        for path in self.paths:
+            with self.filesystem.open_input_file(path) as handle:
+                yield pq.ParquetFile(handle, read_dictionary=[self.member])
 
     def span(self) -> Window | None:
-        if not self.paths:
-            return None
         lo: int | None = None
         hi: int | None = None
-        for fragment in self._dataset().get_fragments():
-            for first, last in _ts_bounds(fragment):
+        for file in self._files():
+            for first, last in _ts_bounds(file):
                 lo = first if lo is None else min(lo, first)
                 hi = last if hi is None else max(hi, last)
         return None if lo is None or hi is None else Window.from_ms(lo, hi + 1)
 
     def partials(self, window: Window, grid: TimeGrid) -> Iterator[pa.Table]:
-        if not self.paths:
-            return
-        import pyarrow.dataset as pads
-
-        ts = pads.field("ts")
-        wanted = (ts >= pa.scalar(window.start_ms, _TS)) & (ts < pa.scalar(window.end_ms, _TS))
         reduce = _reduce(self.kind)
-        for batch in self._dataset().to_batches(
-            columns=_columns(self.kind),
-            filter=wanted,
-            batch_size=_BATCH_ROWS,
-            batch_readahead=2,
-            fragment_readahead=1,
-        ):
-            if batch.num_rows:
-                yield reduce(batch, grid)
+        lo, hi = pa.scalar(window.start_ms, _TS), pa.scalar(window.end_ms, _TS)
+        for file in self._files():
+            groups = [
+                index
+                for index, bounds in _row_group_bounds(file)
+                if bounds is None or (bounds[0] < window.end_ms and bounds[1] >= window.start_ms)
+            ]
+            present = [n for n in self.schema.names if n in file.schema_arrow.names]
+            for batch in file.iter_batches(_BATCH_ROWS, row_groups=groups, columns=present):
+                table = self._conform(batch)
+                ts = table.column("ts")
+                table = table.filter(pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi)))
+                if table.num_rows:
+                    yield reduce(table, grid)
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.Table:
+        """The batch with this kind's column types; a column the file lacks is all null."""
+        columns = [
+            batch.column(f.name).cast(f.type)
+            if f.name in batch.schema.names
+            else pa.nulls(batch.num_rows, f.type)
+            for f in self.schema
+        ]
+        return pa.Table.from_arrays(columns, schema=self.schema)
 
 
-def _ts_bounds(fragment: Any) -> Iterator[tuple[int, int]]:
-    """(min, max) epoch ms of `ts` per row group, from the footer when it has statistics."""
-    groups = fragment.row_groups
-    if groups and all("ts" in (g.statistics or {}) for g in groups):
-        for group in groups:
-            stats = group.statistics["ts"]
-            yield _ms(stats["min"]), _ms(stats["max"])
-        return
-    column = fragment.to_table(columns=["ts"]).column("ts")
-    if len(column) and column.null_count < len(column):
-        bounds = pc.min_max(pc.cast(column, pa.int64()))
-        yield int(bounds["min"].as_py()), int(bounds["max"].as_py())
+def _row_group_bounds(file: Any) -> Iterator[tuple[int, tuple[int, int] | None]]:
+    """(row group, (min, max) epoch ms of `ts` from the footer, or None without statistics)."""
+    column = file.schema_arrow.get_field_index("ts")
+    for index in range(file.metadata.num_row_groups):
+        stats = file.metadata.row_group(index).column(column).statistics
+        known = stats is not None and stats.has_min_max
+        yield index, ((_ms(stats.min), _ms(stats.max)) if known else None)
+
+
+def _ts_bounds(file: Any) -> Iterator[tuple[int, int]]:
+    """(min, max) epoch ms of `ts` per row group: from the footer, else read."""
+    for index, bounds in _row_group_bounds(file):
+        if bounds is not None:
+            yield bounds
+            continue
+        column = file.read_row_group(index, columns=["ts"]).column("ts")
+        if len(column) > column.null_count:
+            found = pc.min_max(pc.cast(column, pa.int64()))
+            yield int(found["min"].as_py()), int(found["max"].as_py())
 
 
 def _ms(value: Any) -> int:

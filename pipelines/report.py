@@ -14,8 +14,10 @@ text it writes into the SVG.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +43,9 @@ from pipelines.report_charts import (
     tag_figures,
     to_svg,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 _STYLE = """body{font-family:"DejaVu Sans",Verdana,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.4em;margin-bottom:.2em}h2{font-size:1.1em;margin-top:1.5em}
@@ -90,8 +95,8 @@ def _page(title: str, where: str, body: str) -> str:
     )
 
 
-def _figures(pairs: list[tuple[str, object]]) -> str:
-    return "".join(f"<figure>{to_svg(fig, f'fig-{name}')}</figure>" for name, fig in pairs)  # type: ignore[arg-type]
+def _figures(pairs: Sequence[tuple[str, Figure]]) -> str:
+    return "".join(f"<figure>{to_svg(fig, f'fig-{name}')}</figure>" for name, fig in pairs)
 
 
 def _more(drawn: int, total: int, noun: str) -> str:
@@ -137,7 +142,7 @@ def render_tag_page(cov: TagCoverage, *, title: str, where: str) -> str:
     )
     body = (
         f"<p>{html.escape(_span(cov.window, cov.grid))}</p>{facts}"
-        f"{_figures(list(tag_figures(cov)))}{_more(MAX_ROWS_DRAWN, len(cov.members), 'tags')}"
+        f"{_figures(tag_figures(cov))}{_more(MAX_ROWS_DRAWN, len(cov.members), 'tags')}"
         f"{note}{table}"
     )
     return _page(title, where, body)
@@ -174,7 +179,7 @@ def render_alarm_page(cov: AlarmCoverage, *, title: str, where: str) -> str:
     )
     body = (
         f"<p>{html.escape(_span(cov.window, cov.grid))}</p>{facts}"
-        f"{_figures(list(alarm_figures(cov)))}{_more(MAX_ROWS_DRAWN, len(cov.paths), 'alarm paths')}"
+        f"{_figures(alarm_figures(cov))}{_more(MAX_ROWS_DRAWN, len(cov.paths), 'alarm paths')}"
         f"{note}<h2>Every alarm path</h2><table>{head}{''.join(rows_html)}</table>"
     )
     return _page(title, where, body)
@@ -222,5 +227,7 @@ def write_report(
     else:
         page = render_alarm_page(cov, title=title, where=f"Read from {where}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    partial = out.with_name(f".{out.name}.partial")
+    partial.write_text(page, encoding="utf-8")
+    partial.replace(out)  # a page is there whole or not at all, even if the command is killed
     return out
