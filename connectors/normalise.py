@@ -59,12 +59,18 @@ _Columns6 = tuple[pa.Array, pa.Array, pa.Array, pa.Array, pa.Array, pa.Array]
 
 @dataclass(frozen=True)
 class TagStats:
-    """What one answer held for one tag: enough for the engine to continue a capped answer."""
+    """What one answer held for one tag: enough for the engine to continue a capped answer.
+
+    `last_ts_ms` is the newest timestamp (whatever the row order), `at_last_ts` the rows on
+    it; `null_data` is true when the entry's `data` was null rather than a list, which a
+    node answers for a tag it left out (node-facts.md: not the same as no rows).
+    """
 
     rows: int
     first_ts_ms: int | None
     last_ts_ms: int | None
     at_last_ts: int
+    null_data: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,10 @@ class HistoryPage:
 
     table: pa.Table
     tags: dict[str, TagStats]
+
+    def answered(self) -> set[str]:
+        """The tags this answer holds an entry with a list of rows for (empty or not)."""
+        return {tag for tag, stats in self.tags.items() if not stats.null_data}
 
 
 @contextmanager
@@ -491,7 +501,7 @@ def _add_tag(pieces: _Pieces, tag: str, data: Any, operation: str, chunk_label: 
     """Columnise one tag's rows into `pieces`; its stats for continuation."""
     if data is None or (type(data) is list and not data):
         pieces.add(tag, None, None)
-        return TagStats(0, None, None, 0)
+        return TagStats(0, None, None, 0, null_data=data is None)
     if type(data) is not list:
         raise MalformedAnswer(
             operation,
@@ -637,7 +647,11 @@ def _history_from_bytes(body: bytes, node: str, encoded: bool) -> HistoryPage:
         else:
             pieces.add(tag, (ts, value, _nulls_bool(n), _nulls_str(n), quality, extra), None)
     table, stats = pieces.table_and_stats(node, encoded)
-    return HistoryPage(table, dict(zip(answer, stats, strict=True)))
+    by_tag = dict(zip(answer, stats, strict=True))
+    for tag, data in zip(answer, datas, strict=True):
+        if len(data) == 4 and bytes(data) == b"null":
+            by_tag[tag] = TagStats(0, None, None, 0, null_data=True)
+    return HistoryPage(table, by_tag)
 
 
 def parse_single_history_answer(

@@ -117,6 +117,10 @@ class Sink(Protocol):
     def reset(self, flow: str, member: str | None = None) -> int:
         """Forget progress of a flow (or one member of it); data stays. Returns entries removed."""
 
+    def forget_after(self, flow: str, moment: datetime) -> int:
+        """Forget a flow's progress after `moment` (chunks ending after it may be forgotten
+        whole); data stays, and the next run fetches it again. Returns entries removed."""
+
     def read(self, dataset: str, kind: str) -> pd.DataFrame:
         """Everything the sink holds for a dataset, with the kind's column types (tests, reports)."""
 

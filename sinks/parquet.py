@@ -68,6 +68,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -77,7 +78,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from connectors import schema as tables
-from connectors.timewindow import Window
+from connectors.timewindow import Window, to_ms
 from sinks.base import (
     ChunkRecord,
     ChunkScope,
@@ -359,6 +360,10 @@ class ParquetLake:
     def reset(self, flow: str, member: str | None = None) -> int:
         with self._errors(f"reset flow '{check_flow(flow)}'"):
             return self.state.reset(flow, member)
+
+    def forget_after(self, flow: str, moment: datetime) -> int:
+        with self._errors(f"forget progress of flow '{check_flow(flow)}'"):
+            return self.state.forget_after(flow, to_ms(moment))
 
     # -- datasets -------------------------------------------------------------------------
 

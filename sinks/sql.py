@@ -582,6 +582,32 @@ class SqlWarehouse:
                 )
         return removed
 
+    def forget_after(self, flow: str, moment: datetime) -> int:
+        """Cut the flow's progress at `moment` and drop the chunk records of windows ending
+        after it, in one transaction; returns the chunk records dropped."""
+        progress = self.layout.table(PROGRESS_TABLE)
+        params = {"f": flow, "t": moment}
+        with self._errors("forget progress"), self.engine.begin() as conn:
+            conn.execute(
+                sa.text(f"DELETE FROM {progress} WHERE flow = :f AND window_start >= :t"), params
+            )
+            conn.execute(
+                sa.text(
+                    f"UPDATE {progress} SET window_end = :t "
+                    "WHERE flow = :f AND window_start < :t AND window_end > :t"
+                ),
+                params,
+            )
+            return len(
+                conn.execute(
+                    sa.text(
+                        f"DELETE FROM {self.layout.table(CHUNKS_TABLE)} "
+                        "WHERE flow = :f AND window_end > :t RETURNING 1"
+                    ),
+                    params,
+                ).fetchall()
+            )
+
     def read(self, dataset: str, kind: str) -> pd.DataFrame:
         schema = SCHEMAS[kind]
         name = METADATA_TABLE if kind == KIND_TAG_METADATA else dataset
