@@ -869,12 +869,27 @@ def _bool_or_none(value: Any) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
+def _entry_path(name: str, full_path: Any, group: str | None) -> Any:
+    """A details entry's tag path: its `fullPath`; without one, the key when it is a path,
+    else the key as a name in `group` (a group's own details: names are unique there)."""
+    if full_path:
+        return full_path
+    if group is not None and not name.startswith("/"):
+        return group + name
+    return name
+
+
 def parse_tag_details(
-    body_or_obj: bytes | str | Mapping[str, Any], node: str, updated_at_ms: int
+    body_or_obj: bytes | str | Mapping[str, Any],
+    node: str,
+    updated_at_ms: int,
+    *,
+    group: str | None = None,
 ) -> pa.Table:
     """A `tag?cmd=details` answer as TAG_METADATA_SCHEMA rows, one per tag (by fullPath).
 
-    `tags` is keyed by tag name; the row's tag is `fullPath` (the name when it is missing).
+    `tags` is keyed by tag name (or path, on some nodes); the row's tag is `fullPath`
+    (without one: see `_entry_path`; `group` names the group a non-recursive answer is of).
     `config` keeps the whole tag configuration as JSON text (sorted keys). Built column by
     column with the collector paused: a run that names 10,000 tags reads 10,000 entries.
     """
@@ -891,10 +906,12 @@ def parse_tag_details(
             tags = {}
         if not isinstance(tags, Mapping):
             raise MalformedAnswer(operation, "tags is not an object", where="tag details")
-        return _details_table(tags, node, updated_at_ms)
+        return _details_table(tags, node, updated_at_ms, group)
 
 
-def _details_table(tags: Mapping[str, Any], node: str, updated_at_ms: int) -> pa.Table:
+def _details_table(
+    tags: Mapping[str, Any], node: str, updated_at_ms: int, group: str | None = None
+) -> pa.Table:
     """TAG_METADATA_SCHEMA columns of the `tags` object of a details answer."""
     operation = "tag.details"
     columns: list[list[Any]] = [[] for _ in range(len(TAG_METADATA_SCHEMA) - 2)]
@@ -903,7 +920,7 @@ def _details_table(tags: Mapping[str, Any], node: str, updated_at_ms: int) -> pa
     for name, entry in tags.items():
         if not isinstance(entry, Mapping):
             raise MalformedAnswer(operation, "a tag entry is not an object", where=f"tag {name!r}")
-        path = entry.get("fullPath") or name
+        path = _entry_path(name, entry.get("fullPath"), group)
         if not isinstance(path, str):
             raise MalformedAnswer(operation, "fullPath is not a string", where=f"tag {name!r}")
         path_c.append(path)
@@ -947,7 +964,7 @@ class _DetailsAnswer(msgspec.Struct):
 _DETAILS_DECODER = msgspec.json.Decoder(_DetailsAnswer)
 
 
-def tag_details_paths(body: bytes | str) -> list[str]:
+def tag_details_paths(body: bytes | str, *, group: str | None = None) -> list[str]:
     """The tag paths of a `tag?cmd=details` answer, as `parse_tag_details` names them.
 
     Reads the paths only (configurations are skipped, not built): resolving a run's
@@ -964,7 +981,7 @@ def tag_details_paths(body: bytes | str) -> list[str]:
         raise MalformedAnswer(operation, f"answer is not JSON ({exc})", body=body) from None
     paths: list[str] = []
     for name, entry in (answer.tags or {}).items():
-        path = entry.full_path or name
+        path = _entry_path(name, entry.full_path, group)
         if not isinstance(path, str):
             raise MalformedAnswer(operation, "fullPath is not a string", where=f"tag {name!r}")
         paths.append(path)

@@ -119,7 +119,7 @@ def check_method(method: str | None, version: NodeVersion | None, *, where: str)
     if method not in NEW_METHODS or version is None or version.at_least(STDDEV_AND_DELTA):
         return
     raise UnsupportedByNode(
-        "tag.historyMany",
+        "node version",
         f"{where}: method {method!r} needs node version {STDDEV_AND_DELTA} or later; "
         f"the node runs {version}",
     )

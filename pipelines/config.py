@@ -80,6 +80,18 @@ class SimulatorNode(_Strict):
     seed: int = 7
     tags: int = Field(default=200, ge=10, le=100_000)
     raw_cap: int = Field(default=10_000, ge=1)
+    # How the simulated node reads what the spec leaves open (README: simulator profiles):
+    # a profile name, `a+b`, or a list of names.
+    profile: str | list[str] = "default"
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, value: str | list[str]) -> str:
+        from connectors.simulator.profiles import behaviours_of
+
+        text = value if isinstance(value, str) else "+".join(value)
+        behaviours_of(text)  # ValueError names an unknown profile
+        return text
 
 
 class NodeConfig(_Strict):

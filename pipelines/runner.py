@@ -42,6 +42,7 @@ from connectors.schema import (
     SCOPE_COLUMN,
 )
 from connectors.timewindow import Window, iso_utc
+from connectors.version import check_method
 from pipelines.coalesce import coalesce
 from pipelines.config import Config, FlowConfig, flow_dataset, flow_kind
 from pipelines.destinations import SinkSet
@@ -101,6 +102,9 @@ class ChunkOutcome:
     # Ids of the planned chunks a joined write completed (small ones of a window join);
     # empty for a write of one chunk.
     parts: tuple[str, ...] = ()
+    # Tags the node left out of its answers for this window (recorded missing, not complete).
+    missing: tuple[str, ...] = ()
+    rows_out_of_range: int = 0
 
     @property
     def part_ids(self) -> tuple[str, ...]:
@@ -147,10 +151,31 @@ class RunSummary:
     watermark_before: datetime | None = None
     watermark_after: datetime | None = None
     error: str | None = None
+    # Windows each tag was left out of by the node (not complete there), and rows stamped
+    # outside their query (dropped).
+    missing: dict[str, list[Window]] = field(default_factory=dict)
+    rows_out_of_range: int = 0
+    # What planning changed or found, one line each (an end cut at now - settle, ...).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def rows_per_second(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def remarks(self) -> list[str]:
+        """One line per thing the user must know about this run beyond its counts."""
+        lines = list(self.notes)
+        if self.missing:
+            first = next(iter(self.missing))
+            windows = sum(len(w) for w in self.missing.values())
+            lines.append(
+                f"{len(self.missing)} tags were left out of the node's answers in {windows} "
+                f"windows ({first!r} first): not complete there; `historian state` lists them"
+            )
+        if self.rows_out_of_range:
+            lines.append(f"{self.rows_out_of_range} rows stamped outside their query were dropped")
+        return lines
 
     @property
     def tags_without_rows(self) -> int:
@@ -163,6 +188,9 @@ class RunSummary:
         self.bytes_received += outcome.bytes_received
         self.rows_per_tag.update(outcome.rows_per_tag)
         self.bad_quality_per_tag.update(outcome.bad_quality_per_tag)
+        for tag in outcome.missing:
+            self.missing.setdefault(tag, []).append(outcome.window)
+        self.rows_out_of_range += outcome.rows_out_of_range
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -184,6 +212,9 @@ class RunSummary:
             "sinks": self.sinks,
             "watermark_before": iso_utc(self.watermark_before) if self.watermark_before else None,
             "watermark_after": iso_utc(self.watermark_after) if self.watermark_after else None,
+            "missing": {tag: [str(w) for w in windows] for tag, windows in self.missing.items()},
+            "rows_out_of_range": self.rows_out_of_range,
+            "notes": self.remarks,
             "error": self.error,
         }
 
@@ -289,11 +320,17 @@ class FlowRun:
     # -- planning --------------------------------------------------------------------
 
     def plan(self) -> Plan:
-        """Resolve the selection, write tag metadata, and work out the pending chunks."""
+        """Resolve the selection, write tag metadata, and work out the pending chunks.
+
+        The node's version is read first (once per run): a method it cannot compute is
+        refused before anything is written.
+        """
         flow = self.flow
         node = self.node
+        version = node.version()
         if self.kind == KIND_TAG_HISTORY:
             assert flow.tags is not None
+            check_method(flow.method, version, where=f"flows.{self.name}.method")
             resolved = resolve_tags(
                 node.client, node.name, flow.tags, where=f"flows.{self.name}.tags"
             )
@@ -308,13 +345,19 @@ class FlowRun:
                 flow.history_options(),
                 filter_query=resolved.filter_query,
                 max_in_flight=self._in_flight(),
+                missing_is_fatal=resolved.explicit,
             )
         else:
             alarms = flow.alarms
             path = alarms.path if alarms else "/"
             members = (path,)
             engine = AlarmEngine(
-                node.client, node.name, path, flow.alarm_filter(), max_in_flight=self._in_flight()
+                node.client,
+                node.name,
+                path,
+                flow.alarm_filter(),
+                node_version=version,
+                max_in_flight=self._in_flight(),
             )
         self._engine = engine
         self.summary.tags = len(members)
@@ -328,6 +371,10 @@ class FlowRun:
         if span is not None and interval is not None:
             span = _align_span(span, interval)
         size = self._window_size(members, span, interval)
+        if span is not None and self.kind == KIND_TAG_HISTORY and flow.mode in ("delta", "filter"):
+            # Their rows depend on where a query starts: every query starts on the grid.
+            span = Window(align_down(span.start, size), span.end)
+            always = span if always is not None else None
         if span is None:
             plan = Plan(self.name, self.dataset, self.kind, members, None, size, 0, [], watermark)
             self.plan_ = plan
@@ -363,18 +410,17 @@ class FlowRun:
     def _span(self, watermark: datetime | None) -> tuple[Window | None, Window | None]:
         """The span to plan, and the look-back part of it that is always re-read."""
         flow = self.flow
+        end = self._end(watermark)
         if self.request.start is not None:
-            end = self.request.end or (self.now - flow.settle)
             if end <= self.request.start:
                 return None, None
             return Window(self.request.start, end), None
         span = incremental_span(
             history_start=flow.start,
             watermark=watermark,
-            now=self.request.end or self.now,
+            now=end,
             lookback=flow.lookback,
-            # An explicit end is the end: settle applies only to "now".
-            settle=timedelta(0) if self.request.end else flow.settle,
+            settle=timedelta(0),
         )
         if span is None:
             return None, None
@@ -382,6 +428,32 @@ class FlowRun:
         # look-back, re-read on every run even where already complete.
         relook = watermark is not None and flow.lookback > timedelta(0)
         return span, span if relook else None
+
+    def _end(self, watermark: datetime | None) -> datetime:
+        """Where this run ends: `now - settle`, or an explicit end no later than that.
+
+        Nothing past `now - settle` is ever marked complete (a future window's answer is
+        empty, and a later run would skip it for good): a later explicit end is cut there,
+        with one line in the summary. Progress already past it (recorded before this rule)
+        is pointed out with the command that repairs it.
+        """
+        settled = self.now - self.flow.settle
+        if watermark is not None and watermark > settled:
+            self.summary.notes.append(
+                f"progress is marked complete up to {iso_utc(watermark)}, past now - settle: "
+                f"repair it with `historian state repair {self.name}`"
+            )
+        asked = self.request.end
+        if asked is None:
+            return settled
+        if asked > settled:
+            self.summary.notes.append(
+                f"end {iso_utc(asked)} is after now - settle: cut at {iso_utc(settled)}; "
+                "nothing past it is marked complete"
+            )
+            log.warning("flow %s: %s", self.name, self.summary.notes[-1])
+            return settled
+        return asked
 
     def _window_size(
         self, members: Sequence[str], span: Window | None, interval: timedelta | None
@@ -451,6 +523,8 @@ class FlowRun:
             rows_per_tag=rows_per_tag,
             bad_quality_per_tag=bad_per_tag,
             parts=tuple(chunk.chunk_id for chunk in result.parts),
+            missing=result.missing,
+            rows_out_of_range=result.rows_out_of_range,
         )
 
     def results(self) -> Iterator[ChunkResult]:

@@ -93,6 +93,10 @@ class Sink(Protocol):
     def check_writable(self) -> None:
         """Raise SinkError with a one-line reason when the sink cannot be written."""
 
+    def probe(self) -> str:
+        """Before `open()` and without creating anything: raise SinkError with a one-line
+        reason when the sink could not be written; else say what was found, in a line."""
+
     def lock(self, flow: str) -> AbstractContextManager[None]:
         """Hold the flow's lock for the duration of a run; FlowLocked if someone else has it."""
 

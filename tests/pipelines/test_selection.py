@@ -45,7 +45,7 @@ def test_an_unknown_path_is_a_one_line_error_naming_it(client: NodeClient, sim_n
         resolve_tags(client, "n", selection, where="flows.f.tags")
     message = str(caught.value)
     assert "\n" not in message
-    assert f"flows.f.tags: tag {gone!r} not found on node n (and 1 more)" in message
+    assert f"flows.f.tags.paths: tag {gone!r} not found on node n (and 1 more)" in message
 
 
 def test_a_group_resolves_its_tags_sorted_with_the_filter_query(
