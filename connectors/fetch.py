@@ -154,7 +154,9 @@ class HistoryFetcher:
         lower = window.start - _ONE_MS if raw else window.start
         state = _Window(tuple(members), window.start_ms, window.end_ms, _ms(lower), label)
         first = _Ask(None if self.filter_query else state.members, state.lower_ms, state.end_ms)
-        pager = RawPager(state.members, state.end_ms, cap=self.cap, limit=self.options.limit)
+        pager = RawPager(
+            state.members, state.end_ms, cap=self.cap, limit=self.options.limit, where=label
+        )
         self._answer(state, first, state.members, pager if raw else None, seen=None)
         while raw and pager.has_more:
             for start_ms, seen in sorted(pager.next_starts().items()):

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from connectors.errors import FatalNodeError
+from connectors.errors import MalformedAnswer
 
 log = logging.getLogger("historian.pager")
 
@@ -31,7 +31,7 @@ log = logging.getLogger("historian.pager")
 MIN_CAP_GUESS = 2
 
 
-class ContinuationStuck(FatalNodeError):
+class ContinuationStuck(MalformedAnswer):
     """A capped page added nothing: the next request would ask the same question again."""
 
 
@@ -54,11 +54,22 @@ class TagPage:
 
 @dataclass
 class CapGuess:
-    """What is known of the node's own cap on raw samples per tag, shared by a run's pages."""
+    """What is known of the node's own cap on raw samples per tag, shared by a run's pages.
+
+    `known`: the cap, once a guessed one was confirmed. `lower_bound`: the cap, if there is
+    one, is at least this: no page held more rows of one tag than the cap, and a guess
+    refuted at n rows means the cap is above n.
+    """
 
     known: int | None = None
     lower_bound: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def observe(self, returned: int) -> None:
+        """A page held `returned` rows of one tag: a cap is at least that."""
+        if returned > self.lower_bound:
+            with self._lock:
+                self.lower_bound = max(self.lower_bound, returned)
 
     def capped(self, returned: int, busiest: int, limit: int | None) -> tuple[bool, bool]:
         """(may be capped, certainly capped) for a tag's page of `returned` rows, the busiest
@@ -80,7 +91,7 @@ class CapGuess:
                     self.known = first_page_rows
                     log.info("node caps raw answers at %d samples per tag", first_page_rows)
             else:
-                self.lower_bound = max(self.lower_bound, first_page_rows)
+                self.lower_bound = max(self.lower_bound, first_page_rows + 1)
 
 
 @dataclass
@@ -138,6 +149,7 @@ class RawPager:
             if cursor is None or not cursor.more:
                 continue
             self._step(tag, cursor, page, busiest, operation)
+        self._cap.observe(busiest)
 
     def finish(self, tags: Iterable[str]) -> None:
         """Tags the caller will not continue (asked, and left out of the answer)."""
@@ -167,6 +179,7 @@ class RawPager:
                     f"a full page of {page.returned} samples added nothing after "
                     f"{cursor.last_ms} ms: more samples on one millisecond than the node "
                     "returns in one answer, or the node ignores start; cannot page past them",
+                    where=f"tag {tag!r}" + (f" in {self._where}" if self._where else ""),
                 )
             cursor.more = False  # the guess was wrong: this tag was complete
         elif first and not certain:

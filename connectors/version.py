@@ -97,11 +97,12 @@ class AdaptedAlarmFilter:
 def adapt_alarm_filter(filt: AlarmFilter, version: NodeVersion | None) -> AdaptedAlarmFilter:
     """`filt` as a node of `version` understands it.
 
-    From 1.21.13 (or when the version is unknown: the current interface) the filter goes as
-    it is. Before it, the node knows only `priority` (a minimum): the minimum is sent as
-    `priority` and the maximum is applied to the answer here, since the node would ignore it.
+    From 1.21.13 the filter goes as it is. Before it, the node knows only `priority` (a
+    minimum) and would ignore the others: the minimum is sent as `priority` and the maximum
+    is applied to the answer here. An unknown version gets the same, which every version
+    reads alike (`priority` stays an alias of `minPriority`).
     """
-    if version is None or version.at_least(MIN_MAX_PRIORITY):
+    if version is not None and version.at_least(MIN_MAX_PRIORITY):
         return AdaptedAlarmFilter(filt)
     minimums = [p for p in (filt.priority, filt.min_priority) if p is not None]
     sent = replace(
