@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -206,14 +206,13 @@ class HistoryFetcher:
             pager.finish(left)
 
     def _page(self, state: _Window, ask: _Ask) -> HistoryPage:
-        """One request, asked again when the answer is malformed (an HTML page from a
-        proxy, a body cut short: usually transient); a malformed answer that persists is
-        an error."""
+        """One request (asked again while the answer is malformed: `_well_formed`)."""
         start, end = _from_ms(ask.start_ms), _from_ms(ask.end_ms)
-        for attempt in range(self.malformed_retries + 1):
+
+        def request() -> bytes:
             if ask.paths is None:
                 assert self.filter_query is not None
-                body = self.client.tag_history_filter_bytes(
+                return self.client.tag_history_filter_bytes(
                     [self.filter_query.group],
                     start,
                     end,
@@ -221,20 +220,14 @@ class HistoryFetcher:
                     filter_regex=self.filter_query.regex,
                     recurrent=self.filter_query.recurrent,
                 )
-            else:
-                body = self.client.tag_history_many_bytes(list(ask.paths), start, end, self.options)
-            state.out.requests += 1
-            state.out.bytes_received += len(body)
-            try:
-                return parse_history_answer(
-                    body, self.node, operation=ask.operation, chunk_label=state.label, encoded=True
-                )
-            except MalformedAnswer as exc:
-                if attempt >= self.malformed_retries:
-                    raise
-                log.warning("%s; asking again (%d of %d)", exc, attempt + 1, self.malformed_retries)
-                time.sleep(min(2.0, 0.1 * 2**attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
+            return self.client.tag_history_many_bytes(list(ask.paths), start, end, self.options)
+
+        def parse(body: bytes) -> HistoryPage:
+            return parse_history_answer(
+                body, self.node, operation=ask.operation, chunk_label=state.label, encoded=True
+            )
+
+        return _well_formed(request, parse, self.malformed_retries, state.out)
 
     # -- what a page adds ---------------------------------------------------------------
 
@@ -321,18 +314,12 @@ class AlarmFetcher:
 
     def fetch(self, window: Window, label: str = "") -> Fetched:
         out = Fetched(ALARM_HISTORY_SCHEMA.empty_table())
-        for attempt in range(self.malformed_retries + 1):
-            body = self.client.alarm_history_bytes(self.path, window.start, window.end, self.filt)
-            out.requests += 1
-            out.bytes_received += len(body)
-            try:
-                table = parse_alarm_history_answer(body, self.node, chunk_label=label)
-                break
-            except MalformedAnswer as exc:
-                if attempt >= self.malformed_retries:
-                    raise
-                log.warning("%s; asking again (%d of %d)", exc, attempt + 1, self.malformed_retries)
-                time.sleep(min(2.0, 0.1 * 2**attempt))
+        table = _well_formed(
+            lambda: self.client.alarm_history_bytes(self.path, window.start, window.end, self.filt),
+            lambda body: parse_alarm_history_answer(body, self.node, chunk_label=label),
+            self.malformed_retries,
+            out,
+        )
         table = _alarm_ms(table)
         ts = table.column("ts").cast(pa.int64())
         start_ms, end_ms = window.start_ms, window.end_ms
@@ -349,6 +336,28 @@ class AlarmFetcher:
 
 
 # -- helpers ----------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def _well_formed(
+    request: Callable[[], bytes], parse: Callable[[bytes], T], retries: int, out: Fetched
+) -> T:
+    """`parse(request())`, asked again (up to `retries` times, backing off) while the answer
+    is malformed: an HTML page from a proxy or a body cut short is usually transient, and a
+    window is only kept from a complete answer. A malformed answer that persists is raised."""
+    for attempt in range(retries + 1):
+        body = request()
+        out.requests += 1
+        out.bytes_received += len(body)
+        try:
+            return parse(body)
+        except MalformedAnswer as exc:
+            if attempt >= retries:
+                raise
+            log.warning("%s; asking again (%d of %d)", exc, attempt + 1, retries)
+            time.sleep(min(2.0, 0.1 * 2**attempt))
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _ms(moment: datetime) -> int:

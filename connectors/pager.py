@@ -57,8 +57,8 @@ class CapGuess:
     """What is known of the node's own cap on raw samples per tag, shared by a run's pages.
 
     `known`: the cap, once a guessed one was confirmed. `lower_bound`: the cap, if there is
-    one, is at least this: no page held more rows of one tag than the cap, and a guess
-    refuted at n rows means the cap is above n.
+    one, is at least this: no page held more rows of one tag than the cap. (A guess refuted
+    at n rows does not put the cap above n: the tag may have held exactly n.)
     """
 
     known: int | None = None
@@ -91,7 +91,8 @@ class CapGuess:
                     self.known = first_page_rows
                     log.info("node caps raw answers at %d samples per tag", first_page_rows)
             else:
-                self.lower_bound = max(self.lower_bound, first_page_rows + 1)
+                # Not above it: a tag may have held exactly as many rows as the cap.
+                self.lower_bound = max(self.lower_bound, first_page_rows)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from connectors.schema import KIND_TAG_HISTORY
 from pipelines.config import Config, flow_dataset, flow_kind
 from pipelines.destinations import SinkSet
 from pipelines.planning import parse_duration
+from pipelines.state import tag_members
 
 GOOD_QUALITY = 192
 MAX_TAGS_DRAWN = 400
@@ -254,7 +255,7 @@ def flow_coverage(
     frame = sink.read(flow_dataset(flow_name, flow), kind)
     members: list[str] = []
     if kind == KIND_TAG_HISTORY:
-        members = list(sink.progress(flow_name).completed)
+        members = tag_members(sink.progress(flow_name))  # not the records of missing windows
     return coverage(frame, flow_name, kind, _as_bucket(bucket), members=members), sink.describe()
 
 

@@ -117,9 +117,9 @@ def test_a_refuted_guess_raises_the_lower_bound() -> None:
     paging = RawPager(("/a",), END, cap=cap, limit=None)
     paging.advance({"/a": TagPage(4, 900, 1)}, operation="tag.historyMany")
     paging.advance({"/a": TagPage(1)}, operation="tag.historyMany")
-    assert cap.known is None
-    assert cap.capped(4, 4, None) == (False, False), "no longer a guess at 4"
-    assert cap.capped(5, 5, None) == (True, False)
+    assert (cap.known, cap.lower_bound) == (None, 4)
+    assert cap.capped(3, 3, None) == (False, False), "a cap would be at least 4"
+    assert cap.capped(4, 4, None) == (True, False), "a tag may have held exactly the cap"
 
 
 def test_no_cap_is_guessed_below_the_most_rows_a_page_held() -> None:
