@@ -206,7 +206,7 @@ class HistoryFetcher:
             pager.finish(left)
 
     def _page(self, state: _Window, ask: _Ask) -> HistoryPage:
-        """One request (asked again while the answer is malformed: `_well_formed`)."""
+        """One request (asked again while the answer is malformed: `well_formed`)."""
         start, end = _from_ms(ask.start_ms), _from_ms(ask.end_ms)
 
         def request() -> bytes:
@@ -227,7 +227,7 @@ class HistoryFetcher:
                 body, self.node, operation=ask.operation, chunk_label=state.label, encoded=True
             )
 
-        return _well_formed(request, parse, self.malformed_retries, state.out)
+        return well_formed(request, parse, self.malformed_retries, state.out)
 
     # -- what a page adds ---------------------------------------------------------------
 
@@ -314,7 +314,7 @@ class AlarmFetcher:
 
     def fetch(self, window: Window, label: str = "") -> Fetched:
         out = Fetched(ALARM_HISTORY_SCHEMA.empty_table())
-        table = _well_formed(
+        table = well_formed(
             lambda: self.client.alarm_history_bytes(self.path, window.start, window.end, self.filt),
             lambda body: parse_alarm_history_answer(body, self.node, chunk_label=label),
             self.malformed_retries,
@@ -340,16 +340,21 @@ class AlarmFetcher:
 T = TypeVar("T")
 
 
-def _well_formed(
-    request: Callable[[], bytes], parse: Callable[[bytes], T], retries: int, out: Fetched
+def well_formed(
+    request: Callable[[], bytes],
+    parse: Callable[[bytes], T],
+    retries: int = 3,
+    out: Fetched | None = None,
 ) -> T:
     """`parse(request())`, asked again (up to `retries` times, backing off) while the answer
-    is malformed: an HTML page from a proxy or a body cut short is usually transient, and a
-    window is only kept from a complete answer. A malformed answer that persists is raised."""
+    is malformed: an HTML page from a proxy or a body cut short is usually transient, and
+    nothing is kept from an incomplete answer. A malformed answer that persists is raised.
+    `out` counts the requests and bytes."""
     for attempt in range(retries + 1):
         body = request()
-        out.requests += 1
-        out.bytes_received += len(body)
+        if out is not None:
+            out.requests += 1
+            out.bytes_received += len(body)
         try:
             return parse(body)
         except MalformedAnswer as exc:

@@ -32,7 +32,7 @@ import orjson
 import pyarrow as pa
 
 from connectors.errors import MalformedAnswer, NodeRequestError, UnknownTag
-from connectors.fetch import FilterQuery
+from connectors.fetch import FilterQuery, well_formed
 from connectors.normalise import parse_tag_details, tag_details_paths
 from connectors.schema import TAG_METADATA_SCHEMA
 from pipelines.config import TagSelectionConfig
@@ -107,10 +107,30 @@ def _details(
     params: dict[str, Any] = {"path": path, "options.recurrent": recurrent}
     if regex is not None:
         params["options.filter"] = regex
-    response = client.request("tag.details", "GET", "tag", "details", params=params)
     group = None if recurrent else path
-    body = response.content
-    return tag_details_paths(body, group=group), _Answer(body, int(time.time() * 1000), group)
+    body = b""
+
+    def request() -> bytes:
+        nonlocal body
+        body = client.request("tag.details", "GET", "tag", "details", params=params).content
+        return body
+
+    paths = well_formed(request, lambda answer: tag_details_paths(answer, group=group))
+    return paths, _Answer(body, int(time.time() * 1000), group)
+
+
+def _browse(client: DetailsClient, params: Mapping[str, Any], where: str) -> Any:
+    """A browse answer as JSON, asked again while it is malformed."""
+
+    def parse(body: bytes) -> Any:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise MalformedAnswer("tag.browse", "answer is not JSON", where=where) from None
+
+    return well_formed(
+        lambda: client.request("tag.browse", "GET", "tag", "browse", params=params).content, parse
+    )
 
 
 def _parent(path: str) -> str:
@@ -133,9 +153,8 @@ def _flat_listing(client: DetailsClient, group: str, recurrent: bool) -> set[str
         "options.hideGroups": True,
     }
     try:
-        response = client.request("tag.browse", "GET", "tag", "browse", params=params)
-        answer = orjson.loads(response.content)
-    except (NodeRequestError, MalformedAnswer, orjson.JSONDecodeError):
+        answer = _browse(client, params, group)
+    except (NodeRequestError, MalformedAnswer):
         return None
     if not isinstance(answer, list):
         return None
@@ -159,12 +178,7 @@ def _tree_groups(client: DetailsClient, group: str, recurrent: bool) -> list[str
     found = [group]
     if not recurrent:
         return found
-    params = {"path": group, "options.recurrent": True}
-    response = client.request("tag.browse", "GET", "tag", "browse", params=params)
-    try:
-        answer = orjson.loads(response.content)
-    except orjson.JSONDecodeError:
-        raise MalformedAnswer("tag.browse", "answer is not JSON", where=group) from None
+    answer = _browse(client, {"path": group, "options.recurrent": True}, group)
 
     def walk(node: Any, prefix: str) -> None:
         groups = node.get("groups") if isinstance(node, dict) else None
