@@ -209,3 +209,21 @@ def test_relative_and_absolute_moments() -> None:
     assert parse_moment("2024-03-01T10:00:00", now=now) == datetime(2024, 3, 1, 10, tzinfo=UTC)
     with pytest.raises(ValueError, match="is not a time"):
         parse_moment("tomorrow", now=now)
+
+
+def test_a_simulator_node_takes_a_profile_and_an_unknown_one_is_named() -> None:
+    simulated = with_change("nodes.plant", {"simulator": {"profile": ["node-1.21.12", "rows-3"]}})
+    config = parse_config(simulated, env={})
+    assert config.nodes["plant"].simulator is not None
+    assert config.nodes["plant"].simulator.profile == "node-1.21.12+rows-3"
+    message = error_of(with_change("nodes.plant", {"simulator": {"profile": "ancient"}}))
+    assert message.startswith("flows.yaml: nodes.plant.simulator.profile: unknown simulator")
+
+
+def test_the_configured_profile_is_the_node_the_run_talks_to() -> None:
+    from pipelines.nodes import NodePool
+
+    simulated = with_change("nodes.plant", {"simulator": {"tags": 10, "profile": "node-1.21.12"}})
+    with NodePool(parse_config(simulated, env={})) as nodes:
+        version = nodes.get("plant").version()
+    assert str(version) == "1.21.12"
