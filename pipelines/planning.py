@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 import orjson
 
+from connectors.errors import quoted
 from connectors.timewindow import EPOCH, Window, iso_utc, to_ms
 
 _ONE_MS = timedelta(milliseconds=1)
@@ -53,24 +54,30 @@ NICE_SIZES = (
 def parse_duration(text: str | int | float | timedelta) -> timedelta:
     """`15m`, `1h`, `1d`, `90s`, `2w`, `500ms`, `1h30m`, or a number of seconds.
 
-    Negative, infinite and unreadable durations raise ValueError with an example.
+    Negative, infinite, out-of-range and unreadable durations raise ValueError with an
+    example.
     """
     if isinstance(text, timedelta):
         duration = text
     elif isinstance(text, bool) or not isinstance(text, str | int | float):
-        raise ValueError(f"{text!r} is not a duration like {DURATION_EXAMPLES}")
-    elif isinstance(text, int | float):
-        if not math.isfinite(text):
-            raise ValueError(f"{text!r} is not a finite duration")
-        duration = timedelta(seconds=text)
+        raise ValueError(f"{quoted(text)} is not a duration like {DURATION_EXAMPLES}")
+    elif isinstance(text, int | float) and not math.isfinite(text):
+        raise ValueError(f"{quoted(text)} is not a finite duration")
+    elif isinstance(text, str) and _DURATION.match(text) is None:
+        raise ValueError(f"{quoted(text)} is not a duration like {DURATION_EXAMPLES}")
     else:
-        if _DURATION.match(text) is None:
-            raise ValueError(f"{text!r} is not a duration like {DURATION_EXAMPLES}")
-        duration = timedelta(0)
-        for number, unit in _PARTS.findall(text):
-            duration += float(number) * _UNITS[unit]
+        try:
+            if isinstance(text, str):
+                parts = (float(number) * _UNITS[unit] for number, unit in _PARTS.findall(text))
+                duration = sum(parts, timedelta(0))
+            else:
+                duration = timedelta(seconds=text)
+        except (OverflowError, ValueError):  # past what a timedelta holds
+            raise ValueError(
+                f"duration {quoted(text)} is too long (at most {timedelta.max.days:,} days)"
+            ) from None
     if duration < timedelta(0):
-        raise ValueError(f"duration {text!r} is negative")
+        raise ValueError(f"duration {quoted(text)} is negative")
     return duration
 
 
@@ -162,9 +169,8 @@ def batch_members(
     for path in members:
         cost = measure(path)
         if _BRACKETS + cost > max_query_bytes:
-            shown = repr(path) if len(path) <= 80 else repr(path[:77] + "...")
             raise ValueError(
-                f"tag path {shown} is {cost} bytes encoded, more than one request may carry "
+                f"tag path {quoted(path)} is {cost} bytes encoded, more than one request may carry "
                 f"({max_query_bytes} bytes); shorten it or raise max_query_bytes"
             )
         extra = cost + (_COMMA if current else 0)

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import httpx
 import pyarrow as pa
 
-from connectors.errors import UnknownTag
+from connectors.errors import UnknownTag, quoted
 from connectors.normalise import parse_tag_details, tag_details_paths
 from connectors.schema import TAG_METADATA_SCHEMA
 from pipelines.config import TagSelectionConfig
@@ -112,7 +112,7 @@ def resolve_tags(
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise UnknownTag(
-                "tag.details", f"{where}: tag {missing[0]!r} not found on node {node}{more}"
+                "tag.details", f"{where}: tag {quoted(missing[0])} not found on node {node}{more}"
             )
         return ResolvedTags(tuple(wanted), None, node, tuple(answers))
     if selection.group is not None:
@@ -125,7 +125,7 @@ def resolve_tags(
             pattern = re.compile(selection.regex)
             members = tuple(tag for tag in members if pattern.search(tag))
         if not members:
-            raise UnknownTag("tag.details", f"{where}: no tag matches in group {group!r}")
+            raise UnknownTag("tag.details", f"{where}: no tag matches in group {quoted(group)}")
         query = FilterQuery(group=group, regex=selection.regex, recurrent=selection.recurrent)
         return ResolvedTags(members, query, node, (answer,))
     assert selection.browse is not None
@@ -140,7 +140,8 @@ def resolve_tags(
     )
     if not members:
         raise UnknownTag(
-            "tag.details", f"{where}: no tag under {selection.browse!r} matches include/exclude"
+            "tag.details",
+            f"{where}: no tag under {quoted(selection.browse)} matches include/exclude",
         )
     return ResolvedTags(members, None, node, (answer,))
 

@@ -242,7 +242,9 @@ def test_batches_split_when_the_bytes_run_out_before_the_count() -> None:
 
 def test_a_path_too_long_for_any_request_is_named() -> None:
     long_path = "/Plant/" + "x" * 200
-    with pytest.raises(ValueError, match=r"tag path '/Plant/xxx.*\.\.\.' is 2\d\d bytes"):
+    with pytest.raises(
+        ValueError, match=r"tag path '/Plant/x+'\.\.\. \(207 characters\) is 2\d\d bytes"
+    ):
         batch_members(["/a", long_path], max_batch=10, max_query_bytes=200)
 
 
@@ -424,3 +426,9 @@ def test_plan_windows_refuses_a_zero_size(
 ) -> None:
     with outcome:
         assert plan_windows(Window(from_ms(0), from_ms(1)), size)
+
+
+@pytest.mark.parametrize("text", ["99999999999999d", "1" * 400 + "s", 10**30, 1e300])
+def test_a_duration_past_what_a_timedelta_holds_is_a_value_error(text: Any) -> None:
+    with pytest.raises(ValueError, match=r"is too long \(at most 999,999,999 days\)$"):
+        parse_duration(text)
