@@ -289,14 +289,27 @@ def _print_summaries(config: Config, config_path: Path, summaries: list[RunSumma
     if not rows:
         return
     table = Table(title="historian run", show_lines=False, title_justify="left")
-    for column in ("flow", "rows", "chunks", "skipped", "seconds", "rows/s", "tags", "watermark"):
-        table.add_column(column, justify="right" if column not in ("flow", "watermark") else "left")
+    columns = (
+        "flow",
+        "rows",
+        "chunks",
+        "window",
+        "skipped",
+        "seconds",
+        "rows/s",
+        "tags",
+        "watermark",
+    )
+    for column in columns:
+        left = column in ("flow", "window", "watermark")
+        table.add_column(column, justify="left" if left else "right")
     for s in rows:
         mark = s.watermark_after.strftime("%Y-%m-%d %H:%M:%SZ") if s.watermark_after else "-"
         table.add_row(
             s.flow,
             f"{s.rows:,}",
             f"{s.chunks_done}/{s.chunks_planned}",
+            s.window_label,
             f"{s.chunks_skipped}",
             f"{s.seconds:.1f}",
             f"{s.rows_per_second:,.0f}",

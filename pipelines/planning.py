@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import quote
@@ -184,11 +184,41 @@ def batch_members(
     return batches
 
 
+# Rows a chunk of an auto window is sized to carry: at the pipeline's measured rates
+# (BENCHMARKS.md, "Auto windows") a chunk of this many rows commits well within a second, so
+# a run that is killed again and again still commits chunks between the kills.
+AUTO_CHUNK_ROWS = 200_000
+
+
+def density_per_hour(
+    tags: Iterable[tuple[int, int | None]], probed: int, start_ms: int, end_ms: int
+) -> float:
+    """Samples per tag and hour seen by one raw probe of `probed` tags over [start, end).
+
+    `tags` holds (rows, last timestamp in ms) per tag of the answer. A node may cap raw
+    answers without saying so (node-facts.md): the tags with the most rows, which a cap cuts
+    at one count, are measured up to their last sample instead of over the whole probe, so
+    a cap makes the estimate no lower than the truth. Tags missing from the answer count 0.
+    """
+    answered = list(tags)
+    if probed < 1 or end_ms <= start_ms:
+        raise ValueError("a probe needs tags and a range")
+    busiest = max((rows for rows, _ in answered), default=0)
+    hour_ms = 3_600_000
+    total = 0.0
+    for rows, last_ms in answered:
+        covered_ms = end_ms - start_ms
+        if rows == busiest and rows >= 2 and last_ms is not None:
+            covered_ms = min(covered_ms, max(last_ms - start_ms, 1000))
+        total += rows * hour_ms / covered_ms
+    return total / probed
+
+
 def window_for_density(
     samples_per_hour_per_tag: float,
     tags_per_batch: int,
     *,
-    target_rows: int = 200_000,
+    target_rows: int = AUTO_CHUNK_ROWS,
     min_size: timedelta = timedelta(minutes=1),
     max_size: timedelta = timedelta(days=31),
     interval: timedelta | None = None,
