@@ -30,7 +30,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from connectors.errors import NodeError, one_line
+from connectors.errors import NodeError, one_line, quoted
 
 if TYPE_CHECKING:  # config and runner pull in pandas and pyarrow: imported when needed
     from pipelines.config import Config
@@ -131,7 +131,7 @@ def _moment(value: str | None, option: str) -> datetime | None:
 def _check_flow(config: Config, name: str, source: Path) -> None:
     if name not in config.flows:
         known = ", ".join(config.flows)
-        raise UserError(f"{source.name}: no flow named {name!r} (flows: {known})", EXIT_USAGE)
+        raise UserError(f"{source.name}: no flow named {quoted(name)} (flows: {known})", EXIT_USAGE)
 
 
 # -- run / backfill --------------------------------------------------------------------

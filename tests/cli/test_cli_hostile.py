@@ -145,3 +145,13 @@ def test_an_unknown_long_tag_path_at_run_time_is_cut_in_the_line(
         f"flows.f.tags: tag {'/' + 'x' * 79!r}... ({LONG + 1:,} characters) not found on node n",
     )
     assert len(line) < 400
+
+
+def test_a_long_flow_name_on_the_command_line_is_cut_in_the_line(tmp_path: Path) -> None:
+    config_with(tmp_path, {})
+    line = assert_clean_failure(
+        historian("run", "f" * LONG, "--direct", cwd=tmp_path),
+        2,
+        f"no flow named {'f' * 80!r}... ({LONG:,} characters) (flows: f)",
+    )
+    assert len(line) < 400
