@@ -76,7 +76,7 @@ _NOT_A_TIME = "is not a time (ISO 8601 like 2024-01-01T00:00:00Z, or -7d)"
 
 def parse_moment(value: object, *, now: datetime | None = None) -> datetime:
     """An absolute ISO 8601 time (UTC when no offset), `now`, or `-2d` / `now-2d` (relative),
-    not before 1970 (history is stamped in epoch milliseconds)."""
+    in UTC, not before 1970 (history is stamped in epoch milliseconds)."""
     now = now or datetime.now(UTC)
     if isinstance(value, datetime):
         moment = value if value.tzinfo else value.replace(tzinfo=UTC)
@@ -84,6 +84,10 @@ def parse_moment(value: object, *, now: datetime | None = None) -> datetime:
         raise ValueError(f"{quoted(value)} {_NOT_A_TIME}")
     else:
         moment = _moment_of_text(value, now)
+    try:
+        moment = moment.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:00:00-02:00 is in year 10000 in UTC
+        raise ValueError(f"{quoted(value)} is past the end of the calendar") from None
     if moment < EARLIEST:
         raise ValueError(f"{quoted(value)} is before 1970-01-01T00:00:00Z")
     return moment

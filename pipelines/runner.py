@@ -426,7 +426,11 @@ class FlowRun:
         and an incremental run's last ones are; over an hour, or a day where the hour is
         empty; at least one per hour."""
         probe = _spread(members, 50)
-        options = HistoryOptions(mode="raw", remote_node=self.flow.history_options().remote_node)
+        # `limit` keeps each probe's answer small (50 x 1,000 rows, however dense the day);
+        # tags it cuts are measured up to their last sample, like a node's own cap.
+        options = HistoryOptions(
+            mode="raw", limit=1000, remote_node=self.flow.history_options().remote_node
+        )
         rates = [1.0]
         for side in _probe_sides(span):
             for window in side:

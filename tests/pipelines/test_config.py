@@ -336,6 +336,10 @@ def test_a_huge_integer_in_the_file_is_named_with_its_line(tmp_path: Path) -> No
         ("-99999999999d", "duration '99999999999d' is too long (at most 999,999,999 days)"),
         ("now-999999d", "'now-999999d' is before 1970-01-01T00:00:00Z"),
         ("1969-07-20T20:17:00Z", "'1969-07-20T20:17:00Z' is before 1970-01-01T00:00:00Z"),
+        (
+            "9999-12-31T23:00:00-02:00",
+            "'9999-12-31T23:00:00-02:00' is past the end of the calendar",
+        ),
     ],
 )
 def test_moments_before_1970_or_past_the_calendar_are_value_errors(
