@@ -86,9 +86,7 @@ def main() -> None:
     parser.add_argument("--hours", type=int, default=24)
     parser.add_argument("--runs", type=int, default=1)
     args = parser.parse_args()
-    print(
-        "| node | window | chunks | rows | most rows in a chunk | s per chunk, median | max |"
-    )
+    print("| node | window | chunks | rows | most rows in a chunk | s per chunk, median | max |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, profile in PROFILES.items():
         results = [one_run(profile, args.hours) for _ in range(args.runs)]
