@@ -30,7 +30,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from connectors.errors import NodeError, one_line
+from connectors.errors import NodeError, one_line, quoted
 
 if TYPE_CHECKING:  # config and runner pull in pandas and pyarrow: imported when needed
     from pipelines.config import Config
@@ -132,7 +132,7 @@ def _moment(value: str | None, option: str) -> datetime | None:
 def _check_flow(config: Config, name: str, source: Path) -> None:
     if name not in config.flows:
         known = ", ".join(config.flows)
-        raise UserError(f"{source.name}: no flow named {name!r} (flows: {known})", EXIT_USAGE)
+        raise UserError(f"{source.name}: no flow named {quoted(name)} (flows: {known})", EXIT_USAGE)
 
 
 # -- run / backfill --------------------------------------------------------------------
@@ -290,14 +290,27 @@ def _print_summaries(config: Config, config_path: Path, summaries: list[RunSumma
     if not rows:
         return
     table = Table(title="historian run", show_lines=False, title_justify="left")
-    for column in ("flow", "rows", "chunks", "skipped", "seconds", "rows/s", "tags", "watermark"):
-        table.add_column(column, justify="right" if column not in ("flow", "watermark") else "left")
+    columns = (
+        "flow",
+        "rows",
+        "chunks",
+        "window",
+        "skipped",
+        "seconds",
+        "rows/s",
+        "tags",
+        "watermark",
+    )
+    for column in columns:
+        left = column in ("flow", "window", "watermark")
+        table.add_column(column, justify="left" if left else "right")
     for s in rows:
         mark = s.watermark_after.strftime("%Y-%m-%d %H:%M:%SZ") if s.watermark_after else "-"
         table.add_row(
             s.flow,
             f"{s.rows:,}",
             f"{s.chunks_done}/{s.chunks_planned}",
+            s.window_label,
             f"{s.chunks_skipped}",
             f"{s.seconds:.1f}",
             f"{s.rows_per_second:,.0f}",

@@ -69,6 +69,9 @@ def node_settings(name: str, node: NodeConfig, url: str | None = None) -> NodeSe
         password_block=node.password_block,
         connect_timeout_s=node.connect_timeout.total_seconds(),
         read_timeout_s=node.read_timeout.total_seconds(),
+        request_deadline_s=(
+            node.request_deadline.total_seconds() if node.request_deadline is not None else None
+        ),
         max_connections=node.max_connections,
         retries=node.retries,
     )

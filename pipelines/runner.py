@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.errors import one_line
-from connectors.normalise import parse_history_answer
+from connectors.normalise import parse_alarm_history_answer, parse_history_answer
 from connectors.options import HistoryOptions
 from connectors.schema import (
     KIND_ALARM_HISTORY,
@@ -53,7 +53,9 @@ from pipelines.planning import (
     Chunk,
     align_down,
     batch_members,
+    density_per_hour,
     plan_chunks,
+    short_duration,
     window_for_density,
 )
 from pipelines.selection import resolve_tags
@@ -157,6 +159,16 @@ class RunSummary:
     rows_out_of_range: int = 0
     # What planning changed or found, one line each (an end cut at now - settle, ...).
     notes: list[str] = field(default_factory=list)
+    # The chunk window this run planned with, and whether `window: auto` chose it.
+    window: timedelta | None = None
+    window_auto: bool = False
+
+    @property
+    def window_label(self) -> str:
+        """`15m`, or `2h auto` when the run sized it; `-` when nothing was planned."""
+        if self.window is None:
+            return "-"
+        return short_duration(self.window) + (" auto" if self.window_auto else "")
 
     @property
     def rows_per_second(self) -> float:
@@ -215,6 +227,7 @@ class RunSummary:
             "missing": {tag: [str(w) for w in windows] for tag, windows in self.missing.items()},
             "rows_out_of_range": self.rows_out_of_range,
             "notes": self.remarks,
+            "window": self.window_label,
             "error": self.error,
         }
 
@@ -397,6 +410,8 @@ class FlowRun:
             self.name, self.dataset, self.kind, members, span, size, len(chunks), pending, watermark
         )
         self.summary.span = span
+        self.summary.window = size
+        self.summary.window_auto = flow.window == "auto"
         self.summary.chunks_planned = len(chunks)
         self.summary.chunks_skipped = len(chunks) - len(pending)
         self.plan_ = plan
@@ -458,11 +473,15 @@ class FlowRun:
     def _window_size(
         self, members: Sequence[str], span: Window | None, interval: timedelta | None
     ) -> timedelta:
+        """The flow's window, or for `auto` the largest whose chunks carry about
+        AUTO_CHUNK_ROWS rows at the density the node shows (pipelines/planning.py)."""
         flow = self.flow
         if isinstance(flow.window, timedelta):
             return flow.window
+        if span is None:  # nothing to fetch: no chunk is planned, nothing to probe
+            return timedelta(hours=1)
         if self.kind == KIND_ALARM_HISTORY:
-            return timedelta(days=1)
+            return window_for_density(self._probe_alarm_density(span), 1)
         tags_per_batch = len(members) if self._filter_mode() else min(flow.batch, len(members))
         if interval is not None:
             per_hour = timedelta(hours=1) / interval
@@ -473,17 +492,45 @@ class FlowRun:
     def _filter_mode(self) -> bool:
         return isinstance(self._engine, HistoryEngine) and self._engine.filter_query is not None
 
-    def _probe_density(self, members: Sequence[str], span: Window | None) -> float:
-        """Samples per tag and hour, from one raw query of up to 50 tags over the last hour."""
-        end = span.end if span is not None else self.now
-        probe = list(members[:50])
-        options = HistoryOptions(mode="raw", remote_node=self.flow.history_options().remote_node)
-        body = self.node.client.tag_history_many_bytes(
-            probe, end - timedelta(hours=1), end, options
+    def _probe_density(self, members: Sequence[str], span: Window) -> float:
+        """Samples per tag and hour: the highest that raw probes of up to 50 tags (spread
+        over the selection) see at either end of the span, where a backfill's first chunks
+        and an incremental run's last ones are; over an hour, or a day where the hour is
+        empty; at least one per hour."""
+        probe = _spread(members, 50)
+        # `limit` keeps each probe's answer small (50 x 1,000 rows, however dense the day);
+        # tags it cuts are measured up to their last sample, like a node's own cap.
+        options = HistoryOptions(
+            mode="raw", limit=1000, remote_node=self.flow.history_options().remote_node
         )
-        page = parse_history_answer(body, self.node.name, chunk_label="density probe")
-        rows = sum(stats.rows for stats in page.tags.values())
-        return max(1.0, rows / max(1, len(probe)))
+        rates = [1.0]
+        for side in _probe_sides(span):
+            for window in side:
+                body = self.node.client.tag_history_many_bytes(
+                    probe, window.start, window.end, options
+                )
+                page = parse_history_answer(body, self.node.name, chunk_label="density probe")
+                seen = [(stats.rows, stats.last_ts_ms) for stats in page.tags.values()]
+                if any(rows for rows, _ in seen):
+                    rates.append(density_per_hour(seen, len(probe), window.start_ms, window.end_ms))
+                    break
+        return max(rates)
+
+    def _probe_alarm_density(self, span: Window) -> float:
+        """Alarm events per hour at either end of the span (as `_probe_density`)."""
+        alarms = self.flow.alarms
+        path = alarms.path if alarms else "/"
+        rates = [1.0]
+        for side in _probe_sides(span):
+            for window in side:
+                body = self.node.client.alarm_history_bytes(
+                    path, window.start, window.end, self.flow.alarm_filter()
+                )
+                events = parse_alarm_history_answer(body, self.node.name).num_rows
+                if events:
+                    rates.append(events / ((window.end_ms - window.start_ms) / 3_600_000))
+                    break
+        return max(rates)
 
     # -- execution -------------------------------------------------------------------
 
@@ -671,6 +718,25 @@ def _min_watermark(
     if any(mark is None for mark in marks) or not marks:
         return None
     return min(mark for mark in marks if mark is not None)
+
+
+def _spread(members: Sequence[str], count: int) -> list[str]:
+    """Up to `count` members evenly spread over the list (batches are runs of neighbours,
+    so the first `count` could all be one group's)."""
+    if len(members) <= count:
+        return list(members)
+    return [members[i * len(members) // count] for i in range(count)]
+
+
+def _probe_sides(span: Window) -> list[list[Window]]:
+    """Where a density probe looks: the span's end and, when the span is longer than two
+    hours, its start; at each, the hour next to it, then the day (asked only when the hour
+    shows nothing)."""
+    hour, day = timedelta(hours=1), timedelta(days=1)
+    sides = [[Window(span.end - hour, span.end), Window(span.end - day, span.end)]]
+    if span.end - span.start > 2 * hour:
+        sides.append([Window(span.start, span.start + hour), Window(span.start, span.start + day)])
+    return sides
 
 
 def _align_span(span: Window, interval: timedelta) -> Window | None:

@@ -31,7 +31,7 @@ import httpx
 import orjson
 import pyarrow as pa
 
-from connectors.errors import MalformedAnswer, NodeRequestError, UnknownTag
+from connectors.errors import MalformedAnswer, NodeRequestError, UnknownTag, quoted
 from connectors.fetch import FilterQuery, well_formed
 from connectors.normalise import parse_tag_details, tag_details_paths
 from connectors.schema import TAG_METADATA_SCHEMA
@@ -239,11 +239,13 @@ def resolve_tags(
             tags, answers = _exact(client, group, selection.recurrent, selection.regex)
         except UnknownTag:
             raise UnknownTag(
-                "tag.details", f"{where}.group: group {group!r} not found on node {node}"
+                "tag.details", f"{where}.group: group {quoted(group)} not found on node {node}"
             ) from None
         members = _matching(tags, [selection.regex] if selection.regex else [], [])
         if not members:
-            raise UnknownTag("tag.details", f"{where}.group: no tag matches in group {group!r}")
+            raise UnknownTag(
+                "tag.details", f"{where}.group: no tag matches in group {quoted(group)}"
+            )
         query = FilterQuery(group=group, regex=selection.regex, recurrent=selection.recurrent)
         return ResolvedTags(members, query, node, tuple(answers))
     assert selection.browse is not None
@@ -252,12 +254,12 @@ def resolve_tags(
         tags, answers = _exact(client, root, True, None)
     except UnknownTag:
         raise UnknownTag(
-            "tag.details", f"{where}.browse: group {root!r} not found on node {node}"
+            "tag.details", f"{where}.browse: group {quoted(root)} not found on node {node}"
         ) from None
     members = _matching(tags, selection.include, selection.exclude)
     if not members:
         raise UnknownTag(
-            "tag.details", f"{where}.browse: no tag under {root!r} matches include/exclude"
+            "tag.details", f"{where}.browse: no tag under {quoted(root)} matches include/exclude"
         )
     return ResolvedTags(members, None, node, tuple(answers))
 
@@ -278,7 +280,7 @@ def _explicit(client: DetailsClient, node: str, wanted: list[str], *, where: str
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise UnknownTag(
-            "tag.details", f"{where}: tag {missing[0]!r} not found on node {node}{more}"
+            "tag.details", f"{where}: tag {quoted(missing[0])} not found on node {node}{more}"
         )
     return ResolvedTags(tuple(wanted), None, node, tuple(answers), explicit=True)
 
