@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from connectors.schema import KIND_TAG_HISTORY
 from connectors.timewindow import Window, from_ms
+from pipelines.state import tag_members
 from sinks.base import Progress, Sink, merge_windows
 
 GOOD_QUALITY = 192
@@ -566,7 +567,7 @@ def _source(sink: Sink, dataset: str, kind: str) -> _Source:
 
 
 def _progress_span(progress: Progress) -> Window | None:
-    windows = [w for member in progress.completed.values() for w in member]
+    windows = [w for member in tag_members(progress) for w in progress.windows_of(member)]
     if not windows:
         return None
     return Window(min(w.start for w in windows), max(w.end for w in windows))
@@ -626,9 +627,9 @@ def tag_coverage(
     found = groups.result()
     in_range = {
         member
-        for member, windows in progress.completed.items()
+        for member in tag_members(progress)  # not the records of windows a node left out
         if window is not None
-        and any(w.start < window.end and w.end > window.start for w in windows)
+        and any(w.start < window.end and w.end > window.start for w in progress.windows_of(member))
     }
     members, index = _members(found, in_range)
     shape = (len(members), grid.count)
@@ -674,7 +675,7 @@ def _extracted(
     members: list[str], progress: Progress, grid: TimeGrid, window: Window | None
 ) -> np.ndarray:
     """Buckets the flow's progress touches per member; all of them when it keeps none."""
-    if not progress.completed or window is None:
+    if not tag_members(progress) or window is None:
         return np.ones((len(members), grid.count), dtype=bool)
     extracted = np.zeros((len(members), grid.count), dtype=bool)
     for row, member in enumerate(members):

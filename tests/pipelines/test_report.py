@@ -41,6 +41,7 @@ from pipelines.coverage import (
 from pipelines.destinations import SinkSet
 from pipelines.report import render_alarm_page, render_tag_page, write_report
 from pipelines.report_charts import MAX_ROWS_DRAWN, alarm_figures, label, log_ticks, tag_figures
+from pipelines.state import missing_member
 from sinks.base import ChunkScope
 from tests.fixtures import load, write_config
 
@@ -265,6 +266,27 @@ def test_buckets_outside_the_progress_are_not_extracted_not_gaps(tmp_path: Path)
     assert cov.members == ["/a", "/b"]
     assert (cov.gaps(0), cov.not_extracted(0)) == (0, 0)
     assert (cov.gaps(1), cov.not_extracted(1)) == (4, 2), "/b was extracted for 4 of the 6 hours"
+
+
+def test_a_tag_the_node_left_out_is_not_drawn_as_a_series_of_its_own(tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path,
+        node={"url": "http://127.0.0.1:9"},
+        flows={"f": {"node": "n", "tags": {"paths": ["/a", "/b"]}, "start": "-1d"}},
+        sinks=["lake"],
+    )
+    rows = tag_table([("/a", START + i * HOUR, 1.0, 192) for i in range(3)])
+    members = ("/a", missing_member("/b"))  # what the engine writes when /b is not answered
+    with SinkSet(load(path), tmp_path) as sinks:
+        lake = sinks.get("lake")
+        lake.write(
+            scope("f", KIND_TAG_HISTORY, members, Window(START, START + 3 * HOUR), "1"),
+            frame_from_table(rows),
+            3,
+        )
+        cov = tag_coverage(lake, "f", "f", bucket=HOUR)
+    assert cov.members == ["/a"]
+    assert cov.window == Window(START, START + 3 * HOUR)
 
 
 def test_alarms_are_counted_by_priority_and_status(project: tuple[Path, Any]) -> None:
