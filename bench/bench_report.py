@@ -12,11 +12,12 @@ coverage (rows, bad quality, min/mean/max per tag and bucket) in a fresh process
 * `read-whole`: the same numbers from the whole dataset read into memory first through
   `Sink.read` (what the report did before, and what it still does for other sinks).
 
-Prints, per sink and contender, medians over `--runs` processes of: wall seconds of the
-computation, rows/s, the process's peak RSS (imports included) and how much the peak grew
+Prints, per sink and contender, medians over `--runs` processes of: wall and CPU seconds
+of the computation (CPU: this process's threads; a database server's own work is not in
+it), rows/s, the process's peak RSS (imports included) and how much the peak grew
 during the computation; the ratio compares medians of the same run. Both contenders must
 give the same numbers. Then the whole `historian report` command on each sink (process
-start and imports included: what a user waits for; 400 tags x 96 hourly buckets by
+start and imports included: what a user waits for; wall and CPU seconds; 400 tags x 96 hourly buckets by
 default) and the size of the page it writes.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -148,11 +150,12 @@ def measure(path: Path, sink_name: str, contender: str) -> dict[str, Any]:
         sink = opened.get(sink_name)
         target = sink if contender == "in-sink" else ReadWhole(sink)
         before = high_water_mb()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         cov = tag_coverage(target, flow, flow)  # type: ignore[arg-type]
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     return {
         "seconds": seconds,
+        "cpu": cpu,
         "rows": int(cov.rows.sum()),
         "peak_rss_mb": high_water_mb(),
         "growth_mb": high_water_mb() - before,
@@ -166,17 +169,21 @@ def run_child(path: Path, sink_name: str, contender: str) -> dict[str, Any]:
     return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def report_command(path: Path, sink_name: str, runs: int) -> tuple[float, int]:
-    """Median wall seconds of `historian report` on the sink's flow, and the page's size."""
+def report_command(path: Path, sink_name: str, runs: int) -> tuple[float, float, int]:
+    """Median wall and CPU seconds (user + system) of `historian report` on the sink's flow,
+    and the size of the page it writes."""
     historian = Path(sys.executable).with_name("historian")
     page = path.parent / f"{sink_name}.html"
-    times = []
+    times, cpus = [], []
     for _ in range(runs):
         command = [str(historian), "report", f"f_{sink_name}", "--out", str(page)]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         began = time.perf_counter()
         subprocess.run([*command, "--config", str(path)], capture_output=True, check=True)
         times.append(time.perf_counter() - began)
-    return statistics.median(times), page.stat().st_size
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return statistics.median(times), statistics.median(cpus), page.stat().st_size
 
 
 def main() -> None:
@@ -201,10 +208,10 @@ def main() -> None:
         try:
             fill(path, sinks, args.rows, args.tags, args.days)
             print(
-                "| sink | contender | wall s | rows/s | peak RSS MB | peak growth MB "
+                "| sink | contender | wall s | CPU s | rows/s | peak RSS MB | peak growth MB "
                 "| time / read-whole |"
             )
-            print("|---|---|---:|---:|---:|---:|---:|")
+            print("|---|---|---:|---:|---:|---:|---:|---:|")
             for name in sinks:
                 results: dict[str, list[dict[str, Any]]] = {c: [] for c in CONTENDERS}
                 for _ in range(args.runs):  # alternate: both see the same machine noise
@@ -217,17 +224,18 @@ def main() -> None:
                     rows = measures[0]["rows"]
                     rss = statistics.median(r["peak_rss_mb"] for r in measures)
                     growth = statistics.median(r["growth_mb"] for r in measures)
+                    cpu = statistics.median(r["cpu"] for r in measures)
                     ratio = wall[contender] / wall["read-whole"]
                     print(
-                        f"| {name} | {contender} | {wall[contender]:.2f} | "
+                        f"| {name} | {contender} | {wall[contender]:.2f} | {cpu:.2f} | "
                         f"{rows / wall[contender]:,.0f} | {rss:.0f} | {growth:.0f} | {ratio:.2f}x |"
                     )
             print()
-            print("| sink | `historian report` wall s (median) | page KB |")
-            print("|---|---:|---:|")
+            print("| sink | `historian report` wall s | CPU s | page KB |")
+            print("|---|---:|---:|---:|")
             for name in sinks:
-                seconds, size = report_command(path, name, args.runs)
-                print(f"| {name} | {seconds:.2f} | {size / 1024:,.0f} |")
+                seconds, cpu, size = report_command(path, name, args.runs)
+                print(f"| {name} | {seconds:.2f} | {cpu:.2f} | {size / 1024:,.0f} |")
         finally:
             if pg is not None:
                 import sqlalchemy as sa
