@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.schema import KIND_TAG_HISTORY
+from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY
 from connectors.timewindow import Window, from_ms
 from pipelines.state import tag_members
 from sinks.base import Progress, Sink, merge_windows
@@ -602,8 +602,28 @@ def _iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _empty_grid() -> TimeGrid:
-    return TimeGrid(0, 3_600_000, 0)
+def _gather(
+    sink: Sink,
+    dataset: str,
+    kind: str,
+    progress: Progress,
+    start: datetime | None,
+    end: datetime | None,
+    bucket: timedelta | None,
+) -> tuple[Window | None, TimeGrid, pa.Table]:
+    """The range, its buckets, and the dataset's groups in it (one row per group)."""
+    source = _source(sink, dataset, kind)
+    window = _resolve(start, end, source, progress)
+    if window is None:
+        return None, TimeGrid(0, 3_600_000, 0), pa.table({})
+    grid = plan_grid(window, bucket)
+    keys, parts = (
+        (_TAG_KEYS, _TAG_PARTS) if kind == KIND_TAG_HISTORY else (_ALARM_KEYS, _ALARM_PARTS)
+    )
+    groups = _Groups(keys, parts)
+    for part in source.partials(window, grid):
+        groups.add(part)
+    return window, grid, groups.result()
 
 
 def tag_coverage(
@@ -616,15 +636,8 @@ def tag_coverage(
     bucket: timedelta | None = None,
 ) -> TagCoverage:
     """Tag history coverage of `flow` in `sink` over [start, end) (default: all it holds)."""
-    source = _source(sink, dataset, KIND_TAG_HISTORY)
     progress = sink.progress(flow)
-    window = _resolve(start, end, source, progress)
-    grid = plan_grid(window, bucket) if window else _empty_grid()
-    groups = _Groups(_TAG_KEYS, _TAG_PARTS)
-    if window is not None:
-        for part in source.partials(window, grid):
-            groups.add(part)
-    found = groups.result()
+    window, grid, found = _gather(sink, dataset, KIND_TAG_HISTORY, progress, start, end, bucket)
     in_range = {
         member
         for member in tag_members(progress)  # not the records of windows a node left out
@@ -698,14 +711,8 @@ def alarm_coverage(
     bucket: timedelta | None = None,
 ) -> AlarmCoverage:
     """Alarm events of `flow` in `sink` per path, priority and status over [start, end)."""
-    source = _source(sink, dataset, "alarm_history")
-    window = _resolve(start, end, source, sink.progress(flow))
-    grid = plan_grid(window, bucket) if window else _empty_grid()
-    groups = _Groups(_ALARM_KEYS, _ALARM_PARTS)
-    if window is not None:
-        for part in source.partials(window, grid):
-            groups.add(part)
-    found = groups.result()
+    progress = sink.progress(flow)
+    window, grid, found = _gather(sink, dataset, KIND_ALARM_HISTORY, progress, start, end, bucket)
     paths, index = _members(found, set())
     columns = len(PRIORITIES)
     events = np.zeros((len(paths), grid.count), np.int64)

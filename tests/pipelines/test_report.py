@@ -116,21 +116,22 @@ def project(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, Any]:
     pg = None
     if sink == "pg":
         pg = (request.getfixturevalue("pg_url"), request.getfixturevalue("pg_schema"))
-    path = write_config(
-        tmp_path,
+    return two_flows(tmp_path, sink, pg), sink
+
+
+def two_flows(folder: Path, sink: str, pg: tuple[str, str] | None = None) -> Path:
+    """flows.yaml with flows `f` (the tags above) and `al` (alarms), both into `sink`."""
+    tags = {"paths": [NUMBER, FLAG, TEXT, HOSTILE, SILENT]}
+    return write_config(
+        folder,
         node={"url": "http://127.0.0.1:9"},
         flows={
-            "f": {
-                "node": "n",
-                "tags": {"paths": [NUMBER, FLAG, TEXT, HOSTILE, SILENT]},
-                "start": "-1d",
-            },
+            "f": {"node": "n", "tags": tags, "start": "-1d"},
             "al": {"node": "n", "kind": "alarm_history", "start": "-1d"},
         },
         pg=pg,
         sinks=[sink],
     )
-    return path, sink
 
 
 def fill(sinks: SinkSet, name: str) -> pa.Table:
@@ -587,19 +588,7 @@ def test_headless_chromium_draws_the_page_offline_with_hostile_paths_as_text(
     from PIL import Image
 
     assert CHROMIUM is not None
-    path = write_config(
-        tmp_path,
-        node={"url": "http://127.0.0.1:9"},
-        flows={
-            "f": {
-                "node": "n",
-                "tags": {"paths": [NUMBER, FLAG, TEXT, HOSTILE, SILENT]},
-                "start": "-1d",
-            },
-            "al": {"node": "n", "kind": "alarm_history", "start": "-1d"},
-        },
-        sinks=["lake"],
-    )
+    path = two_flows(tmp_path, "lake")
     config = load(path)
     with SinkSet(config, path.parent) as sinks:
         fill(sinks, "lake")
