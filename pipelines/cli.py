@@ -807,18 +807,48 @@ def serve(
 def report(
     flow: Annotated[str, typer.Argument(help="Flow whose data to draw.")],
     out_path: Annotated[Path | None, typer.Option("--out", help="HTML file to write.")] = None,
+    start: Annotated[
+        str | None,
+        typer.Option(
+            help="From (ISO 8601, UTC unless an offset is given, or -7d). Default: the first row or extracted window."
+        ),
+    ] = None,
+    end: Annotated[
+        str | None,
+        typer.Option(
+            help="Until, exclusive (ISO 8601 or -1h). Default: the last row or extracted window."
+        ),
+    ] = None,
+    bucket: Annotated[
+        str | None,
+        typer.Option(help="Bucket size (15m, 1h, 1d). Default: about 100 buckets over the range."),
+    ] = None,
     config: ConfigOption = Path(DEFAULT_CONFIG),
 ) -> None:
-    """Coverage per tag over time (rows, gaps, bad quality) as a self-contained HTML page."""
+    """Coverage and value trend per tag (alarm counts by priority and status) as one HTML page."""
     with user_errors():
+        from pipelines.coverage import RangeError
         from pipelines.destinations import SinkSet
+        from pipelines.planning import parse_duration
         from pipelines.report import write_report
 
         cfg = _load(config)
         _check_flow(cfg, flow, config)
+        since, until = _moment(start, "--start"), _moment(end, "--end")
+        if since is not None and until is not None and until <= since:
+            raise UserError("--end must be after --start", EXIT_USAGE)
+        try:
+            size = parse_duration(bucket) if bucket is not None else None
+        except ValueError as exc:
+            raise UserError(f"--bucket: {exc}", EXIT_USAGE) from None
         target = out_path or Path(f"{flow}-report.html")
         with SinkSet(cfg, config.resolve().parent) as sinks:
-            written = write_report(cfg, flow, target, sinks=sinks)
+            try:
+                written = write_report(
+                    cfg, flow, target, sinks=sinks, start=since, end=until, bucket=size
+                )
+            except RangeError as exc:
+                raise UserError(f"report {flow}: {exc}", EXIT_USAGE) from None
         out.print(f"report: {written}", highlight=False)
 
 
