@@ -37,6 +37,7 @@ from tenacity import (
 )
 
 from connectors import models
+from connectors.deadline import deadline_transport, request_deadline
 from connectors.errors import (
     AuthenticationError,
     MalformedAnswer,
@@ -154,6 +155,10 @@ class NodeClient:
         # httpcore#1110), which hangs that request until its read timeout or fails it with
         # EBADF. With at most `max_connections` requests in the pool, none is ever queued.
         self._slots = threading.BoundedSemaphore(settings.max_connections)
+        if transport is None:
+            # The node is reached directly (proxy variables of the environment are not
+            # used), through a transport that enforces each request's total deadline.
+            transport = deadline_transport(verify=verify, limits=limits)
         self._http = httpx.Client(
             base_url=settings.base_url,
             headers=headers,
@@ -234,10 +239,15 @@ class NodeClient:
 
     def _send(self, operation: str, method: str, url: str, content: bytes | None) -> httpx.Response:
         headers = {"Content-Type": "application/json"} if content is not None else None
+        deadline_s = self.settings.deadline_s
         try:
-            with self._slots:
+            with self._slots, request_deadline(deadline_s) as deadline:
                 response = self._http.request(method, url, content=content, headers=headers)
         except httpx.TimeoutException:
+            if deadline.expired:
+                raise NodeTimeout(
+                    operation, f"no complete answer within the request deadline ({deadline_s:g} s)"
+                ) from None
             raise NodeTimeout(operation, "no answer within the timeout") from None
         except httpx.ConnectError as exc:
             if _is_tls_failure(exc):
@@ -258,6 +268,8 @@ class NodeClient:
             raise NodeConnectionError(operation, "answer body could not be decoded") from None
         except httpx.TransportError as exc:
             raise NodeConnectionError(operation, f"transport error: {type(exc).__name__}") from None
+        except httpx.InvalidURL as exc:  # a request URL past what httpx sends (65,536 chars)
+            raise NodeRequestError(operation, f"request not sent: {exc}") from None
         status = response.status_code
         if status == 200:
             return response

@@ -20,6 +20,25 @@ def body_start(body: bytes | str | None, limit: int = BODY_START_CHARS) -> str:
     return text[:limit] + ("..." if len(text) > limit else "")
 
 
+QUOTED_CHARS = 80
+
+
+def quoted(value: object, limit: int = QUOTED_CHARS) -> str:
+    """A user's value as an error message quotes it: its repr, and when longer than
+    `limit` characters, its start and its length (`'/Plant/xxxx'... (100,000 characters)`),
+    so that a hostile value never makes a 100 KB error line."""
+    if isinstance(value, str | bytes) and len(value) > limit:
+        unit = "characters" if isinstance(value, str) else "bytes"
+        return f"{value[:limit]!r}... ({len(value):,} {unit})"
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        text = f"<{type(value).__name__}>"
+    if len(text) > limit:
+        return f"{text[:limit]}... ({len(text):,} characters)"
+    return text
+
+
 def one_line(exc: BaseException) -> str:
     """An exception as one line for the user: its message with whitespace collapsed."""
     return " ".join(str(exc).split()) or type(exc).__name__

@@ -59,12 +59,18 @@ _Columns6 = tuple[pa.Array, pa.Array, pa.Array, pa.Array, pa.Array, pa.Array]
 
 @dataclass(frozen=True)
 class TagStats:
-    """What one answer held for one tag: enough for the engine to continue a capped answer."""
+    """What one answer held for one tag: enough for the engine to continue a capped answer.
+
+    `last_ts_ms` is the newest timestamp (whatever the row order), `at_last_ts` the rows on
+    it; `null_data` is true when the entry's `data` was null rather than a list, which a
+    node answers for a tag it left out (node-facts.md: not the same as no rows).
+    """
 
     rows: int
     first_ts_ms: int | None
     last_ts_ms: int | None
     at_last_ts: int
+    null_data: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,10 @@ class HistoryPage:
 
     table: pa.Table
     tags: dict[str, TagStats]
+
+    def answered(self) -> set[str]:
+        """The tags this answer holds an entry with a list of rows for (empty or not)."""
+        return {tag for tag, stats in self.tags.items() if not stats.null_data}
 
 
 @contextmanager
@@ -491,7 +501,7 @@ def _add_tag(pieces: _Pieces, tag: str, data: Any, operation: str, chunk_label: 
     """Columnise one tag's rows into `pieces`; its stats for continuation."""
     if data is None or (type(data) is list and not data):
         pieces.add(tag, None, None)
-        return TagStats(0, None, None, 0)
+        return TagStats(0, None, None, 0, null_data=data is None)
     if type(data) is not list:
         raise MalformedAnswer(
             operation,
@@ -637,7 +647,11 @@ def _history_from_bytes(body: bytes, node: str, encoded: bool) -> HistoryPage:
         else:
             pieces.add(tag, (ts, value, _nulls_bool(n), _nulls_str(n), quality, extra), None)
     table, stats = pieces.table_and_stats(node, encoded)
-    return HistoryPage(table, dict(zip(answer, stats, strict=True)))
+    by_tag = dict(zip(answer, stats, strict=True))
+    for tag, data in zip(answer, datas, strict=True):
+        if len(data) == 4 and bytes(data) == b"null":
+            by_tag[tag] = TagStats(0, None, None, 0, null_data=True)
+    return HistoryPage(table, by_tag)
 
 
 def parse_single_history_answer(
@@ -855,12 +869,27 @@ def _bool_or_none(value: Any) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
+def _entry_path(name: str, full_path: Any, group: str | None) -> Any:
+    """A details entry's tag path: its `fullPath`; without one, the key when it is a path,
+    else the key as a name in `group` (a group's own details: names are unique there)."""
+    if full_path:
+        return full_path
+    if group is not None and not name.startswith("/"):
+        return group + name
+    return name
+
+
 def parse_tag_details(
-    body_or_obj: bytes | str | Mapping[str, Any], node: str, updated_at_ms: int
+    body_or_obj: bytes | str | Mapping[str, Any],
+    node: str,
+    updated_at_ms: int,
+    *,
+    group: str | None = None,
 ) -> pa.Table:
     """A `tag?cmd=details` answer as TAG_METADATA_SCHEMA rows, one per tag (by fullPath).
 
-    `tags` is keyed by tag name; the row's tag is `fullPath` (the name when it is missing).
+    `tags` is keyed by tag name (or path, on some nodes); the row's tag is `fullPath`
+    (without one: see `_entry_path`; `group` names the group a non-recursive answer is of).
     `config` keeps the whole tag configuration as JSON text (sorted keys). Built column by
     column with the collector paused: a run that names 10,000 tags reads 10,000 entries.
     """
@@ -877,10 +906,12 @@ def parse_tag_details(
             tags = {}
         if not isinstance(tags, Mapping):
             raise MalformedAnswer(operation, "tags is not an object", where="tag details")
-        return _details_table(tags, node, updated_at_ms)
+        return _details_table(tags, node, updated_at_ms, group)
 
 
-def _details_table(tags: Mapping[str, Any], node: str, updated_at_ms: int) -> pa.Table:
+def _details_table(
+    tags: Mapping[str, Any], node: str, updated_at_ms: int, group: str | None = None
+) -> pa.Table:
     """TAG_METADATA_SCHEMA columns of the `tags` object of a details answer."""
     operation = "tag.details"
     columns: list[list[Any]] = [[] for _ in range(len(TAG_METADATA_SCHEMA) - 2)]
@@ -889,7 +920,7 @@ def _details_table(tags: Mapping[str, Any], node: str, updated_at_ms: int) -> pa
     for name, entry in tags.items():
         if not isinstance(entry, Mapping):
             raise MalformedAnswer(operation, "a tag entry is not an object", where=f"tag {name!r}")
-        path = entry.get("fullPath") or name
+        path = _entry_path(name, entry.get("fullPath"), group)
         if not isinstance(path, str):
             raise MalformedAnswer(operation, "fullPath is not a string", where=f"tag {name!r}")
         path_c.append(path)
@@ -933,7 +964,7 @@ class _DetailsAnswer(msgspec.Struct):
 _DETAILS_DECODER = msgspec.json.Decoder(_DetailsAnswer)
 
 
-def tag_details_paths(body: bytes | str) -> list[str]:
+def tag_details_paths(body: bytes | str, *, group: str | None = None) -> list[str]:
     """The tag paths of a `tag?cmd=details` answer, as `parse_tag_details` names them.
 
     Reads the paths only (configurations are skipped, not built): resolving a run's
@@ -950,7 +981,7 @@ def tag_details_paths(body: bytes | str) -> list[str]:
         raise MalformedAnswer(operation, f"answer is not JSON ({exc})", body=body) from None
     paths: list[str] = []
     for name, entry in (answer.tags or {}).items():
-        path = entry.full_path or name
+        path = _entry_path(name, entry.full_path, group)
         if not isinstance(path, str):
             raise MalformedAnswer(operation, "fullPath is not a string", where=f"tag {name!r}")
         paths.append(path)

@@ -7,14 +7,23 @@ reads them when it is built, so nothing printable here ever contains a token.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from connectors.errors import FatalNodeError
+import httpx
+
+from connectors.errors import FatalNodeError, quoted
 
 DEFAULT_HTTP_PORT = 3003
 DEFAULT_HTTPS_PORT = 3443
+_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@")
+
+
+def url_has_credentials(url: str) -> bool:
+    """`user[:password]@` before the host: a secret, so such a URL is never repeated."""
+    return _USERINFO.match(url) is not None
 
 
 class SettingsError(FatalNodeError):
@@ -44,6 +53,8 @@ class NodeSettings:
     password_block: str | None = None
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0
+    # The whole request (connect, wait, read every byte); None: see `deadline_s`.
+    request_deadline_s: float | None = None
     max_connections: int = 8
     retries: int = 5
     backoff_base_s: float = 0.25
@@ -52,13 +63,20 @@ class NodeSettings:
     retry_server_errors: bool = True
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SettingsError(f"node {self.name}: {self.url!r} is not an http(s) URL")
-        if parts.username or parts.password:
+        if url_has_credentials(self.url):
             raise SettingsError(
                 f"node {self.name}: put credentials in environment variables, not in the URL"
             )
+        try:
+            parts = urlsplit(self.url)
+            parts.port  # noqa: B018 - raises ValueError when out of range
+            httpx.URL(self.url)
+        except (ValueError, httpx.InvalidURL) as exc:
+            raise SettingsError(
+                f"node {self.name}: {quoted(self.url)} is not a valid URL: {exc}"
+            ) from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SettingsError(f"node {self.name}: {quoted(self.url)} is not an http(s) URL")
         if self.max_connections < 1:
             raise SettingsError(f"node {self.name}: max_connections must be at least 1")
         has_password = self.password_env is not None or self.password_block is not None
@@ -78,6 +96,17 @@ class NodeSettings:
             raise SettingsError(f"node {self.name}: retries must be 0 or more")
         if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
             raise SettingsError(f"node {self.name}: timeouts must be positive")
+        if self.request_deadline_s is not None and self.request_deadline_s <= 0:
+            raise SettingsError(f"node {self.name}: request_deadline must be positive")
+
+    @property
+    def deadline_s(self) -> float:
+        """Seconds one request may take in all: the setting, or `connect_timeout_s` plus
+        twice `read_timeout_s` (a whole read timeout to start answering, as long again to
+        finish)."""
+        if self.request_deadline_s is not None:
+            return self.request_deadline_s
+        return self.connect_timeout_s + 2 * self.read_timeout_s
 
     @property
     def base_url(self) -> str:
@@ -105,11 +134,11 @@ class NodeSettings:
             value = block.get()
         except Exception as exc:
             raise SettingsError(
-                f"node {self.name}: Prefect Secret block {name!r} cannot be read "
+                f"node {self.name}: Prefect Secret block {quoted(name)} cannot be read "
                 f"({type(exc).__name__})"
             ) from None
         if not isinstance(value, str) or not value:
-            raise SettingsError(f"node {self.name}: Prefect Secret block {name!r} is empty")
+            raise SettingsError(f"node {self.name}: Prefect Secret block {quoted(name)} is empty")
         return value
 
     def bearer_token(self) -> str | None:

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn, TypeVar
 
@@ -30,12 +30,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from connectors.errors import NodeError, one_line
+from connectors.errors import NodeError, one_line, quoted
 
 if TYPE_CHECKING:  # config and runner pull in pandas and pyarrow: imported when needed
     from pipelines.config import Config
+    from pipelines.nodes import NodePool
     from pipelines.runner import ChunkOutcome, Plan, RunRequest, RunSummary
-    from sinks.base import ChunkRecord
+    from sinks.base import ChunkRecord, Sink
 
 app = typer.Typer(
     name="historian",
@@ -131,7 +132,7 @@ def _moment(value: str | None, option: str) -> datetime | None:
 def _check_flow(config: Config, name: str, source: Path) -> None:
     if name not in config.flows:
         known = ", ".join(config.flows)
-        raise UserError(f"{source.name}: no flow named {name!r} (flows: {known})", EXIT_USAGE)
+        raise UserError(f"{source.name}: no flow named {quoted(name)} (flows: {known})", EXIT_USAGE)
 
 
 # -- run / backfill --------------------------------------------------------------------
@@ -289,14 +290,27 @@ def _print_summaries(config: Config, config_path: Path, summaries: list[RunSumma
     if not rows:
         return
     table = Table(title="historian run", show_lines=False, title_justify="left")
-    for column in ("flow", "rows", "chunks", "skipped", "seconds", "rows/s", "tags", "watermark"):
-        table.add_column(column, justify="right" if column not in ("flow", "watermark") else "left")
+    columns = (
+        "flow",
+        "rows",
+        "chunks",
+        "window",
+        "skipped",
+        "seconds",
+        "rows/s",
+        "tags",
+        "watermark",
+    )
+    for column in columns:
+        left = column in ("flow", "window", "watermark")
+        table.add_column(column, justify="left" if left else "right")
     for s in rows:
         mark = s.watermark_after.strftime("%Y-%m-%d %H:%M:%SZ") if s.watermark_after else "-"
         table.add_row(
             s.flow,
             f"{s.rows:,}",
             f"{s.chunks_done}/{s.chunks_planned}",
+            s.window_label,
             f"{s.chunks_skipped}",
             f"{s.seconds:.1f}",
             f"{s.rows_per_second:,.0f}",
@@ -304,6 +318,9 @@ def _print_summaries(config: Config, config_path: Path, summaries: list[RunSumma
             mark,
         )
     out.print(table)
+    for s in rows:
+        for remark in s.remarks:
+            out.print(f"  [yellow]{s.flow}:[/] {remark}", highlight=False, soft_wrap=True)
     base = config_path.resolve().parent
     shown: set[tuple[str, str]] = set()
     for s in rows:
@@ -421,28 +438,33 @@ def state_show(
     config: ConfigOption = Path(DEFAULT_CONFIG),
     chunks: Annotated[int, typer.Option(help="Recent chunks to list per flow.")] = 5,
 ) -> None:
-    """Watermarks per flow and sink, and the most recent chunks with rows fetched/committed."""
+    """Watermarks per flow and sink, the most recent chunks with rows fetched/committed,
+    windows the node left a tag out of, and progress marked complete past now - settle."""
     if ctx.invoked_subcommand is not None:
         return
     with user_errors():
+        from datetime import UTC
+
         from pipelines.destinations import SinkSet
-        from pipelines.state import flow_watermark
+        from pipelines.state import flow_watermark, missing_windows, tag_members
 
         cfg = _load(config)
         if flow is not None:
             _check_flow(cfg, flow, config)
         names = [flow] if flow else list(cfg.flows)
+        now = datetime.now(UTC)
         with SinkSet(cfg, config.resolve().parent) as sinks:
             table = Table(title="historian state", title_justify="left")
             for column in ("flow", "sink", "members", "watermark", "complete to (min..max)"):
                 table.add_column(column)
             logs: list[tuple[str, str, list[ChunkRecord]]] = []
+            warnings: list[str] = []
             for name in names:
                 fc = cfg.flows[name]
                 for sink_name in fc.sinks:
                     sink = sinks.get(sink_name)
                     progress = sink.progress(name)
-                    members = sorted(progress.completed)
+                    members = tag_members(progress)
                     marks = [flow_watermark(progress, [m], fc.start) for m in members]
                     overall = flow_watermark(progress, members, fc.start) if members else None
                     ends = [m for m in marks if m is not None]
@@ -459,7 +481,24 @@ def state_show(
                         span,
                     )
                     logs.append((name, sink_name, list(sink.chunk_log(name, chunks))))
+                    where = f"{name} -> {sink_name}"
+                    poisoned = _poisoned_from(sink, name, fc.settle, now)
+                    if poisoned is not None:
+                        warnings.append(
+                            f"[red]POISONED[/] {where}: marked complete past what the node "
+                            f"could have had (from {poisoned:%Y-%m-%d %H:%M:%S}Z); "
+                            f"repair: historian state repair {name}"
+                        )
+                    for tag, windows in missing_windows(progress).items():
+                        shown = ", ".join(str(w) for w in windows[:3])
+                        more = f" (+{len(windows) - 3} more)" if len(windows) > 3 else ""
+                        warnings.append(
+                            f"[yellow]MISSING[/] {where}: tag {tag!r} left out of the node's "
+                            f"answers in {shown}{more}"
+                        )
             out.print(table)
+            for line in warnings:
+                out.print(line, highlight=False, soft_wrap=True)
             mismatches = 0
             for name, sink_name, records in logs:
                 if not records:
@@ -477,6 +516,59 @@ def state_show(
                     )
             if mismatches:
                 raise UserError(f"{mismatches} chunks committed a different row count than fetched")
+
+
+# Chunk records read to find progress recorded past what was settled when it was written.
+_REPAIR_SCAN = 1_000_000
+
+
+def _poisoned_from(sink: Sink, flow: str, settle: timedelta, now: datetime) -> datetime | None:
+    """Where a flow's progress in `sink` claims more than the node could have had: chunks
+    whose window ended after they were written (minus settle), or progress past now -
+    settle. None when there is nothing of the kind."""
+    from pipelines.state import complete_past, repair_from
+
+    moments = [repair_from(sink.chunk_log(flow, _REPAIR_SCAN), settle)]
+    if complete_past(sink.progress(flow), now - settle) is not None:
+        moments.append(now - settle)
+    found = [moment for moment in moments if moment is not None]
+    return min(found) if found else None
+
+
+@state_app.command("repair")
+def state_repair(
+    flow: Annotated[str, typer.Argument(help="Flow whose poisoned progress to forget.")],
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+) -> None:
+    """Forget progress marked complete past what the node could have had (a backfill to a
+    future end, before ends were cut at now - settle); the next run fetches it. Data stays."""
+    with user_errors():
+        from datetime import UTC
+
+        from pipelines.destinations import SinkSet
+
+        cfg = _load(config)
+        _check_flow(cfg, flow, config)
+        settle = cfg.flows[flow].settle
+        now = datetime.now(UTC)
+        repaired = 0
+        with SinkSet(cfg, config.resolve().parent) as sinks:
+            for sink_name in cfg.flows[flow].sinks:
+                sink = sinks.get(sink_name)
+                with sink.lock(flow):
+                    moment = _poisoned_from(sink, flow, settle, now)
+                    if moment is None:
+                        continue
+                    removed = sink.forget_after(flow, moment)
+                    repaired += 1
+                out.print(
+                    f"repaired {flow} in {sink_name}: progress after "
+                    f"{moment:%Y-%m-%d %H:%M:%S}Z forgotten ({removed} entries); the next run "
+                    "fetches it again",
+                    highlight=False,
+                )
+        if not repaired:
+            out.print(f"{flow}: nothing to repair", highlight=False)
 
 
 @state_app.command("reset")
@@ -515,11 +607,9 @@ def state_reset(
 def check(
     config: ConfigOption = Path(DEFAULT_CONFIG),
 ) -> None:
-    """Config valid, every node reachable with its credentials, every sink writable."""
+    """Config valid, every node reachable (and its version), every flow's tags found, every
+    sink writable; writes nothing."""
     with user_errors():
-        from pipelines.destinations import SinkSet
-        from pipelines.nodes import NodePool, describe_node
-
         cfg = _load(config)
         out.print(
             f"[green]ok[/] {config}: {len(cfg.flows)} flows, {len(cfg.nodes)} nodes, "
@@ -527,36 +617,90 @@ def check(
             highlight=False,
         )
         problems: list[str] = []
-        with NodePool(cfg) as nodes:
-            for name in cfg.nodes:
-                try:
-                    node = nodes.get(name)
-                    status = node.client.system_status()
-                    node_name = getattr(getattr(status, "n3", None), "node", None) or ""
-                    # A history-permission check: credentials accepted for tag data too.
-                    node.client.tag_get_views()
-                    out.print(
-                        f"[green]ok[/] node {describe_node(node)} answers {node_name}",
-                        highlight=False,
-                    )
-                except NodeError as exc:
-                    problems.append(f"node {name}: {one_line(exc)}")
-                    err.print(f"[red]fail[/] node {name}: {one_line(exc)}", highlight=False)
-        from sinks.base import SinkError
 
-        with SinkSet(cfg, config.resolve().parent) as sinks:
-            for name in cfg.sinks:
-                try:
-                    sink = sinks.get(name)
-                    sink.check_writable()
-                    out.print(f"[green]ok[/] sink {name}: {sink.describe()}", highlight=False)
-                except SinkError as exc:
-                    problems.append(f"sink {name}: {one_line(exc)}")
-                    err.print(f"[red]fail[/] sink {name}: {one_line(exc)}", highlight=False)
+        def fail(what: str, exc: Exception) -> None:
+            problems.append(f"{what}: {one_line(exc)}")
+            err.print(f"[red]fail[/] {what}: {one_line(exc)}", highlight=False)
+
+        from pipelines.nodes import NodePool
+
+        with NodePool(cfg) as nodes:
+            reachable = _check_nodes(cfg, nodes, fail)
+            _check_flows(cfg, nodes, reachable, fail)
+        _check_sinks(cfg, config.resolve().parent, fail)
         if problems:
             raise UserError(
                 problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
             )
+
+
+def _check_nodes(cfg: Config, nodes: NodePool, fail: Callable[[str, Exception], None]) -> set[str]:
+    """Each node answers with its credentials (tag data too); shows its name and version."""
+    from pipelines.nodes import describe_node
+
+    reachable: set[str] = set()
+    for name in cfg.nodes:
+        try:
+            node = nodes.get(name)
+            status = node.client.system_status()
+            node_name = getattr(getattr(status, "n3", None), "node", None) or ""
+            # A history-permission check: credentials accepted for tag data too.
+            node.client.tag_get_views()
+            version = node.version()
+            shown = f"version {version}" if version is not None else "version unknown"
+            if version is not None and version.text and version.text != str(version):
+                shown += f" ({version.text!r})"
+            out.print(
+                f"[green]ok[/] node {describe_node(node)} answers {node_name}, {shown}",
+                highlight=False,
+            )
+            reachable.add(name)
+        except NodeError as exc:
+            fail(f"node {name}", exc)
+    return reachable
+
+
+def _check_flows(
+    cfg: Config, nodes: NodePool, reachable: set[str], fail: Callable[[str, Exception], None]
+) -> None:
+    """Each flow's tag selection resolves on its node (an unknown path or group is named
+    by its config key), and its method is one the node's version computes."""
+    from connectors.version import check_method
+    from pipelines.selection import resolve_tags
+
+    for name, flow in cfg.flows.items():
+        if flow.node not in reachable:
+            continue
+        node = nodes.get(flow.node)
+        try:
+            if flow.kind == "alarm_history":
+                path = flow.alarms.path if flow.alarms else "/"
+                count = node.client.alarm_count(path)
+                found = f"alarms under {path!r}: {count} now"
+            else:
+                assert flow.tags is not None
+                check_method(flow.method, node.version(), where=f"flows.{name}.method")
+                resolved = resolve_tags(
+                    node.client, node.name, flow.tags, where=f"flows.{name}.tags"
+                )
+                found = f"{len(resolved.members)} tags"
+            out.print(f"[green]ok[/] flow {name}: {found}", highlight=False)
+        except NodeError as exc:
+            fail(f"flow {name}", exc)
+
+
+def _check_sinks(cfg: Config, base: Path, fail: Callable[[str, Exception], None]) -> None:
+    """Each sink could be written: found without creating a schema, table or folder."""
+    from pipelines.destinations import make_sink
+    from sinks.base import SinkError
+
+    for name, sink_config in cfg.sinks.items():
+        try:
+            sink = make_sink(name, sink_config, base)
+            found = sink.probe()
+            out.print(f"[green]ok[/] sink {name}: {sink.describe()}: {found}", highlight=False)
+        except SinkError as exc:
+            fail(f"sink {name}", exc)
 
 
 # -- simulate / serve / report ------------------------------------------------------------
@@ -587,11 +731,29 @@ def simulate(
         int | None,
         typer.Option(help="Sample every tag every N ms on a regular grid (default: mixed)."),
     ] = None,
+    profile: Annotated[
+        str,
+        typer.Option(
+            help="How the node reads what the spec leaves open: a profile, a+b, or `list`."
+        ),
+    ] = "default",
 ) -> None:
     """Serve the built-in node simulator (the whole REST interface) until Ctrl-C."""
     with user_errors():
         from connectors.simulator import SimConfig, serve_forever
         from connectors.simulator.config import MAX_PERIOD_MS
+        from connectors.simulator.profiles import BEHAVIOURS, PROFILES, behaviours_of
+
+        if profile == "list":
+            for name, behaviours in PROFILES.items():
+                out.print(f"{name}: {', '.join(sorted(behaviours)) or '-'}", highlight=False)
+            for name, what in BEHAVIOURS.items():
+                out.print(f"  {name}: {what}", highlight=False, soft_wrap=True)
+            return
+        try:
+            behaviours_of(profile)
+        except ValueError as exc:
+            raise UserError(f"--profile: {exc}", EXIT_USAGE) from None
 
         if not 10 <= tags <= 100_000:
             raise UserError("--tags must be between 10 and 100000", EXIT_USAGE)
@@ -608,9 +770,11 @@ def simulate(
             cache_limit_bytes=replay_limit_mb << 20,
             cache_compress=replay_compress,
             period_ms=period_ms,
+            profile=profile,
         )
         err.print(
             f"simulator: http://{host}:{port}"
+            + (f" (profile {profile})" if profile != "default" else "")
             + (f" and https://{host}:{https_port}" if https_port else "")
             + (" (bearer token required)" if token else ""),
             highlight=False,
@@ -643,18 +807,48 @@ def serve(
 def report(
     flow: Annotated[str, typer.Argument(help="Flow whose data to draw.")],
     out_path: Annotated[Path | None, typer.Option("--out", help="HTML file to write.")] = None,
+    start: Annotated[
+        str | None,
+        typer.Option(
+            help="From (ISO 8601, UTC unless an offset is given, or -7d). Default: the first row or extracted window."
+        ),
+    ] = None,
+    end: Annotated[
+        str | None,
+        typer.Option(
+            help="Until, exclusive (ISO 8601 or -1h). Default: the last row or extracted window."
+        ),
+    ] = None,
+    bucket: Annotated[
+        str | None,
+        typer.Option(help="Bucket size (15m, 1h, 1d). Default: about 100 buckets over the range."),
+    ] = None,
     config: ConfigOption = Path(DEFAULT_CONFIG),
 ) -> None:
-    """Coverage per tag over time (rows, gaps, bad quality) as a self-contained HTML page."""
+    """Coverage and value trend per tag (alarm counts by priority and status) as one HTML page."""
     with user_errors():
+        from pipelines.coverage import RangeError
         from pipelines.destinations import SinkSet
+        from pipelines.planning import parse_duration
         from pipelines.report import write_report
 
         cfg = _load(config)
         _check_flow(cfg, flow, config)
+        since, until = _moment(start, "--start"), _moment(end, "--end")
+        if since is not None and until is not None and until <= since:
+            raise UserError("--end must be after --start", EXIT_USAGE)
+        try:
+            size = parse_duration(bucket) if bucket is not None else None
+        except ValueError as exc:
+            raise UserError(f"--bucket: {exc}", EXIT_USAGE) from None
         target = out_path or Path(f"{flow}-report.html")
         with SinkSet(cfg, config.resolve().parent) as sinks:
-            written = write_report(cfg, flow, target, sinks=sinks)
+            try:
+                written = write_report(
+                    cfg, flow, target, sinks=sinks, start=since, end=until, bucket=size
+                )
+            except RangeError as exc:
+                raise UserError(f"report {flow}: {exc}", EXIT_USAGE) from None
         out.print(f"report: {written}", highlight=False)
 
 

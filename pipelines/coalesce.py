@@ -108,6 +108,8 @@ def join(results: list[ChunkResult]) -> ChunkResult:
         seconds=sum(result.seconds for result in results),
         continuations=sum(result.continuations for result in results),
         parts=tuple(chunks),
+        missing=tuple(tag for result in results for tag in result.missing),
+        rows_out_of_range=sum(result.rows_out_of_range for result in results),
     )
 
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
+import httpx
 import yaml
 from pydantic import (
     BaseModel,
@@ -26,14 +28,24 @@ from pydantic import (
     model_validator,
 )
 
+from connectors.errors import one_line, quoted
 from connectors.options import METHODS, MODES, AlarmFilter, HistoryOptions
 from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY
+from connectors.settings import url_has_credentials
+from pipelines.config_file import DocumentError, load_document
 from pipelines.planning import parse_duration
 
 DEFAULT_CONFIG = "flows.yaml"
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _RELATIVE = re.compile(r"^(?:now)?\s*-\s*(.+)$")
+# Durations in flows.yaml: whole milliseconds (the node's unit and the planner's grid), at
+# most a century (so `now - settle` or a window on the UTC grid stays inside the calendar).
+_ONE_MS = timedelta(milliseconds=1)
+MAX_DURATION = timedelta(days=36_525)
+# History is stamped in epoch milliseconds: nothing is earlier than the epoch.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_URL_CHARS = 2048
 
 
 class ConfigError(Exception):
@@ -45,32 +57,56 @@ class _Strict(BaseModel):
 
 
 def _duration(value: object) -> timedelta:
+    """A flows.yaml duration: whole milliseconds, at most MAX_DURATION."""
     if isinstance(value, timedelta):
-        return value
-    if isinstance(value, str | int | float):
-        return parse_duration(value)
-    raise ValueError(f"{value!r} is not a duration like 15m, 1h or 1d")
+        duration = value
+    elif isinstance(value, str | int | float):
+        duration = parse_duration(value)
+    else:
+        raise ValueError(f"{quoted(value)} is not a duration like 15m, 1h or 1d")
+    if duration % _ONE_MS:
+        raise ValueError(f"{quoted(value)} is not a whole number of milliseconds")
+    if duration > MAX_DURATION:
+        raise ValueError(f"{quoted(value)} is longer than {MAX_DURATION.days:,} days")
+    return duration
+
+
+_NOT_A_TIME = "is not a time (ISO 8601 like 2024-01-01T00:00:00Z, or -7d)"
 
 
 def parse_moment(value: object, *, now: datetime | None = None) -> datetime:
-    """An absolute ISO 8601 time (UTC when no offset), `now`, or `-2d` / `now-2d` (relative)."""
+    """An absolute ISO 8601 time (UTC when no offset), `now`, or `-2d` / `now-2d` (relative),
+    in UTC, not before 1970 (history is stamped in epoch milliseconds)."""
     now = now or datetime.now(UTC)
     if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if not isinstance(value, str):
-        raise ValueError(f"{value!r} is not a time (ISO 8601 like 2024-01-01T00:00:00Z, or -7d)")
+        moment = value if value.tzinfo else value.replace(tzinfo=UTC)
+    elif not isinstance(value, str):
+        raise ValueError(f"{quoted(value)} {_NOT_A_TIME}")
+    else:
+        moment = _moment_of_text(value, now)
+    try:
+        moment = moment.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:00:00-02:00 is in year 10000 in UTC
+        raise ValueError(f"{quoted(value)} is past the end of the calendar") from None
+    if moment < EARLIEST:
+        raise ValueError(f"{quoted(value)} is before 1970-01-01T00:00:00Z")
+    return moment
+
+
+def _moment_of_text(value: str, now: datetime) -> datetime:
     text = value.strip()
     if text == "now":
         return now
     relative = _RELATIVE.match(text)
     if relative and not text[:1].isdigit():
-        return now - parse_duration(relative.group(1).strip())
+        ago = parse_duration(relative.group(1).strip())
+        if ago > now - EARLIEST:
+            raise ValueError(f"{quoted(value)} is before 1970-01-01T00:00:00Z")
+        return now - ago
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise ValueError(
-            f"{value!r} is not a time (ISO 8601 like 2024-01-01T00:00:00Z, or -7d)"
-        ) from None
+        raise ValueError(f"{quoted(value)} {_NOT_A_TIME}") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
@@ -80,6 +116,18 @@ class SimulatorNode(_Strict):
     seed: int = 7
     tags: int = Field(default=200, ge=10, le=100_000)
     raw_cap: int = Field(default=10_000, ge=1)
+    # How the simulated node reads what the spec leaves open (README: simulator profiles):
+    # a profile name, `a+b`, or a list of names.
+    profile: str | list[str] = "default"
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, value: str | list[str]) -> str:
+        from connectors.simulator.profiles import behaviours_of
+
+        text = value if isinstance(value, str) else "+".join(value)
+        behaviours_of(text)  # ValueError names an unknown profile
+        return text
 
 
 class NodeConfig(_Strict):
@@ -94,16 +142,27 @@ class NodeConfig(_Strict):
     password_block: str | None = None
     connect_timeout: timedelta = timedelta(seconds=5)
     read_timeout: timedelta = timedelta(seconds=60)
+    # The whole request; None: connect_timeout + 2 x read_timeout (NodeSettings.deadline_s).
+    request_deadline: timedelta | None = None
     max_connections: int = Field(default=4, ge=1, le=64)
     retries: int = Field(default=5, ge=0, le=50)
 
-    _durations = field_validator("connect_timeout", "read_timeout", mode="before")(_duration)
+    _durations = field_validator(
+        "connect_timeout", "read_timeout", "request_deadline", mode="before"
+    )(_duration)
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        if value is not None:
+            check_node_url(value)
+        return value
+
+    @field_validator("connect_timeout", "read_timeout", "request_deadline")
+    @classmethod
+    def _positive(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise ValueError("must be more than 0s")
         return value
 
     @model_validator(mode="after")
@@ -117,6 +176,22 @@ class NodeConfig(_Strict):
         if self.token_env is not None and self.token_block is not None:
             raise ValueError("give token_env or token_block, not both")
         return self
+
+
+def check_node_url(url: str) -> None:
+    """ValueError unless `url` is an http(s) URL the client can use: checked while the
+    config loads, before any sink folder or connection is made."""
+    if url_has_credentials(url):
+        raise ValueError("credentials belong in environment variables (token_env, username_env)")
+    if len(url) > MAX_URL_CHARS:
+        raise ValueError(f"{quoted(url)} is longer than a node URL may be ({MAX_URL_CHARS:,})")
+    if not re.match(r"^https?://[^/\s]+", url) or re.search(r"[\s\x00-\x1f\x7f]", url):
+        raise ValueError(f"{quoted(url)} is not an http:// or https:// URL")
+    try:
+        urlsplit(url).port  # noqa: B018 - raises ValueError when out of range
+        httpx.URL(url)
+    except (ValueError, httpx.InvalidURL) as exc:
+        raise ValueError(f"{quoted(url)} is not a valid URL: {exc}") from None
 
 
 class ParquetSinkConfig(_Strict):
@@ -139,7 +214,7 @@ class SqlSinkConfig(_Strict):
     @classmethod
     def _schema(cls, value: str | None) -> str | None:
         if value is not None and not re.match(NAME_PATTERN, value):
-            raise ValueError(f"{value!r} is not a plain SQL name (letters, digits, _)")
+            raise ValueError(f"{quoted(value)} is not a plain SQL name (letters, digits, _)")
         return value
 
 
@@ -165,7 +240,7 @@ class TagSelectionConfig(_Strict):
                 raise ValueError("paths is empty")
             for path in value:
                 if not path.startswith("/"):
-                    raise ValueError(f"tag path {path!r} does not start with /")
+                    raise ValueError(f"tag path {quoted(path)} does not start with /")
             if len(set(value)) != len(value):
                 raise ValueError("paths lists a tag twice")
         return value
@@ -224,7 +299,7 @@ class ScheduleConfig(_Strict):
     @classmethod
     def _cron(cls, value: str | None) -> str | None:
         if value is not None and len(value.split()) not in (5, 6):
-            raise ValueError(f"{value!r} is not a cron expression of 5 fields")
+            raise ValueError(f"{quoted(value)} is not a cron expression of 5 fields")
         return value
 
     @model_validator(mode="after")
@@ -272,21 +347,21 @@ class FlowConfig(_Strict):
     @classmethod
     def _mode(cls, value: str) -> str:
         if value not in MODES:
-            raise ValueError(f"{value!r} is not one of {', '.join(MODES)}")
+            raise ValueError(f"{quoted(value)} is not one of {', '.join(MODES)}")
         return value
 
     @field_validator("method")
     @classmethod
     def _method(cls, value: str | None) -> str | None:
         if value is not None and value not in METHODS:
-            raise ValueError(f"{value!r} is not one of {', '.join(METHODS)}")
+            raise ValueError(f"{quoted(value)} is not one of {', '.join(METHODS)}")
         return value
 
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, value: str | None) -> str | None:
         if value is not None and not re.match(NAME_PATTERN, value):
-            raise ValueError(f"{value!r} is not a plain name (letters, digits, _; max 63)")
+            raise ValueError(f"{quoted(value)} is not a plain name (letters, digits, _; max 63)")
         return value
 
     @model_validator(mode="after")
@@ -360,20 +435,20 @@ class Config(_Strict):
             if flow.node not in self.nodes:
                 raise _KeyedError(
                     ("flows", name, "node"),
-                    f"unknown node {flow.node!r} (nodes: {', '.join(self.nodes)})",
+                    f"unknown node {quoted(flow.node)} (nodes: {_names(self.nodes)})",
                 )
             for sink in flow.sinks:
                 if sink not in self.sinks:
                     raise _KeyedError(
                         ("flows", name, "sinks"),
-                        f"unknown sink {sink!r} (sinks: {', '.join(self.sinks)})",
+                        f"unknown sink {quoted(sink)} (sinks: {_names(self.sinks)})",
                     )
                 key = (sink, flow.dataset or name)
                 if key in datasets:
                     raise _KeyedError(
                         ("flows", name, "dataset"),
-                        f"dataset {key[1]!r} in sink {sink!r} is already written by flow "
-                        f"{datasets[key]!r}",
+                        f"dataset {quoted(key[1])} in sink {quoted(sink)} is already written by flow "
+                        f"{quoted(datasets[key])}",
                     )
                 datasets[key] = name
         return self
@@ -391,7 +466,7 @@ def _check_regex(pattern: str) -> None:
     try:
         re.compile(pattern)
     except re.error as exc:
-        raise ValueError(f"invalid regex {pattern!r}: {exc}") from None
+        raise ValueError(f"invalid regex {quoted(pattern)}: {exc}") from None
 
 
 def _resolve_env(value: Any, loc: tuple[str, ...], env: Mapping[str, str]) -> Any:
@@ -411,8 +486,16 @@ def _resolve_env(value: Any, loc: tuple[str, ...], env: Mapping[str, str]) -> An
     return value
 
 
+def _names(names: Iterable[str], shown: int = 10) -> str:
+    """Names for an error message: the first `shown`, each cut when long."""
+    listed = list(names)
+    text = ", ".join(name if len(name) <= 40 else quoted(name, 40) for name in listed[:shown])
+    return text + (f", ... ({len(listed):,} in all)" if len(listed) > shown else "")
+
+
 def _format_loc(loc: Sequence[object]) -> str:
     parts = [str(part) for part in loc if not str(part).startswith("function-")]
+    parts = [part if len(part) <= 40 else quoted(part, 40) for part in parts]
     # pydantic names discriminated-union branches ("parquet", "sql"): not a key the user wrote.
     cleaned: list[str] = []
     for part in parts:
@@ -469,32 +552,41 @@ def parse_config(
         if error.get("type") == "extra_forbidden":
             message = "unknown key"
         elif error.get("type") == "literal_error" and isinstance(value, str | int):
-            message = f"{value!r} is not one of {ctx.get('expected', '')}".replace("'", "'")
+            message = f"{quoted(value)} is not one of {ctx.get('expected', '')}"
         raise ConfigError(prefix + message + more) from None
 
 
-# libyaml's loader when PyYAML has it: a flows.yaml naming 10,000 tags loads in 0.1 s instead
-# of 1.9 s with the pure-Python one (same documents, same errors with line and column).
-_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def load_config(path: str | Path = DEFAULT_CONFIG, env: Mapping[str, str] | None = None) -> Config:
-    """Read and validate flows.yaml; every problem is a one-line ConfigError."""
+    """Read and validate flows.yaml; every problem is a one-line ConfigError.
+
+    The document is bounded (size, depth, aliases) and checked for duplicate keys before
+    it is built (`pipelines/config_file.py`), and its top-level keys before `${VAR}`
+    references are resolved, so a hostile file fails in bounded time and memory.
+    """
     file = Path(path)
     source = file.name if file.parent == Path() else str(file)
+    source = source if len(source) <= 200 else quoted(source, 200)
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start:,})") from None
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
     try:
-        data = yaml.load(text, Loader=_YAML_LOADER)
+        data = load_document(text, top_keys=set(Config.model_fields))
+    except DocumentError as exc:
+        line = f"line {exc.line}" if exc.line is not None else ""
+        where = f"{exc.where} ({line})" if exc.where and line else exc.where or line
+        raise ConfigError(f"{source}: {where}: {exc}" if where else f"{source}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(f"{source}: {where}YAML syntax error: {problem}") from None
+    except (ValueError, OverflowError) as exc:  # a value YAML cannot build (a 5,000-digit int)
+        raise ConfigError(f"{source}: a value cannot be read: {one_line(exc)}") from None
     return parse_config(data, source=source, env=env)
 
 

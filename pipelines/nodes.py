@@ -6,14 +6,20 @@ command runs, so the embedded default needs nothing else on the machine.
 
 from __future__ import annotations
 
+import logging
+import threading
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 from connectors.client import NodeClient
+from connectors.errors import FatalNodeError, one_line
 from connectors.settings import NodeSettings
+from connectors.version import NodeVersion, node_version
 from pipelines.config import Config, NodeConfig
+
+log = logging.getLogger("historian.nodes")
 
 
 @dataclass
@@ -22,6 +28,29 @@ class ConnectedNode:
     client: NodeClient
     settings: NodeSettings
     simulated: bool
+    _version: tuple[NodeVersion | None] | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def version(self) -> NodeVersion | None:
+        """The node's version from `system?cmd=status` (`n3.versions`), read once per
+        connection (once per run). None when the node does not say or refuses to: what
+        depends on it then takes the reading every version understands."""
+        with self._lock:
+            if self._version is None:
+                self._version = (self._read_version(),)
+            return self._version[0]
+
+    def _read_version(self) -> NodeVersion | None:
+        try:
+            status = self.client.system_status()
+        except FatalNodeError as exc:
+            log.warning("node %s: cannot read its version (%s)", self.name, one_line(exc))
+            return None
+        versions = status.n3.versions if status.n3 is not None else []
+        found = node_version(versions)
+        if found is None:
+            log.warning("node %s: no version among n3.versions %r", self.name, versions[:5])
+        return found
 
 
 def node_settings(name: str, node: NodeConfig, url: str | None = None) -> NodeSettings:
@@ -40,6 +69,9 @@ def node_settings(name: str, node: NodeConfig, url: str | None = None) -> NodeSe
         password_block=node.password_block,
         connect_timeout_s=node.connect_timeout.total_seconds(),
         read_timeout_s=node.read_timeout.total_seconds(),
+        request_deadline_s=(
+            node.request_deadline.total_seconds() if node.request_deadline is not None else None
+        ),
         max_connections=node.max_connections,
         retries=node.retries,
     )
@@ -68,6 +100,7 @@ class NodePool:
                     seed=node.simulator.seed,
                     tags=node.simulator.tags,
                     raw_cap=node.simulator.raw_cap,
+                    profile=str(node.simulator.profile),
                 )
             )
             server = self._stack.enter_context(run_server(simulated, http_port=0, https_port=None))

@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import quote
 
 import orjson
 
+from connectors.errors import quoted
 from connectors.timewindow import EPOCH, Window, iso_utc, to_ms
 
 _ONE_MS = timedelta(milliseconds=1)
@@ -53,24 +54,30 @@ NICE_SIZES = (
 def parse_duration(text: str | int | float | timedelta) -> timedelta:
     """`15m`, `1h`, `1d`, `90s`, `2w`, `500ms`, `1h30m`, or a number of seconds.
 
-    Negative, infinite and unreadable durations raise ValueError with an example.
+    Negative, infinite, out-of-range and unreadable durations raise ValueError with an
+    example.
     """
     if isinstance(text, timedelta):
         duration = text
     elif isinstance(text, bool) or not isinstance(text, str | int | float):
-        raise ValueError(f"{text!r} is not a duration like {DURATION_EXAMPLES}")
-    elif isinstance(text, int | float):
-        if not math.isfinite(text):
-            raise ValueError(f"{text!r} is not a finite duration")
-        duration = timedelta(seconds=text)
+        raise ValueError(f"{quoted(text)} is not a duration like {DURATION_EXAMPLES}")
+    elif isinstance(text, int | float) and not math.isfinite(text):
+        raise ValueError(f"{quoted(text)} is not a finite duration")
+    elif isinstance(text, str) and _DURATION.match(text) is None:
+        raise ValueError(f"{quoted(text)} is not a duration like {DURATION_EXAMPLES}")
     else:
-        if _DURATION.match(text) is None:
-            raise ValueError(f"{text!r} is not a duration like {DURATION_EXAMPLES}")
-        duration = timedelta(0)
-        for number, unit in _PARTS.findall(text):
-            duration += float(number) * _UNITS[unit]
+        try:
+            if isinstance(text, str):
+                parts = (float(number) * _UNITS[unit] for number, unit in _PARTS.findall(text))
+                duration = sum(parts, timedelta(0))
+            else:
+                duration = timedelta(seconds=text)
+        except (OverflowError, ValueError):  # past what a timedelta holds
+            raise ValueError(
+                f"duration {quoted(text)} is too long (at most {timedelta.max.days:,} days)"
+            ) from None
     if duration < timedelta(0):
-        raise ValueError(f"duration {text!r} is negative")
+        raise ValueError(f"duration {quoted(text)} is negative")
     return duration
 
 
@@ -162,9 +169,8 @@ def batch_members(
     for path in members:
         cost = measure(path)
         if _BRACKETS + cost > max_query_bytes:
-            shown = repr(path) if len(path) <= 80 else repr(path[:77] + "...")
             raise ValueError(
-                f"tag path {shown} is {cost} bytes encoded, more than one request may carry "
+                f"tag path {quoted(path)} is {cost} bytes encoded, more than one request may carry "
                 f"({max_query_bytes} bytes); shorten it or raise max_query_bytes"
             )
         extra = cost + (_COMMA if current else 0)
@@ -178,11 +184,41 @@ def batch_members(
     return batches
 
 
+# Rows a chunk of an auto window is sized to carry: at the pipeline's measured rates
+# (BENCHMARKS.md, "Auto windows") a chunk of this many rows commits well within a second, so
+# a run that is killed again and again still commits chunks between the kills.
+AUTO_CHUNK_ROWS = 200_000
+
+
+def density_per_hour(
+    tags: Iterable[tuple[int, int | None]], probed: int, start_ms: int, end_ms: int
+) -> float:
+    """Samples per tag and hour seen by one raw probe of `probed` tags over [start, end).
+
+    `tags` holds (rows, last timestamp in ms) per tag of the answer. A node may cap raw
+    answers without saying so (node-facts.md): the tags with the most rows, which a cap cuts
+    at one count, are measured up to their last sample instead of over the whole probe, so
+    a cap makes the estimate no lower than the truth. Tags missing from the answer count 0.
+    """
+    answered = list(tags)
+    if probed < 1 or end_ms <= start_ms:
+        raise ValueError("a probe needs tags and a range")
+    busiest = max((rows for rows, _ in answered), default=0)
+    hour_ms = 3_600_000
+    total = 0.0
+    for rows, last_ms in answered:
+        covered_ms = end_ms - start_ms
+        if rows == busiest and rows >= 2 and last_ms is not None:
+            covered_ms = min(covered_ms, max(last_ms - start_ms, 1000))
+        total += rows * hour_ms / covered_ms
+    return total / probed
+
+
 def window_for_density(
     samples_per_hour_per_tag: float,
     tags_per_batch: int,
     *,
-    target_rows: int = 200_000,
+    target_rows: int = AUTO_CHUNK_ROWS,
     min_size: timedelta = timedelta(minutes=1),
     max_size: timedelta = timedelta(days=31),
     interval: timedelta | None = None,

@@ -1,241 +1,188 @@
-"""Coverage report: what a data engineer checks before trusting an export.
+"""Coverage report: what a data engineer looks at before trusting an export.
 
-Per tag (or alarm path) and time bucket: rows, gaps (buckets without a row) and
-bad-quality stretches (buckets with rows of quality < 192), drawn as one self-contained
-HTML page with an inline SVG heat map (no scripts, no external assets), plus totals and a
-short Markdown summary for the Prefect run's artifact.
+One self-contained HTML page per flow (no script, no external asset): for tag history,
+rows over time, a grid of rows per tag and bucket (gaps and bad quality stand out) beside
+each tag's value trend (min to max and mean per bucket), then a table of every tag; for
+alarm history, events by priority and by status over time, events per alarm path, then a
+table of every path. The numbers come from `pipelines.coverage` (aggregated where the data
+lives), the pictures from `pipelines.report_charts` (matplotlib, inline SVG).
 
-Tags the flow has covered (its progress in the sink) but that have no row at all are
-listed too: a tag that never produced a sample is the largest gap there is. Every tag
-path is escaped: paths are data, never markup.
+Tag paths are data, never markup: every one is escaped here, and matplotlib escapes the
+text it writes into the SVG.
 """
 
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
 
 from connectors.schema import KIND_TAG_HISTORY
+from connectors.timewindow import Window
 from pipelines.config import Config, flow_dataset, flow_kind
+from pipelines.coverage import (
+    PRIORITIES,
+    STATUSES,
+    AlarmCoverage,
+    TagCoverage,
+    TimeGrid,
+    alarm_coverage,
+    tag_coverage,
+)
 from pipelines.destinations import SinkSet
 from pipelines.planning import parse_duration
+from pipelines.report_charts import (
+    MAX_ROWS_DRAWN,
+    alarm_figures,
+    bucket_text,
+    printable,
+    tag_figures,
+    to_svg,
+)
 
-GOOD_QUALITY = 192
-MAX_TAGS_DRAWN = 400
-TARGET_BUCKETS = 100
-_MINUTES = (1, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880, 10080, 43200)
-_BUCKET_CHOICES_S = tuple(minutes * 60 for minutes in _MINUTES)
-_TS_MS = pa.timestamp("ms", tz="UTC")
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-
-@dataclass
-class Coverage:
-    """Rows and bad-quality rows per member (tag or alarm path) and time bucket."""
-
-    flow: str
-    kind: str
-    start: datetime
-    bucket: timedelta
-    members: list[str]
-    rows: np.ndarray  # int64 [member, bucket]
-    bad: np.ndarray  # int64 [member, bucket]
-    totals: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def buckets(self) -> int:
-        return int(self.rows.shape[1]) if self.rows.ndim == 2 else 0
-
-    @property
-    def end(self) -> datetime:
-        return self.start + self.buckets * self.bucket
-
-    def gaps(self, member_index: int) -> int:
-        """Buckets in which the member has no row."""
-        return int((self.rows[member_index] == 0).sum())
-
-    def bad_buckets(self, member_index: int) -> int:
-        """Buckets in which the member has at least one bad-quality row."""
-        return int((self.bad[member_index] > 0).sum())
-
-
-def nice_bucket(span: timedelta, target: int = TARGET_BUCKETS) -> timedelta:
-    """The smallest round bucket (1m, 5m, ... 3h, 6h, 1d, 2d, 7d, 30d) giving <= `target` buckets."""
-    for seconds in _BUCKET_CHOICES_S:
-        candidate = timedelta(seconds=seconds)
-        if span / candidate <= target:
-            return candidate
-    return timedelta(seconds=_BUCKET_CHOICES_S[-1])
-
-
-def coverage(
-    frame: pd.DataFrame,
-    flow: str,
-    kind: str,
-    bucket: timedelta | None = None,
-    *,
-    members: list[str] | None = None,
-) -> Coverage:
-    """Bucket a dataset's rows per member over its time span (UTC-aligned buckets).
-
-    `members` adds series known to belong to the flow even when they have no row.
-    """
-    column = "tag" if kind == KIND_TAG_HISTORY else "path"
-    if frame.empty:
-        names = sorted(set(members or []))
-        empty = np.zeros((len(names), 0), dtype=np.int64)
-        totals = {"rows": 0, "bad_rows": 0, "members": len(names)}
-        size = bucket or timedelta(hours=1)
-        return Coverage(flow, kind, datetime.now(UTC), size, names, empty, empty.copy(), totals)
-    wanted = [column, "ts"] + (["quality"] if "quality" in frame.columns else [])
-    table = pa.Table.from_pandas(frame[wanted], preserve_index=False)
-    ts = table.column("ts").cast(_TS_MS).cast(pa.int64()).to_numpy(zero_copy_only=False)
-    first, last = int(ts.min()), int(ts.max())
-    size = bucket or nice_bucket(timedelta(milliseconds=last - first + 1))
-    size_ms = max(1, int(size.total_seconds() * 1000))
-    start_ms = first - first % size_ms
-    count = (last - start_ms) // size_ms + 1
-    # Dictionary-encode the paths: one Python string per distinct member, not per row.
-    encoded = table.column(column).combine_chunks().dictionary_encode()
-    dictionary = [str(name) for name in encoded.dictionary.to_pylist()]
-    names = sorted(set(dictionary).union(members or []))
-    position = {name: i for i, name in enumerate(names)}
-    remap = np.array([position[name] for name in dictionary], dtype=np.int64)
-    member_index = remap[encoded.indices.to_numpy(zero_copy_only=False)]
-    bucket_index = (ts - start_ms) // size_ms
-    rows = np.zeros((len(names), count), dtype=np.int64)
-    np.add.at(rows, (member_index, bucket_index), 1)
-    bad = np.zeros_like(rows)
-    if "quality" in table.column_names:
-        quality = table.column("quality").cast(pa.int32()).fill_null(-1)
-        mask = quality.to_numpy(zero_copy_only=False) < GOOD_QUALITY
-        np.add.at(bad, (member_index[mask], bucket_index[mask]), 1)
-    start = datetime.fromtimestamp(start_ms / 1000, tz=UTC)
-    totals = {"rows": int(rows.sum()), "bad_rows": int(bad.sum()), "members": len(names)}
-    return Coverage(flow, kind, start, size, names, rows, bad, totals)
-
-
-def _color(rows: int, bad: int, peak: int) -> str:
-    if bad:
-        return "#d7301f" if bad * 2 > rows else "#fc8d59"
-    level = 0.35 + 0.65 * min(1.0, rows / max(1, peak))
-    return f"rgb(35,{int(120 + 80 * level)},90)"
+_STYLE = """body{font-family:"DejaVu Sans",Verdana,sans-serif;margin:1.5em;color:#222}
+h1{font-size:1.4em;margin-bottom:.2em}h2{font-size:1.1em;margin-top:1.5em}
+p.where{color:#555;margin-top:0}
+.facts{display:flex;gap:2.5em;margin:1em 0}.facts div{font-size:.85em;color:#555}
+.facts b{display:block;font-size:1.6em;color:#222}
+figure{margin:0 0 .5em 0}svg{max-width:100%;height:auto}
+table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ddd;padding:2px 6px}
+th{background:#f4f4f4;text-align:left}td.n{text-align:right;font-variant-numeric:tabular-nums}
+td.p{max-width:40em;overflow-wrap:anywhere}tr.gap td{background:#fff4e5}"""
 
 
 def _stamp(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%d %H:%M")
+    return moment.strftime("%Y-%m-%d %H:%M:%S").removesuffix(":00") + "Z"
 
 
-def render_svg(cov: Coverage) -> str:
-    """The heat map: one row per member, one cell per bucket; grey where there is no row."""
-    cell_w, cell_h, label_w, top = 8, 12, 320, 40
-    members = cov.members[:MAX_TAGS_DRAWN]
-    width = label_w + max(1, cov.buckets) * cell_w + 20
-    height = top + len(members) * cell_h + 20
-    filled = cov.rows[cov.rows > 0]
-    peak = int(np.percentile(filled, 95)) if filled.size else 1
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        'font-family="sans-serif" font-size="10" role="img">'
-    ]
-    for column in range(0, cov.buckets, max(1, cov.buckets // 8)):
-        x = label_w + column * cell_w
-        parts.append(
-            f'<text x="{x}" y="{top - 8}">{_stamp(cov.start + column * cov.bucket)}</text>'
-        )
-    for row, member in enumerate(members):
-        y = top + row * cell_h
-        label = member if len(member) <= 60 else member[:57] + "..."
-        gaps = cov.gaps(row)
-        parts.append(
-            f'<text x="4" y="{y + cell_h - 3}">{html.escape(label)}'
-            f"<title>{html.escape(member)}: {gaps} of {cov.buckets} buckets without rows</title>"
-            "</text>"
-        )
-        # One grey bar per member; only buckets with rows are drawn over it.
-        parts.append(
-            f'<rect x="{label_w}" y="{y}" width="{max(1, cov.buckets) * cell_w - 1}" '
-            f'height="{cell_h - 1}" fill="#d9d9d9"/>'
-        )
-        for index in np.flatnonzero(cov.rows[row]):
-            column = int(index)
-            rows = int(cov.rows[row, column])
-            bad = int(cov.bad[row, column])
-            moment = cov.start + column * cov.bucket
-            tip = f"{member} {_stamp(moment)}Z: {rows} rows, {bad} bad quality"
-            parts.append(
-                f'<rect x="{label_w + column * cell_w}" y="{y}" width="{cell_w - 1}" '
-                f'height="{cell_h - 1}" fill="{_color(rows, bad, peak)}">'
-                f"<title>{html.escape(tip)}</title></rect>"
-            )
-    parts.append("</svg>")
-    return "".join(parts)
+def _cell(number: float | int) -> str:
+    return f'<td class="n">{number:,}</td>'
 
 
-def render_html(cov: Coverage, *, title: str, where: str) -> str:
-    """The whole page: totals, legend, heat map and a table of every member."""
-    noun = "rows" if cov.kind == KIND_TAG_HISTORY else "events"
-    table_rows = "".join(
-        f"<tr><td>{html.escape(member)}</td><td>{int(cov.rows[i].sum()):,}</td>"
-        f"<td>{cov.gaps(i)}</td><td>{int(cov.bad[i].sum()):,}</td><td>{cov.bad_buckets(i)}</td></tr>"
-        for i, member in enumerate(cov.members)
+def _value(number: float) -> str:
+    return f'<td class="n">{number:.6g}</td>' if np.isfinite(number) else '<td class="n"></td>'
+
+
+def _facts(pairs: list[tuple[str, str]]) -> str:
+    return (
+        '<div class="facts">'
+        + "".join(f"<div><b>{html.escape(v)}</b>{html.escape(k)}</div>" for k, v in pairs)
+        + "</div>"
     )
-    more = ""
-    if len(cov.members) > MAX_TAGS_DRAWN:
-        more = (
-            f"<p>The picture shows the first {MAX_TAGS_DRAWN} of {len(cov.members)} series; "
-            "the table lists all.</p>"
-        )
-    gap_members = sum(1 for i in range(len(cov.members)) if cov.gaps(i))
-    span = (
-        f"buckets of {html.escape(str(cov.bucket))} from {_stamp(cov.start)}Z to {_stamp(cov.end)}Z"
-        if cov.buckets
-        else "no data"
+
+
+def _span(window: Window | None, grid: TimeGrid) -> str:
+    if window is None:
+        return "Nothing extracted and no row held."
+    return (
+        f"{_stamp(window.start)} to {_stamp(window.end)} (UTC), in buckets of {bucket_text(grid)}."
     )
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:2px 6px;font-size:12px}}td:nth-child(n+2){{text-align:right}}
-.k span{{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px}}</style></head>
-<body><h1>{html.escape(title)}</h1>
-<p>{html.escape(where)}. {cov.totals.get("members", 0)} series, {cov.totals.get("rows", 0):,} {noun},
-{cov.totals.get("bad_rows", 0):,} bad-quality rows, {gap_members} series with gaps; {span}.</p>
-<p class="k"><span style="background:rgb(35,200,90)"></span>{noun}
-<span style="background:#fc8d59"></span>some bad quality<span style="background:#d7301f"></span>mostly bad
-<span style="background:#d9d9d9"></span>gap (no row)</p>
-{render_svg(cov)}{more}
-<h2>Per series</h2><table><tr><th>series</th><th>{noun}</th><th>gap buckets</th>
-<th>bad-quality rows</th><th>buckets with bad quality</th></tr>{table_rows}</table>
-</body></html>
-"""
 
 
-def _cell(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+def _page(title: str, where: str, body: str) -> str:
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>"
+        f'<body><h1>{html.escape(title)}</h1><p class="where">{html.escape(where)}</p>'
+        f"{body}</body></html>\n"
+    )
 
 
-def report_markdown(cov: Coverage, *, limit: int = 20) -> str:
-    """Short text for a Prefect artifact: totals and the series with most gaps."""
-    lines = [
-        f"**{_cell(cov.flow)}**: {cov.totals.get('members', 0)} series, "
-        f"{cov.totals.get('rows', 0):,} rows, {cov.totals.get('bad_rows', 0):,} bad-quality rows "
-        f"(buckets of {cov.bucket}).",
-        "",
-        "| series | rows | gap buckets | bad-quality rows |",
-        "|---|---:|---:|---:|",
-    ]
-    order = sorted(range(len(cov.members)), key=lambda i: (-cov.gaps(i), cov.members[i]))[:limit]
-    for i in order:
-        lines.append(
-            f"| {_cell(cov.members[i])} | {int(cov.rows[i].sum()):,} | {cov.gaps(i)} "
-            f"| {int(cov.bad[i].sum()):,} |"
+def _figures(pairs: Sequence[tuple[str, Figure]]) -> str:
+    return "".join(f"<figure>{to_svg(fig, f'fig-{name}')}</figure>" for name, fig in pairs)
+
+
+def _more(drawn: int, total: int, noun: str) -> str:
+    if total <= drawn:
+        return ""
+    return f"<p>The grid shows the first {drawn:,} of {total:,} {noun}; the table lists all.</p>"
+
+
+def render_tag_page(cov: TagCoverage, *, title: str, where: str) -> str:
+    """The page for a tag history dataset."""
+    totals = cov.totals
+    facts = _facts(
+        [
+            ("tags", f"{totals['members']:,}"),
+            ("rows", f"{totals['rows']:,}"),
+            ("bad-quality rows", f"{totals['bad_rows']:,}"),
+            ("tags with gaps", f"{totals['members_with_gaps']:,}"),
+        ]
+    )
+    rows_html = []
+    for i, member in enumerate(cov.members):
+        counted = int(cov.counted[i].sum())
+        low = float(np.nanmin(cov.low[i])) if counted else float("nan")
+        high = float(np.nanmax(cov.high[i])) if counted else float("nan")
+        average = float(cov.total[i].sum() / counted) if counted else float("nan")
+        gaps = cov.gaps(i)
+        rows_html.append(
+            f'<tr{" class=gap" if gaps else ""}><td class="n">{i + 1}</td>'
+            f'<td class="p">{html.escape(printable(member))}</td>'
+            f"{_cell(int(cov.rows[i].sum()))}{_cell(gaps)}{_cell(cov.not_extracted(i))}"
+            f"{_cell(int(cov.bad[i].sum()))}{_cell(cov.bad_buckets(i))}"
+            f"{_value(low)}{_value(average)}{_value(high)}</tr>"
         )
-    return "\n".join(lines)
+    table = (
+        "<h2>Every tag</h2><table><tr><th>#</th><th>tag</th><th>rows</th><th>gap buckets</th>"
+        "<th>buckets not extracted</th><th>bad-quality rows</th><th>buckets with bad quality</th>"
+        "<th>min</th><th>mean</th><th>max</th></tr>" + "".join(rows_html) + "</table>"
+    )
+    note = (
+        "<p>A gap is a bucket the flow has extracted in which the tag has no row. "
+        "Trends use good-quality values only (quality 192 and above; booleans as 0/1); "
+        "each tag is drawn on its own scale, its range printed on the right.</p>"
+    )
+    body = (
+        f"<p>{html.escape(_span(cov.window, cov.grid))}</p>{facts}"
+        f"{_figures(tag_figures(cov))}{_more(MAX_ROWS_DRAWN, len(cov.members), 'tags')}"
+        f"{note}{table}"
+    )
+    return _page(title, where, body)
+
+
+def render_alarm_page(cov: AlarmCoverage, *, title: str, where: str) -> str:
+    """The page for an alarm history dataset: counts by priority and status, per path."""
+    priority_totals = cov.by_priority.sum(axis=1)
+    status_totals = cov.by_status.sum(axis=1)
+    facts = _facts(
+        [("alarm paths", f"{len(cov.paths):,}"), ("events", f"{cov.totals['events']:,}")]
+        + [(f"{PRIORITIES[p]} priority", f"{int(priority_totals[p]):,}") for p in (4, 3, 2, 1)]
+        + [("active, unacknowledged", f"{int(status_totals[3]):,}")]
+    )
+    columns = [p for p in (1, 2, 3, 4, 0) if p or priority_totals[0]]
+    states = [s for s in (3, 1, 2, 0, 4) if s != 4 or status_totals[4]]
+    head = (
+        "<tr><th>#</th><th>alarm path</th><th>events</th>"
+        + "".join(f"<th>{html.escape(PRIORITIES[p])}</th>" for p in columns)
+        + "".join(f"<th>{html.escape(STATUSES[s])}</th>" for s in states)
+        + "</tr>"
+    )
+    rows_html = [
+        f'<tr><td class="n">{i + 1}</td><td class="p">{html.escape(printable(path))}</td>'
+        f"{_cell(int(cov.events[i].sum()))}"
+        + "".join(_cell(int(cov.path_priority[i, p])) for p in columns)
+        + "".join(_cell(int(cov.path_status[i, s])) for s in states)
+        + "</tr>"
+        for i, path in enumerate(cov.paths)
+    ]
+    note = (
+        "<p>Each event is one change of an alarm, counted by its priority "
+        "(1 Low to 4 Critical) and by the state it entered.</p>"
+    )
+    body = (
+        f"<p>{html.escape(_span(cov.window, cov.grid))}</p>{facts}"
+        f"{_figures(alarm_figures(cov))}{_more(MAX_ROWS_DRAWN, len(cov.paths), 'alarm paths')}"
+        f"{note}<h2>Every alarm path</h2><table>{head}{''.join(rows_html)}</table>"
+    )
+    return _page(title, where, body)
 
 
 def _as_bucket(bucket: str | timedelta | None) -> timedelta | None:
@@ -245,17 +192,21 @@ def _as_bucket(bucket: str | timedelta | None) -> timedelta | None:
 
 
 def flow_coverage(
-    config: Config, flow_name: str, *, sinks: SinkSet, bucket: str | timedelta | None = None
-) -> tuple[Coverage, str]:
+    config: Config,
+    flow_name: str,
+    *,
+    sinks: SinkSet,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    bucket: str | timedelta | None = None,
+) -> tuple[TagCoverage | AlarmCoverage, str]:
     """Coverage of a flow's dataset as held by the flow's first sink, and where that is."""
     flow = config.flows[flow_name]
-    kind = flow_kind(flow)
     sink = sinks.get(flow.sinks[0])
-    frame = sink.read(flow_dataset(flow_name, flow), kind)
-    members: list[str] = []
-    if kind == KIND_TAG_HISTORY:
-        members = list(sink.progress(flow_name).completed)
-    return coverage(frame, flow_name, kind, _as_bucket(bucket), members=members), sink.describe()
+    dataset = flow_dataset(flow_name, flow)
+    measure = tag_coverage if flow_kind(flow) == KIND_TAG_HISTORY else alarm_coverage
+    cov = measure(sink, flow_name, dataset, start=start, end=end, bucket=_as_bucket(bucket))
+    return cov, sink.describe()
 
 
 def write_report(
@@ -264,11 +215,19 @@ def write_report(
     out: Path,
     *,
     sinks: SinkSet,
+    start: datetime | None = None,
+    end: datetime | None = None,
     bucket: str | timedelta | None = None,
 ) -> Path:
     """Write the flow's coverage page to `out` (one self-contained HTML file); return it."""
-    cov, where = flow_coverage(config, flow_name, sinks=sinks, bucket=bucket)
-    page = render_html(cov, title=f"Coverage of {flow_name}", where=f"Read from {where}")
+    cov, where = flow_coverage(config, flow_name, sinks=sinks, start=start, end=end, bucket=bucket)
+    title = f"Coverage of {flow_name}"
+    if isinstance(cov, TagCoverage):
+        page = render_tag_page(cov, title=title, where=f"Read from {where}")
+    else:
+        page = render_alarm_page(cov, title=title, where=f"Read from {where}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    partial = out.with_name(f".{out.name}.partial")
+    partial.write_text(page, encoding="utf-8")
+    partial.replace(out)  # a page is there whole or not at all, even if the command is killed
     return out

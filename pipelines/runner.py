@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.errors import one_line
-from connectors.normalise import parse_history_answer
+from connectors.normalise import parse_alarm_history_answer, parse_history_answer
 from connectors.options import HistoryOptions
 from connectors.schema import (
     KIND_ALARM_HISTORY,
@@ -42,6 +42,7 @@ from connectors.schema import (
     SCOPE_COLUMN,
 )
 from connectors.timewindow import Window, iso_utc
+from connectors.version import check_method
 from pipelines.coalesce import coalesce
 from pipelines.config import Config, FlowConfig, flow_dataset, flow_kind
 from pipelines.destinations import SinkSet
@@ -52,7 +53,9 @@ from pipelines.planning import (
     Chunk,
     align_down,
     batch_members,
+    density_per_hour,
     plan_chunks,
+    short_duration,
     window_for_density,
 )
 from pipelines.selection import resolve_tags
@@ -101,6 +104,9 @@ class ChunkOutcome:
     # Ids of the planned chunks a joined write completed (small ones of a window join);
     # empty for a write of one chunk.
     parts: tuple[str, ...] = ()
+    # Tags the node left out of its answers for this window (recorded missing, not complete).
+    missing: tuple[str, ...] = ()
+    rows_out_of_range: int = 0
 
     @property
     def part_ids(self) -> tuple[str, ...]:
@@ -147,10 +153,41 @@ class RunSummary:
     watermark_before: datetime | None = None
     watermark_after: datetime | None = None
     error: str | None = None
+    # Windows each tag was left out of by the node (not complete there), and rows stamped
+    # outside their query (dropped).
+    missing: dict[str, list[Window]] = field(default_factory=dict)
+    rows_out_of_range: int = 0
+    # What planning changed or found, one line each (an end cut at now - settle, ...).
+    notes: list[str] = field(default_factory=list)
+    # The chunk window this run planned with, and whether `window: auto` chose it.
+    window: timedelta | None = None
+    window_auto: bool = False
+
+    @property
+    def window_label(self) -> str:
+        """`15m`, or `2h auto` when the run sized it; `-` when nothing was planned."""
+        if self.window is None:
+            return "-"
+        return short_duration(self.window) + (" auto" if self.window_auto else "")
 
     @property
     def rows_per_second(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def remarks(self) -> list[str]:
+        """One line per thing the user must know about this run beyond its counts."""
+        lines = list(self.notes)
+        if self.missing:
+            first = next(iter(self.missing))
+            windows = sum(len(w) for w in self.missing.values())
+            lines.append(
+                f"{len(self.missing)} tags were left out of the node's answers in {windows} "
+                f"windows ({first!r} first): not complete there; `historian state` lists them"
+            )
+        if self.rows_out_of_range:
+            lines.append(f"{self.rows_out_of_range} rows stamped outside their query were dropped")
+        return lines
 
     @property
     def tags_without_rows(self) -> int:
@@ -163,6 +200,9 @@ class RunSummary:
         self.bytes_received += outcome.bytes_received
         self.rows_per_tag.update(outcome.rows_per_tag)
         self.bad_quality_per_tag.update(outcome.bad_quality_per_tag)
+        for tag in outcome.missing:
+            self.missing.setdefault(tag, []).append(outcome.window)
+        self.rows_out_of_range += outcome.rows_out_of_range
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -184,6 +224,10 @@ class RunSummary:
             "sinks": self.sinks,
             "watermark_before": iso_utc(self.watermark_before) if self.watermark_before else None,
             "watermark_after": iso_utc(self.watermark_after) if self.watermark_after else None,
+            "missing": {tag: [str(w) for w in windows] for tag, windows in self.missing.items()},
+            "rows_out_of_range": self.rows_out_of_range,
+            "notes": self.remarks,
+            "window": self.window_label,
             "error": self.error,
         }
 
@@ -289,11 +333,17 @@ class FlowRun:
     # -- planning --------------------------------------------------------------------
 
     def plan(self) -> Plan:
-        """Resolve the selection, write tag metadata, and work out the pending chunks."""
+        """Resolve the selection, write tag metadata, and work out the pending chunks.
+
+        The node's version is read first (once per run): a method it cannot compute is
+        refused before anything is written.
+        """
         flow = self.flow
         node = self.node
+        version = node.version()
         if self.kind == KIND_TAG_HISTORY:
             assert flow.tags is not None
+            check_method(flow.method, version, where=f"flows.{self.name}.method")
             resolved = resolve_tags(
                 node.client, node.name, flow.tags, where=f"flows.{self.name}.tags"
             )
@@ -308,13 +358,19 @@ class FlowRun:
                 flow.history_options(),
                 filter_query=resolved.filter_query,
                 max_in_flight=self._in_flight(),
+                missing_is_fatal=resolved.explicit,
             )
         else:
             alarms = flow.alarms
             path = alarms.path if alarms else "/"
             members = (path,)
             engine = AlarmEngine(
-                node.client, node.name, path, flow.alarm_filter(), max_in_flight=self._in_flight()
+                node.client,
+                node.name,
+                path,
+                flow.alarm_filter(),
+                node_version=version,
+                max_in_flight=self._in_flight(),
             )
         self._engine = engine
         self.summary.tags = len(members)
@@ -328,6 +384,10 @@ class FlowRun:
         if span is not None and interval is not None:
             span = _align_span(span, interval)
         size = self._window_size(members, span, interval)
+        if span is not None and self.kind == KIND_TAG_HISTORY and flow.mode in ("delta", "filter"):
+            # Their rows depend on where a query starts: every query starts on the grid.
+            span = Window(align_down(span.start, size), span.end)
+            always = span if always is not None else None
         if span is None:
             plan = Plan(self.name, self.dataset, self.kind, members, None, size, 0, [], watermark)
             self.plan_ = plan
@@ -350,6 +410,8 @@ class FlowRun:
             self.name, self.dataset, self.kind, members, span, size, len(chunks), pending, watermark
         )
         self.summary.span = span
+        self.summary.window = size
+        self.summary.window_auto = flow.window == "auto"
         self.summary.chunks_planned = len(chunks)
         self.summary.chunks_skipped = len(chunks) - len(pending)
         self.plan_ = plan
@@ -363,18 +425,17 @@ class FlowRun:
     def _span(self, watermark: datetime | None) -> tuple[Window | None, Window | None]:
         """The span to plan, and the look-back part of it that is always re-read."""
         flow = self.flow
+        end = self._end(watermark)
         if self.request.start is not None:
-            end = self.request.end or (self.now - flow.settle)
             if end <= self.request.start:
                 return None, None
             return Window(self.request.start, end), None
         span = incremental_span(
             history_start=flow.start,
             watermark=watermark,
-            now=self.request.end or self.now,
+            now=end,
             lookback=flow.lookback,
-            # An explicit end is the end: settle applies only to "now".
-            settle=timedelta(0) if self.request.end else flow.settle,
+            settle=timedelta(0),
         )
         if span is None:
             return None, None
@@ -383,14 +444,44 @@ class FlowRun:
         relook = watermark is not None and flow.lookback > timedelta(0)
         return span, span if relook else None
 
+    def _end(self, watermark: datetime | None) -> datetime:
+        """Where this run ends: `now - settle`, or an explicit end no later than that.
+
+        Nothing past `now - settle` is ever marked complete (a future window's answer is
+        empty, and a later run would skip it for good): a later explicit end is cut there,
+        with one line in the summary. Progress already past it (recorded before this rule)
+        is pointed out with the command that repairs it.
+        """
+        settled = self.now - self.flow.settle
+        if watermark is not None and watermark > settled:
+            self.summary.notes.append(
+                f"progress is marked complete up to {iso_utc(watermark)}, past now - settle: "
+                f"repair it with `historian state repair {self.name}`"
+            )
+        asked = self.request.end
+        if asked is None:
+            return settled
+        if asked > settled:
+            self.summary.notes.append(
+                f"end {iso_utc(asked)} is after now - settle: cut at {iso_utc(settled)}; "
+                "nothing past it is marked complete"
+            )
+            log.warning("flow %s: %s", self.name, self.summary.notes[-1])
+            return settled
+        return asked
+
     def _window_size(
         self, members: Sequence[str], span: Window | None, interval: timedelta | None
     ) -> timedelta:
+        """The flow's window, or for `auto` the largest whose chunks carry about
+        AUTO_CHUNK_ROWS rows at the density the node shows (pipelines/planning.py)."""
         flow = self.flow
         if isinstance(flow.window, timedelta):
             return flow.window
+        if span is None:  # nothing to fetch: no chunk is planned, nothing to probe
+            return timedelta(hours=1)
         if self.kind == KIND_ALARM_HISTORY:
-            return timedelta(days=1)
+            return window_for_density(self._probe_alarm_density(span), 1)
         tags_per_batch = len(members) if self._filter_mode() else min(flow.batch, len(members))
         if interval is not None:
             per_hour = timedelta(hours=1) / interval
@@ -401,17 +492,45 @@ class FlowRun:
     def _filter_mode(self) -> bool:
         return isinstance(self._engine, HistoryEngine) and self._engine.filter_query is not None
 
-    def _probe_density(self, members: Sequence[str], span: Window | None) -> float:
-        """Samples per tag and hour, from one raw query of up to 50 tags over the last hour."""
-        end = span.end if span is not None else self.now
-        probe = list(members[:50])
-        options = HistoryOptions(mode="raw", remote_node=self.flow.history_options().remote_node)
-        body = self.node.client.tag_history_many_bytes(
-            probe, end - timedelta(hours=1), end, options
+    def _probe_density(self, members: Sequence[str], span: Window) -> float:
+        """Samples per tag and hour: the highest that raw probes of up to 50 tags (spread
+        over the selection) see at either end of the span, where a backfill's first chunks
+        and an incremental run's last ones are; over an hour, or a day where the hour is
+        empty; at least one per hour."""
+        probe = _spread(members, 50)
+        # `limit` keeps each probe's answer small (50 x 1,000 rows, however dense the day);
+        # tags it cuts are measured up to their last sample, like a node's own cap.
+        options = HistoryOptions(
+            mode="raw", limit=1000, remote_node=self.flow.history_options().remote_node
         )
-        page = parse_history_answer(body, self.node.name, chunk_label="density probe")
-        rows = sum(stats.rows for stats in page.tags.values())
-        return max(1.0, rows / max(1, len(probe)))
+        rates = [1.0]
+        for side in _probe_sides(span):
+            for window in side:
+                body = self.node.client.tag_history_many_bytes(
+                    probe, window.start, window.end, options
+                )
+                page = parse_history_answer(body, self.node.name, chunk_label="density probe")
+                seen = [(stats.rows, stats.last_ts_ms) for stats in page.tags.values()]
+                if any(rows for rows, _ in seen):
+                    rates.append(density_per_hour(seen, len(probe), window.start_ms, window.end_ms))
+                    break
+        return max(rates)
+
+    def _probe_alarm_density(self, span: Window) -> float:
+        """Alarm events per hour at either end of the span (as `_probe_density`)."""
+        alarms = self.flow.alarms
+        path = alarms.path if alarms else "/"
+        rates = [1.0]
+        for side in _probe_sides(span):
+            for window in side:
+                body = self.node.client.alarm_history_bytes(
+                    path, window.start, window.end, self.flow.alarm_filter()
+                )
+                events = parse_alarm_history_answer(body, self.node.name).num_rows
+                if events:
+                    rates.append(events / ((window.end_ms - window.start_ms) / 3_600_000))
+                    break
+        return max(rates)
 
     # -- execution -------------------------------------------------------------------
 
@@ -451,6 +570,8 @@ class FlowRun:
             rows_per_tag=rows_per_tag,
             bad_quality_per_tag=bad_per_tag,
             parts=tuple(chunk.chunk_id for chunk in result.parts),
+            missing=result.missing,
+            rows_out_of_range=result.rows_out_of_range,
         )
 
     def results(self) -> Iterator[ChunkResult]:
@@ -609,6 +730,25 @@ def _min_watermark(
     if any(mark is None for mark in marks) or not marks:
         return None
     return min(mark for mark in marks if mark is not None)
+
+
+def _spread(members: Sequence[str], count: int) -> list[str]:
+    """Up to `count` members evenly spread over the list (batches are runs of neighbours,
+    so the first `count` could all be one group's)."""
+    if len(members) <= count:
+        return list(members)
+    return [members[i * len(members) // count] for i in range(count)]
+
+
+def _probe_sides(span: Window) -> list[list[Window]]:
+    """Where a density probe looks: the span's end and, when the span is longer than two
+    hours, its start; at each, the hour next to it, then the day (asked only when the hour
+    shows nothing)."""
+    hour, day = timedelta(hours=1), timedelta(days=1)
+    sides = [[Window(span.end - hour, span.end), Window(span.end - day, span.end)]]
+    if span.end - span.start > 2 * hour:
+        sides.append([Window(span.start, span.start + hour), Window(span.start, span.start + day)])
+    return sides
 
 
 def _align_span(span: Window, interval: timedelta) -> Window | None:

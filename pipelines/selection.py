@@ -1,33 +1,43 @@
 """Which tags a flow reads: explicit paths, a group and a regex, or browse patterns.
 
-All three ask the node's `tag?cmd=details` once per run, which both resolves the tag list
-(the planner needs it: progress is kept per tag) and yields the tag metadata that becomes
-the warehouse's tag dimension. Explicit paths the node does not know are an error naming
-the path, not a silent gap. The paths are read at once (msgspec, skipping the
-configurations); the metadata table is built only when a flow writes it.
+Tags are keyed by full path everywhere. The spec keys `tag?cmd=details` (and `read`) by
+tag *name*, and names repeat across groups in real plants (`/Line 1/Temp.PV`,
+`/Line 2/Temp.PV`): a recursive details answer over a group can hold only one of them.
+So a group or browse selection is listed with what is exact, `tag?cmd=browse` (flat; keyed
+by path), and the details answer is checked against that listing: a tag the details
+answer lacks (a name collision, or a node that answers details differently) is asked for
+in its own group, where names are unique, so its metadata comes too. Without a usable
+flat listing, the groups are walked through the tree browse (groups are keyed by name
+within their parent, exact) and details are asked per group. Explicit paths are checked
+per parent group the same way; one the node does not know is an error naming the config
+key and the path, not a silent gap.
 
-The resolved list is not cached between runs: with the node answering from memory, 10,000
-paths in 6 groups resolve in ~0.1 s, and a cache would still have to ask the node to
-refuse an unknown path and to notice a deleted tag.
+The paths are read at once (msgspec, skipping the configurations); the metadata table is
+built only when a flow writes it. The resolved list is not cached between runs: a cache
+would still have to ask the node to refuse an unknown path and to notice a deleted tag.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Protocol
 
 import httpx
+import orjson
 import pyarrow as pa
 
-from connectors.errors import UnknownTag
+from connectors.errors import MalformedAnswer, NodeRequestError, UnknownTag, quoted
+from connectors.fetch import FilterQuery, well_formed
 from connectors.normalise import parse_tag_details, tag_details_paths
 from connectors.schema import TAG_METADATA_SCHEMA
 from pipelines.config import TagSelectionConfig
-from pipelines.engine import FilterQuery
+
+log = logging.getLogger("historian.selection")
 
 
 class DetailsClient(Protocol):
@@ -44,14 +54,20 @@ class DetailsClient(Protocol):
 
 @dataclass(frozen=True)
 class _Answer:
-    """One details answer as received; its metadata is read only when it is wanted."""
+    """One details answer as received (of one group when `group` is set: names unique);
+    its metadata is read only when it is wanted."""
 
     body: bytes
     received_ms: int
+    group: str | None = None
 
 
 class ResolvedTags:
-    """The tags of one run, how to fetch them, and (built on first use) their metadata."""
+    """The tags of one run, how to fetch them, and (built on first use) their metadata.
+
+    `explicit`: the flow named its tags (a tag the node leaves out of an answer stops the
+    run); otherwise a group or browse selection resolved them.
+    """
 
     def __init__(
         self,
@@ -59,17 +75,20 @@ class ResolvedTags:
         filter_query: FilterQuery | None,
         node: str = "",
         answers: tuple[_Answer, ...] = (),
+        *,
+        explicit: bool = False,
     ) -> None:
         self.members = members
         self.filter_query = filter_query
+        self.explicit = explicit
         self._node = node
         self._answers = answers
 
     @cached_property
     def metadata(self) -> pa.Table:
-        """TAG_METADATA_SCHEMA rows of the members, one per tag, in answer order."""
+        """TAG_METADATA_SCHEMA rows of the members, one per tag (the first answer's)."""
         tables = [
-            parse_tag_details(answer.body, self._node, answer.received_ms)
+            parse_tag_details(answer.body, self._node, answer.received_ms, group=answer.group)
             for answer in self._answers
         ]
         metadata = pa.concat_tables(tables) if tables else TAG_METADATA_SCHEMA.empty_table()
@@ -77,15 +96,41 @@ class ResolvedTags:
 
 
 def _details(
-    client: DetailsClient, path: str, *, regex: str | None, recurrent: bool
+    client: DetailsClient,
+    path: str,
+    *,
+    regex: str | None = None,
+    recurrent: bool,
 ) -> tuple[list[str], _Answer]:
-    """The tag paths of one details answer, and the answer (its metadata is read later)."""
+    """The tag paths of one details answer, and the answer (its metadata is read later).
+    Asked of one group without recursion, an entry without `fullPath` is that group's."""
     params: dict[str, Any] = {"path": path, "options.recurrent": recurrent}
     if regex is not None:
         params["options.filter"] = regex
-    response = client.request("tag.details", "GET", "tag", "details", params=params)
-    body = response.content
-    return tag_details_paths(body), _Answer(body, int(time.time() * 1000))
+    group = None if recurrent else path
+    body = b""
+
+    def request() -> bytes:
+        nonlocal body
+        body = client.request("tag.details", "GET", "tag", "details", params=params).content
+        return body
+
+    paths = well_formed(request, lambda answer: tag_details_paths(answer, group=group))
+    return paths, _Answer(body, int(time.time() * 1000), group)
+
+
+def _browse(client: DetailsClient, params: Mapping[str, Any], where: str) -> Any:
+    """A browse answer as JSON, asked again while it is malformed."""
+
+    def parse(body: bytes) -> Any:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise MalformedAnswer("tag.browse", "answer is not JSON", where=where) from None
+
+    return well_formed(
+        lambda: client.request("tag.browse", "GET", "tag", "browse", params=params).content, parse
+    )
 
 
 def _parent(path: str) -> str:
@@ -93,56 +138,162 @@ def _parent(path: str) -> str:
     return head + "/" if head else "/"
 
 
+def _as_group(path: str) -> str:
+    return path if path.endswith("/") else path + "/"
+
+
+def _flat_listing(client: DetailsClient, group: str, recurrent: bool) -> set[str] | None:
+    """The tag paths under `group` from a flat browse, or None when the node does not give
+    a flat listing this reading understands (its shape is not shown in the spec): an
+    array of path strings, or of objects with `fullPath` or `path`; groups end in `/`."""
+    params = {
+        "path": group,
+        "options.flat": True,
+        "options.recurrent": recurrent,
+        "options.hideGroups": True,
+    }
+    try:
+        answer = _browse(client, params, group)
+    except (NodeRequestError, MalformedAnswer):
+        return None
+    if not isinstance(answer, list):
+        return None
+    paths: set[str] = set()
+    for item in answer:
+        path = item
+        if isinstance(item, dict):
+            if item.get("type") == "group":
+                continue
+            path = item.get("fullPath") or item.get("path")
+        if not isinstance(path, str) or not path.startswith("/"):
+            return None
+        if not path.endswith("/"):
+            paths.add(path)
+    return paths
+
+
+def _tree_groups(client: DetailsClient, group: str, recurrent: bool) -> list[str]:
+    """`group` and (recurrent) every group under it, from the tree browse: groups are
+    keyed by name within their parent, so this listing is exact."""
+    found = [group]
+    if not recurrent:
+        return found
+    answer = _browse(client, {"path": group, "options.recurrent": True}, group)
+
+    def walk(node: Any, prefix: str) -> None:
+        groups = node.get("groups") if isinstance(node, dict) else None
+        if not isinstance(groups, dict):
+            return
+        for name, child in groups.items():
+            path = f"{prefix}{name}/"
+            found.append(path)
+            walk(child, path)
+
+    walk(answer, group)
+    return found
+
+
+def _exact(
+    client: DetailsClient, group: str, recurrent: bool, regex: str | None
+) -> tuple[set[str], list[_Answer]]:
+    """Every tag path under `group` and the details answers that describe them, with
+    leaf names that repeat across groups resolved (see the module docstring)."""
+    paths, answer = _details(client, group, regex=regex, recurrent=recurrent)
+    described = set(paths)
+    answers = [answer]
+    listing = _flat_listing(client, group, recurrent)
+    if listing is None:
+        groups = _tree_groups(client, group, recurrent)
+    else:
+        pattern = re.compile(regex) if regex is not None else None
+        left_out = {p for p in listing - described if pattern is None or pattern.search(p)}
+        groups = sorted({_parent(path) for path in left_out})
+        if groups:
+            log.warning(
+                "tag.details over %s left out %d tags that browse lists (leaf names repeated "
+                "across groups): asking each of %d groups on its own",
+                group,
+                len(left_out),
+                len(groups),
+            )
+    tags = set(listing) if listing is not None else set(described)
+    for each in groups:
+        try:
+            found, per_group = _details(client, each, recurrent=False)
+        except UnknownTag:
+            continue
+        answers.append(per_group)
+        tags.update(found if listing is None else set(found) & listing)
+    return tags, answers
+
+
 def resolve_tags(
     client: DetailsClient, node: str, selection: TagSelectionConfig, *, where: str
 ) -> ResolvedTags:
     """Resolve a flow's tag selection against the node; `where` names the config key."""
     if selection.paths is not None:
-        wanted = list(selection.paths)
-        known: set[str] = set()
-        answers = []
-        for parent in sorted({_parent(path) for path in wanted}):
-            try:
-                paths, answer = _details(client, parent, regex=None, recurrent=False)
-            except UnknownTag:
-                continue  # the group does not exist: its paths are reported missing below
-            known.update(paths)
-            answers.append(answer)
-        missing = [path for path in wanted if path not in known]
-        if missing:
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise UnknownTag(
-                "tag.details", f"{where}: tag {missing[0]!r} not found on node {node}{more}"
-            )
-        return ResolvedTags(tuple(wanted), None, node, tuple(answers))
+        return _explicit(client, node, selection.paths, where=f"{where}.paths")
     if selection.group is not None:
-        group = selection.group if selection.group.endswith("/") else selection.group + "/"
-        paths, answer = _details(
-            client, group, regex=selection.regex, recurrent=selection.recurrent
-        )
-        members = tuple(sorted(set(paths)))
-        if selection.regex is not None:
-            pattern = re.compile(selection.regex)
-            members = tuple(tag for tag in members if pattern.search(tag))
+        group = _as_group(selection.group)
+        try:
+            tags, answers = _exact(client, group, selection.recurrent, selection.regex)
+        except UnknownTag:
+            raise UnknownTag(
+                "tag.details", f"{where}.group: group {quoted(group)} not found on node {node}"
+            ) from None
+        members = _matching(tags, [selection.regex] if selection.regex else [], [])
         if not members:
-            raise UnknownTag("tag.details", f"{where}: no tag matches in group {group!r}")
+            raise UnknownTag(
+                "tag.details", f"{where}.group: no tag matches in group {quoted(group)}"
+            )
         query = FilterQuery(group=group, regex=selection.regex, recurrent=selection.recurrent)
-        return ResolvedTags(members, query, node, (answer,))
+        return ResolvedTags(members, query, node, tuple(answers))
     assert selection.browse is not None
-    paths, answer = _details(client, selection.browse, regex=None, recurrent=True)
-    include = [re.compile(p) for p in selection.include]
-    exclude = [re.compile(p) for p in selection.exclude]
-    members = tuple(
-        tag
-        for tag in sorted(set(paths))
-        if (not include or any(p.search(tag) for p in include))
-        and not any(p.search(tag) for p in exclude)
-    )
+    root = _as_group(selection.browse)
+    try:
+        tags, answers = _exact(client, root, True, None)
+    except UnknownTag:
+        raise UnknownTag(
+            "tag.details", f"{where}.browse: group {quoted(root)} not found on node {node}"
+        ) from None
+    members = _matching(tags, selection.include, selection.exclude)
     if not members:
         raise UnknownTag(
-            "tag.details", f"{where}: no tag under {selection.browse!r} matches include/exclude"
+            "tag.details", f"{where}.browse: no tag under {quoted(root)} matches include/exclude"
         )
-    return ResolvedTags(members, None, node, (answer,))
+    return ResolvedTags(members, None, node, tuple(answers))
+
+
+def _explicit(client: DetailsClient, node: str, wanted: list[str], *, where: str) -> ResolvedTags:
+    """Explicit paths, each checked in its parent group (asked without recursion: names
+    are unique there)."""
+    known: set[str] = set()
+    answers = []
+    for parent in sorted({_parent(path) for path in wanted}):
+        try:
+            paths, answer = _details(client, parent, recurrent=False)
+        except UnknownTag:
+            continue  # the group does not exist: its paths are reported missing below
+        known.update(paths)
+        answers.append(answer)
+    missing = [path for path in wanted if path not in known]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise UnknownTag(
+            "tag.details", f"{where}: tag {quoted(missing[0])} not found on node {node}{more}"
+        )
+    return ResolvedTags(tuple(wanted), None, node, tuple(answers), explicit=True)
+
+
+def _matching(tags: Iterable[str], include: list[str], exclude: list[str]) -> tuple[str, ...]:
+    """The tags (sorted) that match any `include` pattern (all when none) and no `exclude`."""
+    keep = [re.compile(p) for p in include]
+    drop = [re.compile(p) for p in exclude]
+    return tuple(
+        tag
+        for tag in sorted(set(tags))
+        if (not keep or any(p.search(tag) for p in keep)) and not any(p.search(tag) for p in drop)
+    )
 
 
 def _only(metadata: pa.Table, members: tuple[str, ...]) -> pa.Table:

@@ -9,12 +9,17 @@ watermark where the gap begins, so a crash never lets the watermark run ahead of
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 from connectors.timewindow import Window
 from pipelines.planning import Chunk
-from sinks.base import Progress, merge_windows
+from sinks.base import ChunkRecord, Progress, merge_windows
+
+# A window the node left a (group-resolved) tag out of is recorded, in the same atomic
+# write as the chunk's rows, as progress of the member `missing:<tag path>`: tag paths
+# start with `/`, so it can never be a tag's own progress.
+MISSING_PREFIX = "missing:"
 
 
 class _Coverage:
@@ -111,3 +116,54 @@ def incremental_span(
     if end <= start:
         return None
     return Window(start, end)
+
+
+def missing_member(tag: str) -> str:
+    """The progress member that records windows the node left `tag` out of."""
+    return MISSING_PREFIX + tag
+
+
+def tag_members(progress: Progress) -> list[str]:
+    """The members of a flow's progress that are tags or alarm selections (not records of
+    missing windows), sorted."""
+    return sorted(m for m in progress.completed if not m.startswith(MISSING_PREFIX))
+
+
+def missing_windows(progress: Progress) -> dict[str, list[Window]]:
+    """Per tag, the windows the node left it out of that it has not completed since."""
+    missing: dict[str, list[Window]] = {}
+    for member, windows in progress.completed.items():
+        if not member.startswith(MISSING_PREFIX):
+            continue
+        tag = member[len(MISSING_PREFIX) :]
+        own = _Coverage(progress.windows_of(tag))
+        left = [window for window in merge_windows(list(windows)) if not own.covers(window)]
+        if left:
+            missing[tag] = left
+    return missing
+
+
+def poisoned_chunks(records: Iterable[ChunkRecord], settle: timedelta) -> list[ChunkRecord]:
+    """Chunks recorded complete past what could be settled when they were written: their
+    window ends after `committed_at - settle` (an end in the future, before explicit ends
+    were cut at `now - settle`). Their progress claims data the node did not have yet."""
+    return [r for r in records if r.window.end > r.committed_at - settle]
+
+
+def repair_from(records: Iterable[ChunkRecord], settle: timedelta) -> datetime | None:
+    """Where to forget progress from to undo poisoned chunks: the earliest moment any of
+    them claimed beyond what was settled (never before its own window); None when no
+    chunk is poisoned."""
+    moments = [
+        max(record.window.start, record.committed_at - settle)
+        for record in poisoned_chunks(records, settle)
+    ]
+    return min(moments) if moments else None
+
+
+def complete_past(progress: Progress, limit: datetime) -> datetime | None:
+    """The latest end of any completed window after `limit` (progress that runs into the
+    unsettled present or the future), or None."""
+    ends = [windows[-1].end for windows in progress.completed.values() if windows]
+    latest = max(ends, default=None)
+    return latest if latest is not None and latest > limit else None

@@ -93,6 +93,10 @@ class Sink(Protocol):
     def check_writable(self) -> None:
         """Raise SinkError with a one-line reason when the sink cannot be written."""
 
+    def probe(self) -> str:
+        """Before `open()` and without creating anything: raise SinkError with a one-line
+        reason when the sink could not be written; else say what was found, in a line."""
+
     def lock(self, flow: str) -> AbstractContextManager[None]:
         """Hold the flow's lock for the duration of a run; FlowLocked if someone else has it."""
 
@@ -116,6 +120,10 @@ class Sink(Protocol):
 
     def reset(self, flow: str, member: str | None = None) -> int:
         """Forget progress of a flow (or one member of it); data stays. Returns entries removed."""
+
+    def forget_after(self, flow: str, moment: datetime) -> int:
+        """Forget a flow's progress after `moment` (chunks ending after it may be forgotten
+        whole); data stays, and the next run fetches it again. Returns entries removed."""
 
     def read(self, dataset: str, kind: str) -> pd.DataFrame:
         """Everything the sink holds for a dataset, with the kind's column types (tests, reports)."""

@@ -297,6 +297,16 @@ class LakeState:
                 names.append(entry.name)
         return sorted(names)
 
+    def forget_after(self, flow: str, moment_ms: int) -> int:
+        """Forget every chunk whose window ends after `moment_ms` (its marker goes; the
+        snapshot is rebuilt from the markers left); returns the chunks forgotten. Rows stay,
+        and the next run fetches those windows again, replacing them."""
+        entries = self.snapshot(flow)["markers"]
+        forgotten = [chunk for chunk, entry in entries.items() if int(entry[2]) > moment_ms]
+        for chunk_id in forgotten:
+            self.remove_marker(flow, chunk_id)
+        return len(forgotten)
+
     def reset(self, flow: str, member: str | None) -> int:
         """Forget a flow's progress (or one member's); returns markers or windows removed."""
         if member is None:

@@ -95,12 +95,15 @@ import bisect
 import contextlib
 import hashlib
 import math
+import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -110,7 +113,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from connectors import schema as tables
-from connectors.timewindow import Window
+from connectors.timewindow import Window, to_ms
 from sinks.base import (
     ChunkRecord,
     ChunkScope,
@@ -428,6 +431,32 @@ class ParquetLake:
             f"parquet lake '{self.name}' at {redacted_url(self.url)} (partition={self.partition})"
         )
 
+    def probe(self) -> str:
+        """Whether the lake can be written, found without creating or writing anything
+        (`historian check`): a local root that exists must be a writable directory, else
+        its nearest existing parent; object storage must have its bucket."""
+        with self._errors(f"check {redacted_url(self.url)}"):
+            store = LakeStore(self.url, self._storage_options)
+            if not store.local:
+                bucket = store.root.split("/", 1)[0]
+                try:
+                    store.fs.info(bucket)
+                except FileNotFoundError:
+                    raise SinkError(
+                        f"lake '{self.name}': {store.display(bucket)} does not exist"
+                    ) from None
+                return f"bucket {store.display(bucket)} reachable"
+            root = Path(store.root)
+            existing = next((p for p in (root, *root.parents) if p.exists()), root.anchor)
+            where = Path(existing)
+            if not where.is_dir():
+                raise SinkError(f"lake '{self.name}': {where} is not a directory")
+            if not os.access(where, os.W_OK | os.X_OK):
+                raise SinkError(f"lake '{self.name}': {where} is not writable")
+            if where == root:
+                return "exists, writable"
+            return f"does not exist yet; {where} is writable"
+
     def check_writable(self) -> None:
         with self._errors(f"{redacted_url(self.url)} is not writable"):
             probe = self.store.path(STATE_DIR, f".probe-{token()}")
@@ -458,6 +487,10 @@ class ParquetLake:
     def reset(self, flow: str, member: str | None = None) -> int:
         with self._errors(f"reset flow '{check_flow(flow)}'"):
             return self.state.reset(flow, member)
+
+    def forget_after(self, flow: str, moment: datetime) -> int:
+        with self._errors(f"forget progress of flow '{check_flow(flow)}'"):
+            return self.state.forget_after(flow, to_ms(moment))
 
     # -- datasets -------------------------------------------------------------------------
 

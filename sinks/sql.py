@@ -266,6 +266,51 @@ class SqlWarehouse:
         self._series.clear()
         self._registered.clear()
 
+    def probe(self) -> str:
+        """Whether the warehouse can be written, found without creating anything
+        (`historian check`): a DuckDB file is not opened (opening creates it, and takes
+        the one writer's lock), only its directory or file checked; PostgreSQL is asked
+        for the privileges a run needs, in a transaction that is rolled back."""
+        database = self._database_file
+        if self.dialect == "duckdb":
+            path = Path(database) if database else None
+            if path is None:
+                return "in memory"
+            existing = next((p for p in (path, *path.parents) if p.exists()), Path(path.anchor))
+            if existing == path:
+                if not os.access(path, os.R_OK | os.W_OK):
+                    raise SinkError(f"sink {self.name}: {path} is not writable")
+                return "exists, writable"
+            if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+                raise SinkError(f"sink {self.name}: {existing} is not a writable directory")
+            return f"does not exist yet; {existing} is writable"
+        engine = sa.create_engine(self.url, connect_args=self._connect_args)
+        try:
+            with self._errors("check"), engine.connect() as conn:
+                schema = self.layout.catalog_schema
+                exists = conn.execute(
+                    sa.text("SELECT count(*) FROM pg_namespace WHERE nspname = :s"), {"s": schema}
+                ).scalar()
+                if exists:
+                    allowed = conn.execute(
+                        sa.text("SELECT has_schema_privilege(:s, 'CREATE')"), {"s": schema}
+                    ).scalar()
+                    found = f"schema {schema} exists"
+                else:
+                    allowed = conn.execute(
+                        sa.text("SELECT has_database_privilege(current_database(), 'CREATE')")
+                    ).scalar()
+                    found = f"schema {schema} does not exist yet"
+                conn.rollback()
+        finally:
+            engine.dispose()
+        if not allowed:
+            raise SinkError(
+                f"sink {self.name}: no CREATE privilege "
+                + (f"on schema {schema}" if exists else "in the database (to create the schema)")
+            )
+        return f"{found}, writable"
+
     def check_writable(self) -> None:
         with self._errors("write check"), self.engine.connect() as conn:
             conn.execute(
@@ -669,6 +714,32 @@ class SqlWarehouse:
                     ).fetchall()
                 )
         return removed
+
+    def forget_after(self, flow: str, moment: datetime) -> int:
+        """Cut the flow's progress at `moment` and drop the chunk records of windows ending
+        after it, in one transaction; returns the chunk records dropped."""
+        progress = self.layout.table(PROGRESS_TABLE)
+        params = {"f": flow, "t": moment}
+        with self._errors("forget progress"), self.engine.begin() as conn:
+            conn.execute(
+                sa.text(f"DELETE FROM {progress} WHERE flow = :f AND window_start >= :t"), params
+            )
+            conn.execute(
+                sa.text(
+                    f"UPDATE {progress} SET window_end = :t "
+                    "WHERE flow = :f AND window_start < :t AND window_end > :t"
+                ),
+                params,
+            )
+            return len(
+                conn.execute(
+                    sa.text(
+                        f"DELETE FROM {self.layout.table(CHUNKS_TABLE)} "
+                        "WHERE flow = :f AND window_end > :t RETURNING 1"
+                    ),
+                    params,
+                ).fetchall()
+            )
 
     def read(self, dataset: str, kind: str) -> pd.DataFrame:
         schema = SCHEMAS[kind]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -11,7 +12,9 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from connectors.options import AlarmFilter, HistoryOptions
 from connectors.schema import KEYS
+from connectors.timewindow import Window
 from pipelines.config import Config, load_config
 
 
@@ -57,6 +60,87 @@ def canonical(frame: pd.DataFrame, kind: str = "tag_history") -> list[tuple[Any,
 def keys_of(frame: pd.DataFrame, kind: str = "tag_history") -> list[tuple[Any, ...]]:
     table = pa.Table.from_pandas(frame[list(KEYS[kind])], preserve_index=False)
     return list(zip(*[table.column(k).to_pylist() for k in KEYS[kind]], strict=True))
+
+
+def _value(number: Any, flag: Any, text: Any) -> Any:
+    """One sample's value as (kind, value): the column it is in says its type."""
+    if flag is not None:
+        return ("bool", bool(flag))
+    if text is not None:
+        return ("str", text)
+    return None if number is None else ("num", float(number))
+
+
+def history_rows(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """Tag-history rows of a sink as sorted (tag, ts ms, seq, value, quality, extra)."""
+    if frame.empty:
+        return []
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    columns = {name: table.column(name).to_pylist() for name in table.column_names}
+    stamps = table.column("ts").cast(pa.int64()).to_pylist()
+    rows = [
+        (str(tag), ts, int(seq), _value(number, flag, text), quality, extra)
+        for tag, ts, seq, number, flag, text, quality, extra in zip(
+            columns["tag"],
+            stamps,
+            columns["seq"],
+            columns["value"],
+            columns["value_bool"],
+            columns["value_str"],
+            columns["quality"],
+            columns["extra"],
+            strict=True,
+        )
+    ]
+    return sorted(rows, key=lambda row: (row[0], row[1], row[2]))
+
+
+def truth_history_rows(
+    node: Any, tags: Sequence[str], windows: Sequence[Window], options: HistoryOptions
+) -> list[tuple[Any, ...]]:
+    """What the node holds for `tags`, asked window by window as the pipeline asks (delta
+    and filter depend on where a query starts), as `history_rows` shows a sink's rows."""
+    rows = []
+    for tag in tags:
+        for window in windows:
+            seen: dict[int, int] = {}
+            for row in node.ground_truth(tag, window.start_ms, window.end_ms, options):
+                ts, value, quality, extra = [*row, None, None, None][:4]
+                seq = seen.get(ts, 0)
+                seen[ts] = seq + 1
+                if isinstance(value, bool):
+                    shown: Any = ("bool", value)
+                elif isinstance(value, str):
+                    shown = ("str", value)
+                else:
+                    shown = None if value is None else ("num", float(value))
+                rows.append((tag, int(ts), seq, shown, quality, extra))
+    return sorted(rows, key=lambda row: (row[0], row[1], row[2]))
+
+
+def alarm_rows(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """Alarm-history rows of a sink as sorted (path, ts ms, status, priority)."""
+    if frame.empty:
+        return []
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    stamps = table.column("ts").cast(pa.int64()).to_pylist()
+    return sorted(
+        zip(
+            table.column("path").to_pylist(),
+            stamps,
+            table.column("status").to_pylist(),
+            table.column("priority").to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def truth_alarm_rows(
+    node: Any, span: Window, filt: AlarmFilter | None = None, path: str = "/"
+) -> list[tuple[Any, ...]]:
+    """The node's alarm events in `span`, as `alarm_rows` shows a sink's."""
+    events = node.alarm_ground_truth(span.start_ms, span.end_ms, filt, path)
+    return sorted({(e["path"], e["ts"], e["status"], e["priority"]) for e in events})
 
 
 def server_missing(reason: str) -> NoReturn:

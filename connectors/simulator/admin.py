@@ -179,7 +179,7 @@ class Admin:
             "user": "api",
             "node": self._node.config.node_name,
             "ts": iso_ms(self._node.now_ms()),
-            "versions": {"exe": VERSION, "bootstrap": VERSION},
+            "versions": {"exe": self.version(), "bootstrap": self.version()},
             "content": content,
         }
 
@@ -537,6 +537,25 @@ class Admin:
 
     # -- system --------------------------------------------------------------------------------
 
+    def version(self) -> str:
+        """The node's version: its profile's (node-1.21.5, node-1.21.12), else VERSION."""
+        for behaviour, version in (("version_1_21_5", "1.21.5"), ("version_1_21_12", "1.21.12")):
+            if self._node.behaves(behaviour):
+                return version
+        return VERSION
+
+    def versions(self) -> list[str]:
+        """`n3.versions`: the bare version, or (`verbose_versions`) the node's own among the
+        runtime's, spelled with product names, as the spec does not show the spelling."""
+        version = self.version()
+        if self._node.behaves("verbose_versions"):
+            return [
+                "Node.js v18.19.1",
+                f"N3uron exe v{version} (build 2406)",
+                f"bootstrap {version}-r2",
+            ]
+        return [version]
+
     def system_status(self, params: Params) -> Answer:
         specs = self._node.tree().specs
         remote = sum(1 for spec in specs if spec.remote_lag_ms)
@@ -546,7 +565,7 @@ class Admin:
                 "n3": {
                     "pid": self.process.pid,
                     "up": up,
-                    "versions": [VERSION],
+                    "versions": self.versions(),
                     "node": self._node.config.node_name,
                     "tags": {"total": len(specs), "local": len(specs) - remote, "remote": remote},
                     "errors": [],

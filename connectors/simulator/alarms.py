@@ -187,21 +187,37 @@ def _under(path: str, root: str, recurrent: bool) -> bool:
     return recurrent or "/" not in path[len(group) :]
 
 
-def parse_alarm_query(params: Params) -> tuple[str, AlarmFilter, AlarmQuery]:
-    """`path` (mandatory, node-facts) and the `options.*` filters of alarm get/count/history."""
+def alarm_in_seconds(event: dict[str, Any], *, to_ms: bool = False) -> dict[str, Any]:
+    """An event stamped in whole epoch seconds (`epoch_seconds` behaviour): `ts` and the
+    acknowledgement's `ts` in seconds, or (`to_ms`) those seconds as milliseconds."""
+    scale = 1000 if to_ms else 1
+    out = {**event, "ts": event["ts"] // 1000 * scale}
+    ack = event.get("ackInfo")
+    if isinstance(ack, dict) and isinstance(ack.get("ts"), int):
+        out["ackInfo"] = {**ack, "ts": ack["ts"] // 1000 * scale}
+    return out
+
+
+def parse_alarm_query(
+    params: Params, *, knows_min_max: bool = True
+) -> tuple[str, AlarmFilter, AlarmQuery]:
+    """`path` (mandatory, node-facts) and the `options.*` filters of alarm get/count/history.
+
+    A node before 1.21.13 (`knows_min_max` False) ignores `minPriority` and `maxPriority`,
+    as an older node ignores any parameter it does not know; `priority` is its minimum.
+    """
     path = required_str(params, "path")
     parse_regex(params.get("options.filter.path"), "options.filter.path")
+    min_max = ("options.filter.minPriority", "options.filter.maxPriority")
+    if not knows_min_max:
+        params = {key: value for key, value in params.items() if key not in min_max}
     try:
         filt = AlarmFilter(
             path_regex=params.get("options.filter.path") or None,
             status=parse_int(params.get("options.filter.status"), "options.filter.status"),
             priority=parse_int(params.get("options.filter.priority"), "options.filter.priority"),
-            min_priority=parse_int(
-                params.get("options.filter.minPriority"), "options.filter.minPriority"
-            ),
-            max_priority=parse_int(
-                params.get("options.filter.maxPriority"), "options.filter.maxPriority"
-            ),
+            min_priority=parse_int(params.get(min_max[0]), min_max[0]),
+            max_priority=parse_int(params.get(min_max[1]), min_max[1]),
             recurrent=parse_optional_bool(params.get("options.recurrent")),
         )
     except ValueError as exc:
@@ -266,25 +282,32 @@ class AlarmService:
         record.pop("origin", None)
         return record
 
+    def _query(self, params: Params) -> tuple[str, AlarmFilter, AlarmQuery]:
+        old = self._node.behaves("version_1_21_5") or self._node.behaves("version_1_21_12")
+        return parse_alarm_query(params, knows_min_max=not old)
+
     def get(self, params: Params) -> Answer:
-        _, _, query = parse_alarm_query(params)
+        _, _, query = self._query(params)
         states = [self.state(alarm) for alarm in self.alarms if query.matches(alarm)]
         return json_answer([s for s in states if query.event_matches(s)])
 
     def count(self, params: Params) -> Answer:
-        _, _, query = parse_alarm_query(params)
+        _, _, query = self._query(params)
         states = [self.state(alarm) for alarm in self.alarms if query.matches(alarm)]
         return Answer(body=str(sum(query.event_matches(s) for s in states)).encode())
 
     def history(self, params: Params) -> Answer:
         """Inclusive at both ends (like raw history), never past now."""
-        path, filt, query = parse_alarm_query(params)
+        path, filt, query = self._query(params)
         tree = self._node.tree(params.get("options.remoteNode"))
-        start = parse_time(params.get("start"), "start")
-        end = parse_time(params.get("end"), "end")
+        seconds = self._node.behaves("epoch_seconds")
+        start = parse_time(params.get("start"), "start", seconds=seconds)
+        end = parse_time(params.get("end"), "end", seconds=seconds)
         if end < start:
             raise RequestError(400, "end is before start")
         events = self.events(query, start, end, tree.node_name)
+        if seconds:
+            events = [alarm_in_seconds(event) for event in events]
         request = {"path": path, "start": start, "end": end, "options": query.echo(filt)}
         return json_answer({"request": request, "data": events})
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from connectors.simulator.profiles import behaviours_of
 
 MAX_PERIOD_MS = 86_400_000
+# The node's own raw cap under the `raw_cap_small` behaviour.
+SMALL_RAW_CAP = 250
 
 
 @dataclass(frozen=True)
@@ -26,9 +30,22 @@ class SimConfig:
     # Every tag sampled every `period_ms` on a regular grid; None: mixed periods (1 s .. 60 s)
     # and a third of the tags irregular, as a real node's tags are.
     period_ms: int | None = None
+    # How this node reads what the spec leaves open: a profile spec (profiles.py), such as
+    # `default`, `repeated-names` or `node-1.21.5+raw-cap`.
+    profile: str = "default"
+    # The tag paths to serve instead of the generated ones (property tests draw trees).
+    tag_paths: tuple[str, ...] | None = None
+    behaviours: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not 10 <= self.tags <= 100_000:
+        object.__setattr__(self, "behaviours", behaviours_of(self.profile))
+        if self.tag_paths is not None:
+            if not self.tag_paths or len(set(self.tag_paths)) != len(self.tag_paths):
+                raise ValueError("tag_paths must be distinct and not empty")
+            if any(not path.startswith("/") or path.endswith("/") for path in self.tag_paths):
+                raise ValueError("a tag path starts with / and does not end with /")
+            object.__setattr__(self, "tags", len(self.tag_paths))
+        elif not 10 <= self.tags <= 100_000:
             raise ValueError(f"tags must be between 10 and 100000, not {self.tags}")
         if self.raw_cap < 1:
             raise ValueError("raw_cap must be positive")
@@ -39,9 +56,17 @@ class SimConfig:
         if self.cache_limit_bytes < 0:
             raise ValueError("cache_limit_bytes must not be negative")
 
+    def node_raw_cap(self) -> int | None:
+        """The node's own cap on raw samples per tag (None: only `limit` caps)."""
+        if "raw_uncapped" in self.behaviours:
+            return None
+        if "raw_cap_small" in self.behaviours:
+            return min(SMALL_RAW_CAP, self.raw_cap)
+        return self.raw_cap
+
     def __repr__(self) -> str:
         secret = "***" if self.token or self.password else None
         return (
             f"SimConfig(seed={self.seed}, tags={self.tags}, raw_cap={self.raw_cap}, "
-            f"period_ms={self.period_ms}, auth={secret})"
+            f"period_ms={self.period_ms}, profile={self.profile!r}, auth={secret})"
         )

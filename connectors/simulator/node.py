@@ -17,13 +17,13 @@ from typing import Any
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.simulator import history
 from connectors.simulator.admin import Admin
-from connectors.simulator.alarms import AlarmQuery, AlarmService, build_alarms
+from connectors.simulator.alarms import AlarmQuery, AlarmService, alarm_in_seconds, build_alarms
 from connectors.simulator.config import SimConfig
 from connectors.simulator.faults import Faults
 from connectors.simulator.protocol import Answer, Handler, RequestError, error_answer, parse_list
 from connectors.simulator.subscriptions import Subscriptions
 from connectors.simulator.tags import TagService
-from connectors.simulator.tagtree import TagSpec, TagTree, build_tags
+from connectors.simulator.tagtree import TagSpec, TagTree, build_tags, tag_paths
 
 # Remote nodes reachable with `options.remoteNode`: same shapes, a different seed.
 REMOTE_NODES = ("sim-remote",)
@@ -77,11 +77,24 @@ class SimulatedNode:
         self.config = config or SimConfig()
         self._lock = threading.RLock()
         self._clock_ms: int | None = None
-        period = self.config.period_ms
-        local = build_tags(self.config.seed, self.config.tags, self.config.hostile_names, period)
-        self._trees = {self.config.node_name: TagTree(self.config.node_name, local)}
+        config = self.config
+        period = config.period_ms
+        repeated = "repeated_names" in config.behaviours
+        paths = list(config.tag_paths) if config.tag_paths is not None else None
+        local = build_tags(
+            config.seed,
+            config.tags,
+            config.hostile_names,
+            period,
+            paths=paths
+            or tag_paths(config.tags, hostile=config.hostile_names, repeated_names=repeated),
+        )
+        self._trees = {config.node_name: TagTree(config.node_name, local)}
         for offset, name in enumerate(REMOTE_NODES, start=1):
-            specs = build_tags(self.config.seed + 1000 * offset, self.config.tags, False, period)
+            remote_paths = paths or tag_paths(config.tags, repeated_names=repeated)
+            specs = build_tags(
+                config.seed + 1000 * offset, config.tags, False, period, paths=remote_paths
+            )
             self._trees[name] = TagTree(name, specs)
         self._late: dict[tuple[str, str], list[tuple[int, Any, int]]] = {}
         self._cache: dict[str, bytes | tuple[bytes, int]] = {}  # body, or (zstd, size)
@@ -144,6 +157,10 @@ class SimulatedNode:
         rows = self.history_rows(tree, spec, start_ms, end_ms, options, capped=False)
         return [list(row) for row in rows if row[0] < end_ms]
 
+    def behaves(self, behaviour: str) -> bool:
+        """Whether this node's profile has `behaviour` (connectors/simulator/profiles.py)."""
+        return behaviour in self.config.behaviours
+
     def alarm_ground_truth(
         self,
         start_ms: int,
@@ -155,7 +172,10 @@ class SimulatedNode:
         filt = filt or AlarmFilter()
         tree = self.tree(filt.remote_node)
         query = AlarmQuery.of(path, filt)
-        return self.alarms.events(query, start_ms, end_ms - 1, tree.node_name)
+        events = self.alarms.events(query, start_ms, end_ms - 1, tree.node_name)
+        if self.behaves("epoch_seconds"):  # what the node holds is whole seconds
+            events = [alarm_in_seconds(event, to_ms=True) for event in events]
+        return events
 
     # -- shared by the resources ---------------------------------------------------------------
 
@@ -211,8 +231,31 @@ class SimulatedNode:
     ) -> list[tuple[Any, ...]]:
         """The rows of one tag as the wire holds them (raw/delta/filter: bounds inclusive).
 
-        `capped`: raw answers stop at `options.limit` and at the node's `raw_cap`.
+        `capped` (the wire): raw answers stop at `options.limit` and at the node's own cap,
+        and a node whose raw start bound is exclusive leaves out a sample on `start`. Rows
+        are as wide as the node's profile makes them (2, 3 or 4 elements), on the wire and
+        in the ground truth alike.
         """
+        rows = self._rows(tree, spec, start_ms, end_ms, options, capped=capped)
+        width = self.row_width()
+        if width < 4:
+            rows = [row[:width] for row in rows]
+        return rows
+
+    def row_width(self) -> int:
+        """Elements of a history row: 4, or 2 or 3 on nodes whose profile says so."""
+        return 2 if self.behaves("rows_2") else 3 if self.behaves("rows_3") else 4
+
+    def _rows(
+        self,
+        tree: TagTree,
+        spec: TagSpec,
+        start_ms: int,
+        end_ms: int,
+        options: HistoryOptions,
+        *,
+        capped: bool,
+    ) -> list[tuple[Any, ...]]:
         mode = options.mode
         if mode == "aggregated":
             with self._lock:
@@ -230,7 +273,10 @@ class SimulatedNode:
         if mode == "raw":
             limit = None
             if capped:
-                limit = min(options.limit or self.config.raw_cap, self.config.raw_cap)
+                caps = [cap for cap in (options.limit, self.config.node_raw_cap()) if cap]
+                limit = min(caps) if caps else None
+                if self.behaves("raw_start_exclusive"):
+                    start_ms += 1
             samples = self.samples(tree, spec, start_ms, end_ms, max_count=limit)
             invalid_as_null = True if options.invalid_as_null is None else options.invalid_as_null
             return history.raw_rows(samples, invalid_as_null=invalid_as_null, limit=limit)
@@ -303,8 +349,8 @@ class SimulatedNode:
         time and the ones kept stay (a benchmark that repeats more than fits is still
         served from memory as far as it goes, instead of evicting what it asks next).
         """
-        if not self.config.cache_answers:
-            return produce()
+        if not self.config.cache_answers or self.behaves("flaky_tags"):
+            return produce()  # a flaky node answers a question differently the second time
         with self._lock:
             kept = self._cache.get(key)
         if kept is not None:

@@ -85,13 +85,15 @@ def iso_ms(ms: int) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
-def parse_time(value: Any, name: str) -> int:
-    """`start`/`end`: ISO 8601 (`Z`, an offset, or naive = UTC) or epoch milliseconds."""
+def parse_time(value: Any, name: str, *, seconds: bool = False) -> int:
+    """`start`/`end` as epoch ms: ISO 8601 (`Z`, an offset, or naive = UTC) or epoch digits,
+    read as milliseconds, or as seconds on a node that reads them so (`seconds`: the spec
+    does not show the unit of an epoch input)."""
     if value is None or value == "":
         raise RequestError(400, f"{name} is required")
     text = str(value).strip()
     if _EPOCH.fullmatch(text):
-        return int(text)
+        return int(text) * 1000 if seconds else int(text)
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:

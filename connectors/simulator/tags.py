@@ -29,7 +29,7 @@ from connectors.simulator.protocol import (
     parse_time,
     required_str,
 )
-from connectors.simulator.tagtree import TagSpec, TagTree
+from connectors.simulator.tagtree import TagSpec, TagTree, mix1
 
 if TYPE_CHECKING:
     from connectors.simulator.node import SimulatedNode
@@ -43,14 +43,21 @@ _WRITE_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def parse_history_options(params: Params) -> HistoryOptions:
-    """The shared history options; mode defaults to `delta` (spec), interval to 60 s."""
+def parse_history_options(params: Params, *, new_methods: bool = True) -> HistoryOptions:
+    """The shared history options; mode defaults to `delta` (spec), interval to 60 s.
+
+    A node before 1.21.10 (`new_methods` False) does not know `stddev` and `delta`: like an
+    older node with any option value it does not know, it ignores the method and answers
+    the tag's default one.
+    """
     mode = params.get("options.mode") or "delta"
     if mode not in MODES:
         raise RequestError(400, f"options.mode {mode!r} is not one of {', '.join(MODES)}")
     method = params.get("options.method") or None
     if method is not None and method not in METHODS:
         raise RequestError(400, f"options.method {method!r} is not one of {', '.join(METHODS)}")
+    if not new_methods and method in ("stddev", "delta"):
+        method = None
     interval = parse_int(params.get("options.interval"), "options.interval")
     if interval is not None and interval <= 0:
         raise RequestError(400, "options.interval must be positive")
@@ -94,6 +101,11 @@ def request_echo(
     return {"tag": tag, "start": start, "end": end, "options": echo, "data": None}
 
 
+# Stamps of the rows the `garbled_timestamps` behaviour adds: before the epoch, in 1913
+# (the issue's request started there), and in 2200.
+GARBLED_MS = (-1, -1_795_046_400_000, 7_258_118_400_000)
+
+
 class TagService:
     """Tag operations of one node; current values written through the API live here."""
 
@@ -101,6 +113,8 @@ class TagService:
         self._node = node
         self._lock = threading.Lock()
         self._written: dict[str, tuple[Any, int]] = {}
+        # (node, tag, start, end, options) asked once: `flaky_tags` answers them the next time.
+        self._asked: set[tuple[Any, ...]] = set()
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -135,11 +149,16 @@ class TagService:
     # -- history ---------------------------------------------------------------------------
 
     def _window(self, params: Params) -> tuple[int, int]:
-        start = parse_time(params.get("start"), "start")
-        end = parse_time(params.get("end"), "end")
+        seconds = self._node.behaves("epoch_seconds")
+        start = parse_time(params.get("start"), "start", seconds=seconds)
+        end = parse_time(params.get("end"), "end", seconds=seconds)
         if end < start:
             raise RequestError(400, "end is before start")
         return start, end
+
+    def _options(self, params: Params) -> HistoryOptions:
+        old = self._node.behaves("version_1_21_5")
+        return parse_history_options(params, new_methods=not old)
 
     def _render(
         self,
@@ -150,14 +169,39 @@ class TagService:
         options: HistoryOptions,
         extra: Mapping[str, Any] | None = None,
     ) -> bytes:
-        answer = {
-            spec.path: {
-                "request": request_echo(spec.path, start, end, options, extra),
-                "data": self._node.history_rows(tree, spec, start, end, options, capped=True),
-            }
-            for spec in specs
-        }
+        """`{path: {request, data}}`, shaped by the node's profile: tags left out (absent,
+        `data: null` or keyed by name) and rows stamped outside the query added."""
+        node = self._node
+        garbled = node.behaves("garbled_timestamps") and options.mode != "aggregated"
+        answer: dict[str, Any] = {}
+        for spec in specs:
+            rows = node.history_rows(tree, spec, start, end, options, capped=True)
+            if garbled and spec.index % 5 == 2:
+                rows.append(_garbled_row(spec, start, node.row_width()))
+            entry = {"request": request_echo(spec.path, start, end, options, extra), "data": rows}
+            if not self._leaves_out(tree, spec, start, end, options):
+                answer[spec.path] = entry
+            elif node.behaves("dropped_as_null"):
+                answer[spec.path] = {**entry, "data": None}
+            elif node.behaves("dropped_as_name"):
+                answer[spec.name] = entry
         return orjson.dumps(answer)
+
+    def _leaves_out(
+        self, tree: TagTree, spec: TagSpec, start: int, end: int, options: HistoryOptions
+    ) -> bool:
+        """Whether this answer leaves `spec` out: always (`loses_tags`, every seventh tag),
+        or (`flaky_tags`, a quarter of the tags) the first time this question is asked."""
+        node = self._node
+        if node.behaves("loses_tags") and spec.index % 7 == 3:
+            return True
+        if not node.behaves("flaky_tags") or mix1(spec.index, 4242) % 4:
+            return False
+        asked = (tree.node_name, spec.path, start, end, options)
+        with self._lock:
+            first = asked not in self._asked
+            self._asked.add(asked)
+        return first
 
     def history(self, params: Params) -> Answer:
         path = required_str(params, "path")
@@ -166,7 +210,7 @@ class TagService:
         if spec is None:
             raise RequestError(404, f"tag {path!r} not found")
         start, end = self._window(params)
-        options = parse_history_options(params)
+        options = self._options(params)
         rows = self._node.history_rows(tree, spec, start, end, options, capped=True)
         return json_answer({"request": request_echo(path, start, end, options), "data": rows})
 
@@ -176,20 +220,24 @@ class TagService:
             raise RequestError(400, "paths is required")
         tree = self._node.tree(params.get("options.remoteNode"))
         start, end = self._window(params)
-        options = parse_history_options(params)
+        options = self._options(params)
         specs = [spec for p in dict.fromkeys(paths) if (spec := tree.get(p)) is not None]
         return Answer(body=self._render(tree, specs, start, end, options))
 
     def history_filter(self, params: Params) -> Answer:
-        """Honours both `path` and `paths` (their union): the spec names both."""
-        roots = list(
-            dict.fromkeys(parse_list(params.get("path")) + parse_list(params.get("paths")))
-        )
+        """Honours both `path` and `paths` (their union): the spec names both. A node of the
+        `filter_path_only` or `filter_paths_only` profile reads only the one name."""
+        names: tuple[str, ...] = ("path", "paths")
+        if self._node.behaves("filter_path_only"):
+            names = ("path",)
+        elif self._node.behaves("filter_paths_only"):
+            names = ("paths",)
+        roots = list(dict.fromkeys(item for name in names for item in parse_list(params.get(name))))
         if not roots:
-            raise RequestError(400, "path is required")
+            raise RequestError(400, f"{' or '.join(names)} is required")
         tree = self._node.tree(params.get("options.remoteNode"))
         start, end = self._window(params)
-        options = parse_history_options(params)
+        options = self._options(params)
         pattern = parse_regex(params.get("options.filter"), "options.filter")
         recurrent = parse_bool(params.get("options.recurrent"), False)
         specs = tree.select(roots, pattern, recurrent)
@@ -269,9 +317,14 @@ class TagService:
             raise RequestError(404, f"no tag at {path!r}")
         return chosen
 
+    def _key(self, spec: TagSpec) -> str:
+        """The key of a tag in details and read answers: its name (spec), so a name that
+        repeats across groups keeps only the last of them; its path (`details_by_path`)."""
+        return spec.path if self._node.behaves("details_by_path") else spec.name
+
     def read(self, params: Params) -> Answer:
         specs = self._read_selection(params)
-        return json_answer({"tags": {s.name: self.entry(s, details=False) for s in specs}})
+        return json_answer({"tags": {self._key(s): self.entry(s, details=False) for s in specs}})
 
     def details(self, params: Params) -> Answer:
         specs = self._read_selection(params)
@@ -279,7 +332,7 @@ class TagService:
             {
                 "description": "simulated group",
                 "_templates": [],
-                "tags": {s.name: self.entry(s, details=True) for s in specs},
+                "tags": {self._key(s): self.entry(s, details=True) for s in specs},
             }
         )
 
@@ -331,6 +384,13 @@ def _paused(handler: Handler) -> Handler:
             return handler(params)
 
     return paused
+
+
+def _garbled_row(spec: TagSpec, start: int, width: int) -> tuple[Any, ...]:
+    """A row stamped outside any query (`garbled_timestamps`): which stamp depends on the
+    tag and the query start, so answers differ but a re-asked question gets the same one."""
+    ts = GARBLED_MS[(spec.index + start // 1000) % len(GARBLED_MS)]
+    return (ts, None, 0, 0)[:width]
 
 
 def _flat_listing(

@@ -98,17 +98,35 @@ def _tag_type(index: int, h: int) -> str:
     return "boolean" if pick == 0 else "string" if pick == 1 else "number"
 
 
-def build_tags(seed: int, count: int, hostile: bool, period_ms: int | None = None) -> list[TagSpec]:
-    """`count` tags from `seed`. `period_ms`: every tag regular at that period (gaps,
-    quality stretches, duplicates and late links stay as they are); None: mixed periods."""
-    specs: list[TagSpec] = []
+def tag_paths(count: int, *, hostile: bool = False, repeated_names: bool = False) -> list[str]:
+    """The generated tag paths: `count` tags spread over GROUPS. Names are unique unless
+    `repeated_names`: then every group holds the same leaf names (`Temp. 000` in each), as
+    real plants do; `hostile` puts HOSTILE's paths first."""
     paths: list[str] = []
     for i in range(count):
         group = GROUPS[i % len(GROUPS)]
         name = NAMES[(i // len(GROUPS)) % len(NAMES)]
-        paths.append(f"{group}/{name} {i:03d}")
+        number = i // len(GROUPS) if repeated_names else i
+        paths.append(f"{group}/{name} {number:03d}")
     if hostile:
         paths[: len(HOSTILE)] = HOSTILE[: min(len(HOSTILE), count)]
+    return paths
+
+
+def build_tags(
+    seed: int,
+    count: int,
+    hostile: bool,
+    period_ms: int | None = None,
+    *,
+    paths: list[str] | None = None,
+) -> list[TagSpec]:
+    """`count` tags from `seed` (`paths`: these paths instead of `tag_paths(count, ...)`).
+    `period_ms`: every tag regular at that period (gaps, quality stretches, duplicates and
+    late links stay as they are); None: mixed periods."""
+    specs: list[TagSpec] = []
+    if paths is None:
+        paths = tag_paths(count, hostile=hostile)
     for i, path in enumerate(paths):
         h = mix1(i, seed * 7919 + 17)
         tag_type = _tag_type(i, h)

@@ -230,7 +230,18 @@ def test_simulate_serves_the_interface(tmp_path: Path) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen(
-        [HISTORIAN, "simulate", "--port", str(port), "--https-port", "0", "--tags", "20"],
+        [
+            HISTORIAN,
+            "simulate",
+            "--port",
+            str(port),
+            "--https-port",
+            "0",
+            "--tags",
+            "20",
+            "--profile",
+            "node-1.21.12+repeated-names",
+        ],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -248,9 +259,48 @@ def test_simulate_serves_the_interface(tmp_path: Path) -> None:
                 time.sleep(0.2)
         assert answer.status_code == 200
         assert answer.json()["n3"]["tags"]["total"] >= 20
+        assert answer.json()["n3"]["versions"] == ["1.21.12"]
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_simulate_lists_its_profiles_and_refuses_an_unknown_one(tmp_path: Path) -> None:
+    listed = historian("simulate", "--profile", "list", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "repeated-names: repeated_names" in listed.stdout
+    assert "raw_start_exclusive:" in listed.stdout
+    unknown = historian("simulate", "--profile", "default+nope", cwd=tmp_path)
+    assert_clean_failure(unknown, 2, "--profile", "unknown simulator profile 'nope'")
+
+
+@pytest.fixture(scope="module")
+def old_node() -> Iterator[Any]:
+    node = SimulatedNode(SimConfig(seed=4, tags=12, profile="node-1.21.5"))
+    with run_server(node, http_port=0, https_port=None) as handle:
+        yield handle
+
+
+def test_check_resolves_each_flows_tags_shows_the_version_and_writes_nothing(
+    tmp_path: Path, old_node: Any
+) -> None:
+    flows = {
+        "good": small_flow(tags={"group": "/Plant A/", "regex": "Line"}),
+        "gone": small_flow(tags={"group": "/No such group/"}),
+        "stddev": small_flow(mode="aggregated", method="stddev", interval="15m"),
+    }
+    write_config(tmp_path, flows=flows, node={"url": old_node.http_url})
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    result = historian("check", cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert "version 1.21.5 ('N3uron exe v1.21.5 (build 2406)')" in output
+    assert "ok flow good: 4 tags" in output
+    assert "flows.gone.tags.group: group '/No such group/' not found" in output
+    assert "flows.stddev.method: method 'stddev' needs node version 1.21.10" in output
+    assert "ok sink lake" in output
+    assert "ok sink duck" in output
+    assert_clean_failure(result, 1, "flow gone", "(and 1 more)")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before, "no folder, file or schema"
 
 
 def test_a_prefect_run_from_the_cli_is_quiet(tmp_path: Path, token_server: Any) -> None:

@@ -130,12 +130,19 @@ def test_large_integer_value_falls_back_without_losing_the_row() -> None:
     assert [r["value"] for r in rows_of(page)] == [float(big), 0.5]
 
 
-def test_null_and_empty_data_are_zero_rows_but_the_tag_is_reported() -> None:
+def test_null_and_empty_data_are_zero_rows_but_null_is_not_an_answer() -> None:
     page = parse_history_answer(many({"/a": None, "/b": [], "/c": [[T0, 1, 192, 0]]}), "n")
     assert page.table.num_rows == 1
-    assert page.tags["/a"] == TagStats(0, None, None, 0)
+    assert page.tags["/a"] == TagStats(0, None, None, 0, null_data=True)
     assert page.tags["/b"] == TagStats(0, None, None, 0)
     assert page.tags["/c"] == TagStats(1, T0, T0, 1)
+    assert page.answered() == {"/b", "/c"}
+
+
+def test_null_data_is_told_apart_by_the_careful_reading_too() -> None:
+    body = b'{"/a": {"data": null}, "/b": {"data": []}}  '  # not compact: the careful path
+    page = parse_history_answer(body, "n")
+    assert page.answered() == {"/b"}
 
 
 def test_empty_answer_is_an_empty_table_of_the_schema() -> None:

@@ -209,3 +209,162 @@ def test_relative_and_absolute_moments() -> None:
     assert parse_moment("2024-03-01T10:00:00", now=now) == datetime(2024, 3, 1, 10, tzinfo=UTC)
     with pytest.raises(ValueError, match="is not a time"):
         parse_moment("tomorrow", now=now)
+
+
+def test_a_simulator_node_takes_a_profile_and_an_unknown_one_is_named() -> None:
+    simulated = with_change("nodes.plant", {"simulator": {"profile": ["node-1.21.12", "rows-3"]}})
+    config = parse_config(simulated, env={})
+    assert config.nodes["plant"].simulator is not None
+    assert config.nodes["plant"].simulator.profile == "node-1.21.12+rows-3"
+    message = error_of(with_change("nodes.plant", {"simulator": {"profile": "ancient"}}))
+    assert message.startswith("flows.yaml: nodes.plant.simulator.profile: unknown simulator")
+
+
+def test_the_configured_profile_is_the_node_the_run_talks_to() -> None:
+    from pipelines.nodes import NodePool
+
+    simulated = with_change("nodes.plant", {"simulator": {"tags": 10, "profile": "node-1.21.12"}})
+    with NodePool(parse_config(simulated, env={})) as nodes:
+        version = nodes.get("plant").version()
+    assert str(version) == "1.21.12"
+
+
+# -- hostile values: one line, cut when long (issue 21) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        (
+            "flows.hourly.window",
+            "99999999999999d",
+            "flows.yaml: flows.hourly.window: duration '99999999999999d' is too long "
+            "(at most 999,999,999 days)",
+        ),
+        (
+            "flows.hourly.window",
+            10**30,
+            "flows.yaml: flows.hourly.window: duration 1000000000000000000000000000000 is too "
+            "long (at most 999,999,999 days)",
+        ),
+        (
+            "flows.hourly.window",
+            "99999999d",
+            "flows.yaml: flows.hourly.window: '99999999d' is longer than 36,525 days",
+        ),
+        (
+            "flows.hourly.lookback",
+            "36526d",
+            "flows.yaml: flows.hourly.lookback: '36526d' is longer than 36,525 days",
+        ),
+        (
+            "flows.hourly.window",
+            "1.0005s",
+            "flows.yaml: flows.hourly.window: '1.0005s' is not a whole number of milliseconds",
+        ),
+        (
+            "flows.hourly.settle",
+            0.0005,
+            "flows.yaml: flows.hourly.settle: 0.0005 is not a whole number of milliseconds",
+        ),
+        (
+            "flows.hourly.start",
+            "-99999999999d",
+            "flows.yaml: flows.hourly.start: duration '99999999999d' is too long",
+        ),
+        (
+            "flows.hourly.start",
+            "-999999d",
+            "flows.yaml: flows.hourly.start: '-999999d' is before 1970-01-01T00:00:00Z",
+        ),
+        (
+            "flows.hourly.start",
+            "0001-01-01T00:00:00Z",
+            "flows.yaml: flows.hourly.start: '0001-01-01T00:00:00Z' is before 1970-01-01",
+        ),
+        (
+            "nodes.plant.url",
+            "https://node:99999",
+            "flows.yaml: nodes.plant.url: 'https://node:99999' is not a valid URL: Port out of "
+            "range 0-65535",
+        ),
+        (
+            "nodes.plant.url",
+            "https://no de:3443",
+            "flows.yaml: nodes.plant.url: 'https://no de:3443' is not an http:// or https:// URL",
+        ),
+        (
+            "nodes.plant.url",
+            "https://etl:hunter2@node:3443",
+            "flows.yaml: nodes.plant.url: credentials belong in environment variables",
+        ),
+        ("nodes.plant.request_deadline", "0s", "flows.yaml: nodes.plant.request_deadline: must"),
+    ],
+)
+def test_hostile_values_are_one_line_naming_the_key(path: str, value: Any, expected: str) -> None:
+    message = error_of(with_change(path, value))
+    assert message.startswith(expected), message
+    assert "hunter2" not in message
+
+
+def test_a_100000_character_value_is_quoted_cut_with_its_length() -> None:
+    long_path = "x" * 100_000
+    message = error_of(with_change("flows.hourly.tags", {"paths": [long_path]}))
+    assert message == (
+        f"flows.yaml: flows.hourly.tags.paths: tag path {'x' * 80!r}... (100,000 characters) "
+        "does not start with /"
+    )
+    message = error_of(with_change("nodes.plant.url", "https://node/" + "a" * 100_000))
+    assert message.endswith("(100,013 characters) is longer than a node URL may be (2,048)")
+    assert len(message) < 300
+    message = error_of(with_change("flows.hourly.mode", "r" * 100_000))
+    assert message.endswith("... (100,000 characters) is not one of raw, filter, delta, aggregated")
+
+
+def test_a_long_unknown_key_is_cut_in_the_key_path() -> None:
+    message = error_of(with_change("flows.hourly." + "k" * 100_000, 1))
+    assert message == f"flows.yaml: flows.hourly.{'k' * 40!r}... (100,000 characters): unknown key"
+
+
+def test_the_request_deadline_reaches_the_client_settings() -> None:
+    from pipelines.nodes import node_settings
+
+    config = parse_config(with_change("nodes.plant.request_deadline", "90s"), env={})
+    node = config.nodes["plant"]
+    assert node_settings("plant", node).deadline_s == 90
+    default = parse_config(BASE, env={}).nodes["plant"]
+    assert node_settings("plant", default).deadline_s == 125
+
+
+def test_a_huge_integer_in_the_file_is_named_with_its_line(tmp_path: Path) -> None:
+    file = tmp_path / "flows.yaml"
+    document = yaml.safe_dump(BASE, sort_keys=False)
+    file.write_text(document.replace("window: 1h", "window: " + "9" * 5000))
+    with pytest.raises(ConfigError) as caught:
+        load_config(file, env={})
+    line = document.splitlines().index("    window: 1h") + 1
+    assert str(caught.value).endswith(
+        f"flows.yaml: flows.hourly.window (line {line}): a number of 5,000 digits"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("-99999999999d", "duration '99999999999d' is too long (at most 999,999,999 days)"),
+        ("now-999999d", "'now-999999d' is before 1970-01-01T00:00:00Z"),
+        ("1969-07-20T20:17:00Z", "'1969-07-20T20:17:00Z' is before 1970-01-01T00:00:00Z"),
+        (
+            "9999-12-31T23:00:00-02:00",
+            "'9999-12-31T23:00:00-02:00' is past the end of the calendar",
+        ),
+    ],
+)
+def test_moments_before_1970_or_past_the_calendar_are_value_errors(
+    text: str, expected: str
+) -> None:
+    now = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+    with pytest.raises(ValueError, match=r"\d") as caught:
+        parse_moment(text, now=now)
+    assert str(caught.value) == expected
+    assert parse_moment("1970-01-01T00:00:00Z", now=now) == datetime(1970, 1, 1, tzinfo=UTC)

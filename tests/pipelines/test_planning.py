@@ -22,6 +22,7 @@ from pipelines.planning import (
     batch_members,
     chunk_id,
     chunk_label,
+    density_per_hour,
     encoded_batch_len,
     parse_duration,
     plan_chunks,
@@ -242,7 +243,9 @@ def test_batches_split_when_the_bytes_run_out_before_the_count() -> None:
 
 def test_a_path_too_long_for_any_request_is_named() -> None:
     long_path = "/Plant/" + "x" * 200
-    with pytest.raises(ValueError, match=r"tag path '/Plant/xxx.*\.\.\.' is 2\d\d bytes"):
+    with pytest.raises(
+        ValueError, match=r"tag path '/Plant/x+'\.\.\. \(207 characters\) is 2\d\d bytes"
+    ):
         batch_members(["/a", long_path], max_batch=10, max_query_bytes=200)
 
 
@@ -424,3 +427,33 @@ def test_plan_windows_refuses_a_zero_size(
 ) -> None:
     with outcome:
         assert plan_windows(Window(from_ms(0), from_ms(1)), size)
+
+
+@pytest.mark.parametrize("text", ["99999999999999d", "1" * 400 + "s", 10**30, 1e300])
+def test_a_duration_past_what_a_timedelta_holds_is_a_value_error(text: Any) -> None:
+    with pytest.raises(ValueError, match=r"is too long \(at most 999,999,999 days\)$"):
+        parse_duration(text)
+
+
+# -- density probes ------------------------------------------------------------------------
+
+HOUR_MS = 3_600_000
+
+
+def test_an_uncapped_probe_counts_rows_per_hour_and_missing_tags_as_zero() -> None:
+    answered = [(3600, HOUR_MS - 1000), (60, HOUR_MS - 60_000)]
+    # The busiest tag is measured up to its last sample, a second before the end: a hair more.
+    assert density_per_hour(answered, 4, 0, HOUR_MS) == pytest.approx((3601 + 60) / 4, abs=0.01)
+
+
+def test_a_probe_cut_by_a_node_cap_is_measured_up_to_the_last_sample() -> None:
+    # A node capping raw answers at 300 samples: tags at 1 Hz stop after 300 s.
+    capped = [(300, 299_000)] * 10
+    assert density_per_hour(capped, 10, 0, HOUR_MS) == pytest.approx(300 * 3600 / 299)
+    # A slower tag beside them is not cut, and counts over the whole hour.
+    mixed = [(300, 299_000), (60, HOUR_MS - 60_000)]
+    assert density_per_hour(mixed, 2, 0, HOUR_MS) == pytest.approx((300 * 3600 / 299 + 60) / 2)
+
+
+def test_a_probe_that_saw_nothing_is_zero() -> None:
+    assert density_per_hour([(0, None), (0, None)], 2, 0, HOUR_MS) == 0

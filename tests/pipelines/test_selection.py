@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from connectors.client import NodeClient
@@ -45,7 +46,7 @@ def test_an_unknown_path_is_a_one_line_error_naming_it(client: NodeClient, sim_n
         resolve_tags(client, "n", selection, where="flows.f.tags")
     message = str(caught.value)
     assert "\n" not in message
-    assert f"flows.f.tags: tag {gone!r} not found on node n (and 1 more)" in message
+    assert f"flows.f.tags.paths: tag {gone!r} not found on node n (and 1 more)" in message
 
 
 def test_a_group_resolves_its_tags_sorted_with_the_filter_query(
@@ -67,3 +68,43 @@ def test_browse_keeps_what_include_and_exclude_let_through(client: NodeClient) -
     assert resolved.members
     assert all("Line 1" in tag and "Temp" not in tag for tag in resolved.members)
     assert list(resolved.members) == sorted(resolved.members)
+
+
+class _NoFlatBrowse(httpx.BaseTransport):
+    """The real simulator, except that a flat browse is refused (its shape is not shown in
+    the spec: a node may not give one), and the first details answer is an HTML page."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.details = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        params = request.url.params
+        if params.get("cmd") == "browse" and params.get("options.flat") == "true":
+            return httpx.Response(400, content=b'{"error": "flat is not supported"}')
+        if params.get("cmd") == "details":
+            self.details += 1
+            if self.details == 1:
+                return httpx.Response(200, content=b"<html>proxy error</html>")
+        return self.inner.handle_request(request)
+
+
+@pytest.mark.parametrize("profile", ["repeated-names", "details-by-path"])
+def test_without_a_flat_listing_groups_are_walked_and_no_tag_is_lost(profile: str) -> None:
+    from connectors.simulator import SimConfig, SimulatedNode, run_server
+
+    node = SimulatedNode(SimConfig(seed=3, tags=30, profile=profile))
+    under = sorted(p for p in node.tag_paths() if p.startswith("/Plant A/"))
+    with (
+        run_server(node, http_port=0, https_port=None) as server,
+        NodeClient(NodeSettings(name="n", url=server.http_url), transport=_NoFlatBrowse()) as c,
+    ):
+        resolved = resolve_tags(c, "n", TagSelectionConfig(group="/Plant A/"), where="flows.f.tags")
+    assert list(resolved.members) == under
+    assert sorted(resolved.metadata.column("tag").to_pylist()) == under
+
+
+def test_an_unknown_group_is_named_by_its_config_key(client: NodeClient) -> None:
+    with pytest.raises(UnknownTag) as caught:
+        resolve_tags(client, "n", TagSelectionConfig(group="/Nowhere/"), where="flows.f.tags")
+    assert "flows.f.tags.group: group '/Nowhere/' not found on node n" in str(caught.value)

@@ -762,6 +762,30 @@ def test_disk_full_or_read_only_is_a_clear_error_with_nothing_half_written(
         lake.check_writable()
 
 
+def test_forget_after_drops_the_chunks_ending_after_it_and_keeps_data(lake: ParquetLake) -> None:
+    for number, hours in enumerate(((0, 1), (1, 2), (2, 3))):
+        win = window(*hours)
+        frame = history_frame(TAGS, win)
+        lake.write(scope(TAGS, win, f"c{number}"), frame, len(frame))
+    before = len(lake.read("hist", schema.KIND_TAG_HISTORY))
+    assert lake.forget_after("f", window(1.5, 2).start) == 2
+    assert lake.progress("f").windows_of(TAGS[0]) == [window(0, 1)]
+    assert [c.chunk_id for c in lake.chunk_log("f")] == ["c0"]
+    assert len(lake.read("hist", schema.KIND_TAG_HISTORY)) == before
+    frame = history_frame(TAGS, window(1, 3))
+    lake.write(scope(TAGS, window(1, 3), "again"), frame, len(frame))
+    assert lake.progress("f").windows_of(TAGS[0]) == [window(0, 3)]
+
+
+def test_probe_creates_nothing_and_refuses_a_file_in_the_way(tmp_path: Path) -> None:
+    assert "does not exist yet" in ParquetLake(str(tmp_path / "new" / "lake")).probe()
+    assert not (tmp_path / "new").exists()
+    assert ParquetLake(str(tmp_path)).probe() == "exists, writable"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SinkError, match="is not a directory"):
+        ParquetLake(str(tmp_path / "file" / "lake")).probe()
+
+
 def test_check_writable_passes_and_open_creates_the_root(tmp_path: Path) -> None:
     sink = ParquetLake(str(tmp_path / "new" / "lake"))
     sink.open()

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from pipelines.runner import ChunkOutcome, FlowRun, RunSummary
 from sinks.base import CountMismatch, FlowLocked, Sink, SinkError, SinkUnavailable
 from sinks.sql import SqlWarehouse
 from sinks.sql_copy import encode_binary_copy
-from tests.sinks.sql_frames import ATTRS, alarms, history, hours, rows, scope, sort_key
+from tests.sinks.sql_frames import ATTRS, T0, alarms, history, hours, rows, scope, sort_key
 
 REPO = Path(__file__).resolve().parents[2]
 HIST = schema.KIND_TAG_HISTORY
@@ -271,6 +271,48 @@ def test_progress_merges_windows_and_reset_forgets_it_but_keeps_data(
     assert sink.chunk_log("f1") == []
     assert sink.flows() == []
     assert len(sink.read("hist", HIST)) > 0
+
+
+def test_forget_after_cuts_progress_and_chunk_records_but_keeps_data(
+    sink: SqlWarehouse,
+) -> None:
+    for window in (hours(0, 1), hours(1, 2), hours(2, 3)):
+        frame = history(["a", "b"], window)
+        sink.write(scope(["a", "b"], window), frame, len(frame))
+    before = len(sink.read("hist", HIST))
+    assert sink.forget_after("f1", T0 + timedelta(hours=1, minutes=30)) == 2
+    assert sink.progress("f1").windows_of("a") == [hours(0, 1.5)]
+    assert [c.window for c in sink.chunk_log("f1")] == [hours(0, 1)]
+    assert len(sink.read("hist", HIST)) == before
+    assert sink.forget_after("f1", T0 + timedelta(hours=5)) == 0
+
+
+def test_probe_finds_what_a_run_needs_without_creating_it(
+    where: tuple[str, str | None], tmp_path: Path
+) -> None:
+    url, schema_name = where
+    if url.startswith("duckdb"):
+        url = f"duckdb:///{tmp_path}/not/yet/warehouse.duckdb"
+    elif schema_name is not None:
+        schema_name = schema_name + "_new"
+    warehouse = SqlWarehouse(url, schema=schema_name)
+    assert "does not exist yet" in warehouse.probe()
+    assert not (tmp_path / "not").exists()
+    if url.startswith("postgresql"):
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            found = conn.execute(
+                sa.text("SELECT count(*) FROM pg_namespace WHERE nspname = :s"), {"s": schema_name}
+            ).scalar()
+        engine.dispose()
+        assert found == 0
+
+
+def test_probe_refuses_a_warehouse_file_where_a_directory_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    warehouse = SqlWarehouse(f"duckdb:///{tmp_path}/file/warehouse.duckdb")
+    with pytest.raises(SinkError, match="is not a writable directory"):
+        warehouse.probe()
 
 
 def test_empty_chunk_is_recorded_as_complete(sink: SqlWarehouse) -> None:

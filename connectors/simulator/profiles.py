@@ -1,0 +1,101 @@
+"""Named readings of what the spec leaves open, so the simulator can stop agreeing with us.
+
+A *behaviour* is one way a real node may differ from the simulator's default reading
+(docs/node-behaviour.md lists the default). A *profile* is a named set of behaviours;
+profiles compose with `+` (`repeated-names+node-1.21.5`), and a behaviour name may be
+given where a profile name is expected. The pipeline must extract every profile's data
+exactly (or refuse with one line where nothing exact is possible); the end-to-end matrix
+in tests/pipelines/test_profiles.py holds it to that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+# What each behaviour changes, in one line (shown by `historian simulate --profile list`).
+BEHAVIOURS: dict[str, str] = {
+    "repeated_names": "leaf names repeat across groups (/Plant A/Line 1/Temp. 000 and "
+    "/Plant A/Line 2/Temp. 000)",
+    "details_by_path": "tag?cmd=details and read answers keyed by full path, not by name",
+    "version_1_21_5": "node 1.21.5: minPriority/maxPriority ignored (priority is the "
+    "minimum); stddev and delta methods ignored (the tag's default method answers)",
+    "version_1_21_12": "node 1.21.12: minPriority/maxPriority ignored (priority is the minimum)",
+    "verbose_versions": "n3.versions spelled with product and runtime names "
+    "(['Node.js v18.19.1', 'N3uron exe v<version> (build 2406)', 'bootstrap <version>-r2'])",
+    "raw_start_exclusive": "raw start bound exclusive: a sample exactly on start is not returned",
+    "raw_cap_small": "the node caps raw answers at 250 samples per tag, whatever limit says",
+    "raw_uncapped": "the node has no cap of its own: only options.limit caps raw answers",
+    "filter_path_only": "historyFilter reads only `path` (the URL shape of the spec)",
+    "filter_paths_only": "historyFilter reads only `paths` (the parameter list of the spec)",
+    "rows_2": "history rows of 2 elements [ts, value]",
+    "rows_3": "history rows of 3 elements [ts, value, quality]",
+    "epoch_seconds": "bare epoch start/end read as seconds; alarm history events stamped in "
+    "epoch seconds",
+    "flaky_tags": "a quarter of the asked tags left out of a historyMany/historyFilter answer "
+    "the first time a query is asked (present when asked again)",
+    "dropped_as_null": "a tag left out comes back as `data: null` instead of being absent",
+    "dropped_as_name": "a tag left out comes back keyed by its leaf name, not its path",
+    "loses_tags": "every seventh tag is always missing from historyMany/historyFilter answers "
+    "(it is in browse and details)",
+    "garbled_timestamps": "every fifth tag's history answers hold one more row stamped "
+    "outside the query (negative, 1913 or 2200)",
+}
+
+# Named profiles: each is a set of behaviours. `default` is the simulator's own reading.
+PROFILES: dict[str, frozenset[str]] = {
+    "default": frozenset(),
+    "repeated-names": frozenset({"repeated_names"}),
+    "details-by-path": frozenset({"repeated_names", "details_by_path"}),
+    "node-1.21.5": frozenset({"version_1_21_5", "verbose_versions"}),
+    "node-1.21.12": frozenset({"version_1_21_12"}),
+    "raw-exclusive-start": frozenset({"raw_start_exclusive"}),
+    "raw-cap": frozenset({"raw_cap_small"}),
+    "raw-uncapped": frozenset({"raw_uncapped"}),
+    "filter-path-only": frozenset({"filter_path_only"}),
+    "filter-paths-only": frozenset({"filter_paths_only"}),
+    "rows-2": frozenset({"rows_2"}),
+    "rows-3": frozenset({"rows_3"}),
+    "epoch-seconds": frozenset({"epoch_seconds"}),
+    "flaky-tags": frozenset({"flaky_tags"}),
+    "flaky-tags-null": frozenset({"flaky_tags", "dropped_as_null"}),
+    "flaky-tags-renamed": frozenset({"flaky_tags", "dropped_as_name"}),
+    "lost-tags": frozenset({"loses_tags"}),
+    "garbled-timestamps": frozenset({"garbled_timestamps"}),
+}
+
+# Behaviours that cannot hold at once.
+_EXCLUSIVE = (
+    frozenset({"version_1_21_5", "version_1_21_12"}),
+    frozenset({"raw_cap_small", "raw_uncapped"}),
+    frozenset({"filter_path_only", "filter_paths_only"}),
+    frozenset({"rows_2", "rows_3"}),
+    frozenset({"dropped_as_null", "dropped_as_name"}),
+)
+
+
+def behaviours_of(profile: str | Iterable[str]) -> frozenset[str]:
+    """The behaviours of a profile spec: `a+b`, a list of names, profile or behaviour names.
+
+    ValueError names an unknown name (with the known ones) or two behaviours that exclude
+    each other.
+    """
+    names = profile.split("+") if isinstance(profile, str) else list(profile)
+    chosen: set[str] = set()
+    for raw in names:
+        name = raw.strip()
+        if not name:
+            continue
+        if name in PROFILES:
+            chosen |= PROFILES[name]
+        elif name in BEHAVIOURS:
+            chosen.add(name)
+        else:
+            raise ValueError(
+                f"unknown simulator profile {name!r} (profiles: {', '.join(PROFILES)}; "
+                f"or behaviours: {', '.join(BEHAVIOURS)})"
+            )
+    for pair in _EXCLUSIVE:
+        if pair <= chosen:
+            first, second = sorted(pair)
+            raise ValueError(f"simulator behaviours {first} and {second} exclude each other")
+    return frozenset(chosen)
