@@ -4,7 +4,9 @@ measured side by side mean anything)."""
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,7 +21,9 @@ def sinks_module_at(revision: str, module: str) -> ModuleType:
     (its own imports of `sinks.` rewritten; `connectors/` is this tree's)."""
     package = "sinks_" + "".join(c if c.isalnum() else "_" for c in revision)
     if package not in sys.modules:
-        folder = Path(tempfile.mkdtemp(prefix="bench-sinks-")) / package
+        top = tempfile.mkdtemp(prefix="bench-sinks-")
+        atexit.register(shutil.rmtree, top, True)  # imported by now; nothing left behind
+        folder = Path(top) / package
         folder.mkdir()
         listed = _git("ls-tree", "--name-only", revision, "sinks/").split()
         for path in listed:
