@@ -19,11 +19,9 @@ both see the same machine noise; it prints both medians and their ratio.
 from __future__ import annotations
 
 import argparse
-import importlib
 import io
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +38,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.revisions import sinks_module_at
 from connectors import schema
 from connectors.timewindow import Window
 from sinks.base import ChunkScope
@@ -106,32 +105,7 @@ def run_once(
 
 def sinks_at(revision: str) -> type[SqlWarehouse]:
     """SqlWarehouse of sinks/ at a git revision, imported as package `sinks_<revision>`."""
-    repo = Path(__file__).resolve().parents[1]
-    package = f"sinks_{revision}"
-    folder = Path(tempfile.mkdtemp(prefix="bench-sinks-")) / package
-    folder.mkdir()
-    listed = subprocess.run(
-        ["git", "ls-tree", "--name-only", revision, "sinks/"],
-        cwd=repo,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    for path in listed:
-        text = subprocess.run(
-            ["git", "show", f"{revision}:{path}"],
-            cwd=repo,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        text = text.replace("from sinks.", f"from {package}.").replace(
-            "import sinks.", f"import {package}."
-        )
-        (folder / Path(path).name).write_text(text, encoding="utf-8")
-    sys.path.insert(0, str(folder.parent))
-    module = importlib.import_module(f"{package}.sql")
-    warehouse: type[SqlWarehouse] = module.SqlWarehouse
+    warehouse: type[SqlWarehouse] = sinks_module_at(revision, "sql").SqlWarehouse
     return warehouse
 
 

@@ -60,7 +60,7 @@ from pipelines.planning import (
 )
 from pipelines.selection import resolve_tags
 from pipelines.state import flow_watermark, incremental_span, pending_chunks
-from sinks.base import ChunkScope, Progress, Sink
+from sinks.base import ChunkScope, Progress, Sink, SinkError
 
 log = logging.getLogger("historian.runner")
 
@@ -668,13 +668,25 @@ class FlowRun:
                 raise
 
     def finish(self) -> None:
-        """After the last chunk: compact small lake files and record the new watermark."""
+        """After the last chunk: compact small lake files and record the new watermark.
+
+        Every chunk is committed by now, so a sink failing here (a database gone again,
+        a full disk during compaction) is logged and leaves the run complete: the next
+        run compacts, and reads its watermark anew.
+        """
         for sink in self.sinks:
             compact = getattr(sink, "compact", None)
             if compact is not None and self.summary.chunks_done:
-                compact(self.dataset)
+                try:
+                    compact(self.dataset)
+                except SinkError as exc:
+                    log.warning("%s: every chunk is committed; not compacted: %s", self.name, exc)
         if self.plan_ is not None:
-            progresses = [sink.progress(self.name) for sink in self.sinks]
+            try:
+                progresses = [sink.progress(self.name) for sink in self.sinks]
+            except SinkError as exc:
+                log.warning("%s: every chunk is committed; watermark not read: %s", self.name, exc)
+                return
             self.summary.watermark_after = _min_watermark(
                 progresses, self.plan_.members, self.flow.start
             )

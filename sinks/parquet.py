@@ -6,7 +6,6 @@ Layout (under the lake's root, a local directory or any fsspec URL such as s3://
     <root>/<dataset>/month=YYYY-MM/part-<chunk_id>[-<n>].parquet     partition="month"
     <root>/<dataset>/year=YYYY/part-<chunk_id>[-<n>].parquet         partition="year"
     <root>/<dataset>/part-<chunk_id>[-<n>].parquet                   partition="none"
-    <root>/<dataset>/date=.../part-compact-<digest>[-<n>].parquet    merged by compact()
     <root>/tag_metadata/part-tag_metadata.parquet                    the tag dimension
     <root>/_historian/                                               the sink's own state
         _flows/<flow>/markers/<chunk_id>.json   one per committed chunk: flow, dataset,
@@ -18,6 +17,7 @@ Layout (under the lake's root, a local directory or any fsspec URL such as s3://
         <dataset>/dataset.json                  kind, partition scheme, dataset attrs
         <dataset>/pending/<id>.json             intent of a write in progress
         <dataset>/tmp/                          staged files (never under <dataset>/)
+        <dataset>/empty.parquet                 what emptied data files become
         <dataset>/write.lock, locks/<flow>.lock flocks (local disk)
 
 Partitions are by the UTC day (month, year) of `ts`. `partition="auto"` (the default)
@@ -32,28 +32,61 @@ DuckDB (`read_parquet('<root>/<dataset>/**/*.parquet', hive_partitioning=1)`), P
 each file's schema metadata under `historian`, and the chunks whose rows a file holds
 under `historian.owners`.
 
+A write replaces its scope's rows partition by partition. The earlier files holding rows
+of the scope are found by their footers (ts and tag ranges, owner chunks); a file only
+this chunk owns is all in the scope, any other is read (and kept decoded while unchanged,
+so the chunks of a re-extraction read a compacted file once). When those files already
+hold exactly the new rows, written by this chunk, nothing is written but the marker: a
+re-extraction of unchanged data over a compacted partition moves no file. Otherwise the
+new rows join the last of those files (by name): one file, the earlier rows outside the
+scope and the new ones, renamed over it - a chunk's own file is swapped, a compacted file
+is rewritten once per changed chunk. Where there is no such file, or the result outgrows
+`target_file_rows`, the new rows go to new files named after the chunk. The other earlier
+files then lose the scope's rows: rewritten without them, or emptied.
+
+What a reader of the plain folder sees (pyarrow.dataset, DuckDB, pandas, Polars):
+
+* Every change of a data file is an atomic rename over its path, and no data file is
+  removed while a reader may still hold a listing naming it: a file whose rows all left
+  becomes an empty Parquet file (0 rows, the dataset's schema; `_historian/<dataset>/
+  empty.parquet`), which a later write to its partition or compaction removes once it is
+  older than `reader_grace_s` (60 s). So a read that takes less than that never fails
+  with FileNotFoundError because of a write.
+* New rows appear before the rows they replace leave: files of new rows first, then the
+  file the new rows join, then the other earlier files. No instant lacks a row that was
+  complete before the write began. The usual writes (a new chunk, a re-written chunk, a
+  re-extraction over a compacted file) change one file per partition, in one rename: a
+  reader sees the file before or after, each row once. A write that spans several earlier
+  files (another window size, other tag batches) and a compaction change several: between
+  its first and last rename a read may see some rows of the scope twice; a read in name
+  order (what pyarrow.dataset and DuckDB do) that starts before and ends after never
+  misses one, because the new rows go into the last of the files - unless they outgrow
+  `target_file_rows` and go to new files, which a listing taken before does not name.
+  Measured in tests/sinks/test_lake_readers.py. Readers that need snapshots use a table
+  format (Delta Lake, Iceberg).
+
 Writes are crash-safe at every point. Files are first staged under
 `_historian/<dataset>/tmp/` (outside the dataset, so no reader ever globs a partial file),
-then an intent record lists what will happen: rewrites of earlier files that lose the
-rows of the new scope, drops of earlier files all of whose rows are in the scope, and the
-new files. The intent is applied in that order (earlier rows leave before the new ones
-arrive, so a reader sees each row at most once at every instant), the marker is written,
-the intent removed. On `open()` and before the next write of the dataset, a leftover
-intent is rolled forward; if a staged file has vanished it is rolled back instead: the
-new chunk's files are removed and the markers of every chunk whose files it touched are
-forgotten, so the pipeline fetches them again - after recovery each row is there once.
+then an intent record lists the renames and emptyings in the order above (with the
+version of each file a rename replaces), the intent is applied, the marker is written, the
+intent removed. A write killed half-way leaves, until recovery, every earlier row there
+and possibly some of the scope's twice. On `open()` and before the next write of the
+dataset, a leftover intent is rolled forward; if a staged file has vanished it is rolled
+back instead: the files it already replaced are removed or emptied and the markers of
+every chunk whose files it touched are forgotten, so the pipeline fetches them again -
+after recovery each row is there once.
 
 Against a power cut (local disk), a chunk waits for the disk twice: for its staged files,
 then for the directories they were renamed into, before its marker is written. Markers,
 progress snapshots and the intents of plans that only place new files are written
 without waiting: a power cut may lose them or leave them torn, which reads as missing,
-and the chunk is written again. Intents that rewrite or drop earlier files are synced
+and the chunk is written again. Intents that rewrite or empty earlier files are synced
 before their first change.
 
-File names are deterministic per chunk, so re-writing a chunk replaces its files.
-`compact()` merges a partition's small files (under 1/20 of `target_file_rows` rows) into
-files of about `target_file_rows`,
-through the same intent mechanism, and points the markers at the merged files.
+`compact()` (after a run) merges a partition's small files (under 1/20 of
+`target_file_rows` rows) in batches of bounded rows and files (`sinks.lake_compact`),
+each into the path of its last file, the others emptied, through the same intent
+mechanism, and points the markers at the merged files.
 """
 
 from __future__ import annotations
@@ -65,7 +98,7 @@ import math
 import os
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -88,6 +121,15 @@ from sinks.base import (
     Progress,
     SinkError,
     SinkUnavailable,
+)
+from sinks.lake_compact import (
+    MERGE_GROUP_ROWS,
+    MERGE_MAX_ROWS,
+    Owner,
+    SmallFile,
+    merge_batches,
+    merged_rows,
+    owners_of,
 )
 from sinks.lake_layout import (
     AUTO,
@@ -113,13 +155,16 @@ from sinks.locks import LEASE_TTL_S, dataset_flock, flow_flock, flow_lease
 
 HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 ROW_GROUP_ROWS = 256 * 1024
-# Compaction decodes and writes this many rows at a time, each one row group: the decoded
-# rows and their temporaries are the part of its peak that does not scale with the file.
-MERGE_GROUP_ROWS = 64 * 1024
+# Earlier files a write reads to learn which of their rows are in its scope are kept
+# decoded, while unchanged, up to this many rows (at least one file), so the chunks of a
+# re-extraction over a compacted partition read that file once, not once each.
+DECODED_MAX_ROWS = 2_000_000
+# Emptied files stay (0 rows) this long before a write or a compaction of their partition
+# removes them: a reader that listed the lake before a write still opens every file it
+# listed, as long as it reads within this time. Until then each costs a reader an open.
+READER_GRACE_S = 60.0
 OWNERS_KEY = b"historian.owners"
 DATASET_KEY = b"historian"
-
-Owner = tuple[str, str]  # (flow, chunk_id)
 
 
 @dataclass(frozen=True)
@@ -152,6 +197,61 @@ class Plan:
         removed, added = self.updates.setdefault(owner, (set(), {}))
         removed.update(remove)
         added.update(add)
+
+
+@dataclass
+class _Hit:
+    """An earlier file of a partition that holds rows of a write's scope."""
+
+    entry: Entry
+    info: FileInfo
+    table: pa.Table | None = None  # its rows; None: a file of this chunk alone, not read
+    mask: pa.Array | None = None  # which of them are in the scope
+
+    @property
+    def rows(self) -> int:
+        return self.info.rows
+
+    def in_scope(self) -> pa.Table:
+        assert self.table is not None
+        assert self.mask is not None
+        return self.table.filter(self.mask)
+
+    def kept(self) -> pa.Table:
+        assert self.table is not None
+        assert self.mask is not None
+        return self.table.filter(pc.invert(self.mask))
+
+
+@dataclass
+class _Ops:
+    """A write's file operations, grouped so that readers never miss a row: new files
+    first, then the file the new rows join, then earlier files losing the scope's rows."""
+
+    new: list[dict[str, Any]] = field(default_factory=list)
+    join: list[dict[str, Any]] = field(default_factory=list)
+    trim: list[dict[str, Any]] = field(default_factory=list)
+
+    def ordered(self) -> list[dict[str, Any]]:
+        return self.new + self.join + self.trim
+
+
+def _place(temp: str, dest: str, owners: Sequence[Owner], there: Entry | None) -> dict[str, Any]:
+    """An intent operation moving a staged file to `dest`; `was` is the version of the
+    file it replaces, so recovery can tell a rename that happened from one that did not."""
+    return {
+        "op": "place",
+        "tmp": temp,
+        "dest": dest,
+        "owners": [list(o) for o in owners],
+        "new": there is None,
+        "was": there.version if there is not None else None,
+    }
+
+
+def _plain(table: pa.Table, kind: str) -> pa.Table:
+    """`table` with the kind's exact schema (dictionary-encoded strings decoded)."""
+    return table.cast(tables.SCHEMAS[kind]).replace_schema_metadata(None)
 
 
 def _transient(exc: BaseException) -> bool:
@@ -187,15 +287,6 @@ def _release_unused() -> None:
     pa.default_memory_pool().release_unused()
 
 
-def _released(parts: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    """`parts`, the memory of each released once the writer is done with it, so the
-    decoded row groups of a merge do not stack up in the pool."""
-    for part in parts:
-        yield part
-        del part
-        _release_unused()
-
-
 class ParquetLake:
     """A Parquet lake on local disk or object storage (see the module docstring)."""
 
@@ -208,12 +299,14 @@ class ParquetLake:
         storage_options: Mapping[str, object] | None = None,
         target_file_rows: int = 1_000_000,
         compression: str = "zstd",
+        reader_grace_s: float = READER_GRACE_S,
     ) -> None:
         self.name = name
         self.url = url
         self.partition = check_partition(partition)
         self.target_file_rows = max(1, int(target_file_rows))
         self.compression = compression
+        self.reader_grace_s = float(reader_grace_s)
         self._storage_options = dict(storage_options or {})
         self._store: LakeStore | None = None
         self._state: LakeState | None = None
@@ -221,6 +314,9 @@ class ParquetLake:
         self._datasets: dict[str, dict[str, Any]] = {}
         self._threads_lock = threading.Lock()
         self._thread_locks: dict[str, threading.Lock] = {}
+        self._decoded_lock = threading.Lock()
+        self._decoded_files: OrderedDict[str, tuple[str, pa.Table]] = OrderedDict()
+        self._listings: dict[str, tuple[str, list[Entry]]] = {}  # directory -> version, files
 
     def __repr__(self) -> str:
         return f"ParquetLake({self.describe()!r})"
@@ -326,6 +422,9 @@ class ParquetLake:
 
     def close(self) -> None:
         self._infos.clear()
+        self._listings.clear()
+        with self._decoded_lock:
+            self._decoded_files.clear()
 
     def describe(self) -> str:
         return (
@@ -668,10 +767,13 @@ class ParquetLake:
         if not fresh:
             for op in ops:
                 if op["op"] == "place" and not store.exists(self._abs(op["tmp"])):
-                    if not store.exists(self._abs(op["dest"])):
+                    if not self._placed(op):
                         self._roll_back(intent, path)
                         return
                     done.add(op["dest"])
+        template = None
+        if any(op["op"] == "empty" for op in ops):
+            template = self._empty_template(str(intent["dataset"]))
         directories: set[str] = set()
         for op in ops:
             dest = self._abs(op["dest"])
@@ -679,10 +781,14 @@ class ParquetLake:
                 continue
             if op["op"] == "place":
                 store.replace(self._abs(op["tmp"]), dest)
-            else:
+            elif op["op"] == "empty":
+                assert template is not None
+                store.copy_over(template, dest)
+            else:  # "drop": intents written before files were emptied instead
                 store.remove(dest)
             directories.add(dest.rsplit("/", 1)[0])
-            self._infos.pop(dest, None)
+            self._forget_file(dest)
+            self._listings.pop(dest.rsplit("/", 1)[0], None)
         # The files' new names reach the disk before any marker can claim them (markers
         # are written without waiting for the disk): one sync per directory touched.
         for directory in sorted(directories):
@@ -695,15 +801,51 @@ class ParquetLake:
             self.state.write_marker(intent["marker"])
         store.remove(path)
 
+    def _placed(self, op: Mapping[str, Any]) -> bool:
+        """Did a place operation whose staged file is gone happen? Its destination exists
+        and is no longer the file it replaced (`was`, recorded when it was planned)."""
+        version = self.store.version(self._abs(op["dest"]))
+        return version is not None and version != op.get("was")
+
+    def _forget_file(self, path: str) -> None:
+        self._infos.pop(path, None)
+        self._listings.pop(path.rsplit("/", 1)[0], None)
+        with self._decoded_lock:
+            self._decoded_files.pop(path, None)
+
+    def _empty_template(self, dataset: str) -> str:
+        """`_historian/<dataset>/empty.parquet`: the dataset's schema and no rows, which
+        emptied data files become (a reader that listed them still opens them)."""
+        path = self._state_dir(dataset, "empty.parquet")
+        if self.store.exists(path):
+            return path
+        facts = self._dataset_facts(dataset) or {}
+        kind = str(facts.get("kind", tables.KIND_TAG_HISTORY))
+        empty = tables.SCHEMAS[kind].empty_table()
+        temp = self._state_dir(dataset, "tmp", f"{token()}-empty.parquet.tmp")
+        self.store.write_parquet(
+            empty.replace_schema_metadata(self._file_metadata(dataset, kind, [])),
+            temp,
+            **self._write_options(empty.schema),
+        )
+        self.store.replace(temp, path)
+        return path
+
     def _roll_back(self, intent: dict[str, Any], path: str) -> None:
-        """Undo what cannot be finished: drop the new files, forget every touched chunk."""
+        """Undo what cannot be finished: every touched chunk is forgotten (the pipeline
+        fetches it again), and files the intent already replaced are removed or emptied,
+        so that no row is left visible twice meanwhile."""
         forget: set[Owner] = set()
         for op in intent["ops"]:
             forget.update(tuple(owner) for owner in op.get("owners", []))  # type: ignore[misc]
             if op["op"] == "place":
-                if not self.store.remove(self._abs(op["tmp"])) and op.get("new"):
-                    self.store.remove(self._abs(op["dest"]))
-                self._infos.pop(self._abs(op["dest"]), None)
+                dest = self._abs(op["dest"])
+                if not self.store.remove(self._abs(op["tmp"])):  # moved, or lost
+                    if op.get("new"):
+                        self.store.remove(dest)
+                    elif "was" in op and self._placed(op):
+                        self.store.copy_over(self._empty_template(str(intent["dataset"])), dest)
+                self._forget_file(dest)
         marker = intent.get("marker")
         if marker:
             forget.add((str(marker["flow"]), str(marker["chunk_id"])))
@@ -783,80 +925,220 @@ class ParquetLake:
         return plan.rows
 
     def _plan_write(self, plan: Plan, scope: ChunkScope, table: pa.Table) -> None:
-        """Stage the chunk's files and the rewrites of earlier files that overlap its scope."""
-        dataset, kind, chunk = scope.dataset, scope.kind, scope.chunk_id
-        owner: Owner = (scope.flow, chunk)
-        metadata = self._file_metadata(dataset, kind, [owner])
+        """Stage the chunk's rows, partition by partition, and what leaves earlier files.
+
+        The operations are ordered for readers: files of new rows are placed first, then
+        the file the new rows join (one rename), then earlier files lose the scope's rows.
+        """
+        dataset, kind = scope.dataset, scope.kind
+        owner: Owner = (scope.flow, scope.chunk_id)
         scheme = self._scheme(dataset)
         index, labels = partition_of_rows(table["ts"], scheme)
-        new_files: dict[str, list[tuple[str, pa.Table]]] = defaultdict(list)
+        rows_of: dict[str, pa.Table] = {}
         if table.num_rows:
             for position, label in enumerate(labels):
-                rows = table if len(labels) == 1 else table.filter(pa.array(index == position))
-                pieces = max(1, math.ceil(rows.num_rows / self.target_file_rows))
-                size = math.ceil(rows.num_rows / pieces)
-                for piece in range(pieces):
-                    part = rows.slice(piece * size, size)
-                    new_files[label].append(
-                        (join(dataset, label, part_name(chunk, piece + 1, pieces)), part)
-                    )
-        # Earlier files: a sole same-named file is swapped atomically; others lose scope rows.
-        members = sorted(scope.members)
-        drops: list[dict[str, Any]] = []
-        rewrites: list[dict[str, Any]] = []
-        for label in sorted(set(partitions_of_window(scope.window, scheme)) | set(new_files)):
-            planned = new_files.get(label, [])
-            swap = planned[0][0].rsplit("/", 1)[-1] if len(planned) == 1 else None
-            for entry in self._data_files(self._data_dir(dataset, label)):
-                if entry.name == swap:
-                    continue
-                info = self._info(entry, kind)
-                if not self._may_overlap(info, kind, scope.window, members):
-                    continue
-                rel = self._rel(entry.path)
-                old = self.store.read_table(entry.path)
-                mask = self._scope_mask(old, kind, scope.window, scope.members)
-                hits = pc.sum(mask).as_py() or 0
-                if hits == 0:
-                    continue
-                owners = [list(o) for o in info.owners]
-                if hits == old.num_rows:
-                    drops.append({"op": "drop", "dest": rel, "owners": owners})
-                    for item in info.owners:
-                        plan.update(item, remove=[rel[len(dataset) + 1 :]])
-                    continue
-                kept = old.filter(pc.invert(mask))
-                temp = self._stage(plan, kept, rel, old.schema.metadata or {})
-                rewrites.append(
-                    {"op": "place", "tmp": temp, "dest": rel, "owners": owners, "new": False}
+                rows_of[label] = (
+                    table if len(labels) == 1 else table.filter(pa.array(index == position))
                 )
-                for item in info.owners:
-                    plan.update(item, add={rel[len(dataset) + 1 :]: kept.num_rows})
+        ops = _Ops()
         files: list[dict[str, object]] = []
-        places: list[dict[str, Any]] = []
-        for label in sorted(new_files):
-            for rel, part in new_files[label]:
-                temp = self._stage(plan, part, rel, metadata)
-                places.append(
-                    {"op": "place", "tmp": temp, "dest": rel, "owners": [list(owner)], "new": True}
-                )
-                files.append({"path": rel[len(dataset) + 1 :], "rows": part.num_rows})
-        plan.rows = sum(int(f["rows"]) for f in files)  # type: ignore[call-overload]
+        members = sorted(scope.members)
+        for label in sorted(set(partitions_of_window(scope.window, scheme)) | set(rows_of)):
+            new = rows_of.get(label, table.slice(0, 0))
+            listing = self._listing(self._data_dir(dataset, label), kind)
+            hits = self._hits(scope, listing, members)
+            if self._unchanged(hits, new, owner, kind):
+                # The rows are already there, as this chunk wrote them: nothing to move.
+                for hit in hits:
+                    rel = self._in_dataset(self._rel(hit.entry.path))
+                    files.append({"path": rel, "rows": hit.rows})
+                plan.rows += new.num_rows
+                continue
+            self._plan_partition(plan, scope, label, new, hits, listing, ops, files)
+        plan.ops = ops.ordered()
         if plan.rows != table.num_rows:
             raise SinkError(f"lake '{self.name}': staged {plan.rows} rows of {table.num_rows}")
-        plan.ops = rewrites + drops + places
         plan.updates.pop(owner, None)  # this chunk's marker is rewritten whole
         plan.marker = new_marker(
             flow=scope.flow,
             dataset=dataset,
             kind=kind,
-            chunk_id=chunk,
+            chunk_id=scope.chunk_id,
             window=scope.window,
             members=scope.members,
-            files=files,
+            files=sorted(files, key=lambda f: str(f["path"])),
             rows_fetched=table.num_rows,
             rows_committed=plan.rows,
         )
+
+    def _listing(self, directory: str, kind: str) -> list[Entry]:
+        """A partition's data files, stale emptied ones removed (`_swept`); listed again
+        only when the directory changed. Writes that change nothing (a re-extraction over
+        a compacted partition, whose emptied inputs are still there) would otherwise list
+        and stat every file of the partition per chunk. Only this process writes the
+        dataset (its lock), and `_apply` forgets the directories it changes; the
+        directory's own version (local disk) guards the rest."""
+        version = self.store.dir_version(directory)
+        held = self._listings.get(directory)
+        if held is not None and version is not None and held[0] == version:
+            return held[1]
+        listing = self._swept(self.store.listdir(directory), kind)
+        version = self.store.dir_version(directory)
+        if version is not None:
+            self._listings[directory] = (version, listing)
+        return listing
+
+    def _hits(self, scope: ChunkScope, listing: list[Entry], members: Sequence[str]) -> list[_Hit]:
+        """Earlier files of a partition holding rows of the scope, sorted by name.
+
+        A file that only this chunk owns is all in the scope and is not read; any other
+        file that may overlap (by its footer) is read, once per version (`_decoded`).
+        """
+        kind, owner = scope.kind, (scope.flow, scope.chunk_id)
+        hits = []
+        for entry in sorted(listing, key=lambda e: e.name):
+            info = self._info(entry, kind)
+            if not self._may_overlap(info, kind, scope.window, members):
+                continue
+            if set(info.owners) == {owner}:
+                hits.append(_Hit(entry, info))
+                continue
+            old = self._decoded(entry, kind)
+            mask = self._scope_mask(old, kind, scope.window, scope.members)
+            if pc.sum(mask).as_py():
+                hits.append(_Hit(entry, info, old, mask))
+        return hits
+
+    @staticmethod
+    def _unchanged(hits: list[_Hit], new: pa.Table, owner: Owner, kind: str) -> bool:
+        """Do the files already hold exactly `new` as the scope's rows, written by this chunk
+        (a re-extraction of unchanged data, typically over a compacted partition)?"""
+        if not hits or any(h.table is None or owner not in h.info.owners for h in hits):
+            return False
+        old = pa.concat_tables([_plain(h.in_scope(), kind) for h in hits])
+        if old.num_rows != new.num_rows:
+            return False
+        if len(hits) > 1:
+            old = _sorted(old, tables.KEYS[kind])
+        return bool(old.equals(_plain(new, kind)))
+
+    def _plan_partition(
+        self,
+        plan: Plan,
+        scope: ChunkScope,
+        label: str,
+        new: pa.Table,
+        hits: list[_Hit],
+        listing: list[Entry],
+        ops: _Ops,
+        files: list[dict[str, object]],
+    ) -> None:
+        """One partition's changes. The new rows join the last earlier file that holds rows
+        of the scope, in one atomic rename (a re-written chunk's own file, a compacted
+        file); when there is none, or the result outgrows target_file_rows, they go to new
+        files. The other earlier files then lose the scope's rows."""
+        dataset, kind = scope.dataset, scope.kind
+        owner: Owner = (scope.flow, scope.chunk_id)
+        joined = hits[-1] if hits else None
+        carried: tuple[Owner, ...] = ()
+        body = new
+        if joined is not None and joined.table is not None:
+            carried = joined.info.owners  # its rows outside the scope travel with the new
+            body = _sorted(
+                pa.concat_tables([_plain(joined.kept(), kind), _plain(new, kind)]),
+                tables.KEYS[kind],
+            )
+        plan.rows += new.num_rows
+        owners = sorted({owner, *carried})
+        rest = hits
+        if joined is not None and 0 < body.num_rows <= self.target_file_rows:
+            rel = self._rel(joined.entry.path)
+            temp = self._stage(plan, body, rel, self._file_metadata(dataset, kind, owners))
+            ops.join.append(_place(temp, rel, owners, joined.entry))
+            placed = [(rel, body.num_rows)]
+            rest = hits[:-1]
+        else:
+            placed = self._place_new(plan, scope, label, body, owners, listing, ops)
+        if new.num_rows:
+            files.extend({"path": self._in_dataset(rel), "rows": rows} for rel, rows in placed)
+        for item in carried:
+            plan.update(item, add={self._in_dataset(rel): rows for rel, rows in placed})
+        for hit in rest:
+            self._plan_trim(plan, hit, kind, ops, emptied=hit is joined)
+
+    def _plan_trim(self, plan: Plan, hit: _Hit, kind: str, ops: _Ops, *, emptied: bool) -> None:
+        """An earlier file loses the scope's rows: rewritten without them, or emptied (all
+        its rows were in the scope, or went into the chunk's new files)."""
+        rel = self._rel(hit.entry.path)
+        kept = None if hit.table is None or emptied else hit.kept()
+        if kept is None or kept.num_rows == 0:
+            ops.trim.append(
+                {"op": "empty", "dest": rel, "owners": [list(o) for o in hit.info.owners]}
+            )
+            for item in hit.info.owners:
+                plan.update(item, remove=[self._in_dataset(rel)])
+            return
+        metadata = self._file_metadata(plan.dataset, kind, hit.info.owners)
+        temp = self._stage(plan, kept, rel, metadata)
+        ops.trim.append(_place(temp, rel, hit.info.owners, hit.entry))
+        for item in hit.info.owners:
+            plan.update(item, add={self._in_dataset(rel): kept.num_rows})
+
+    def _place_new(
+        self,
+        plan: Plan,
+        scope: ChunkScope,
+        label: str,
+        body: pa.Table,
+        owners: Sequence[Owner],
+        listing: list[Entry],
+        ops: _Ops,
+    ) -> list[tuple[str, int]]:
+        """Stage `body` as new files of a partition (pieces of at most target_file_rows),
+        named after the chunk; a name another file holds rows under gets a suffix."""
+        if body.num_rows == 0:
+            return []
+        dataset, kind, chunk = scope.dataset, scope.kind, scope.chunk_id
+        metadata = self._file_metadata(dataset, kind, owners)
+        taken = {e.name: e for e in listing}
+        pieces = max(1, math.ceil(body.num_rows / self.target_file_rows))
+        size = math.ceil(body.num_rows / pieces)
+        placed = []
+        for piece in range(pieces):
+            part = body.slice(piece * size, size)
+            name = part_name(chunk, piece + 1, pieces)
+            there = taken.get(name)
+            if there is not None and self._info(there, kind).rows:
+                name = part_name(f"{chunk}-{token()}", piece + 1, pieces)
+                there = None
+            rel = join(dataset, label, name)
+            temp = self._stage(plan, part, rel, metadata)
+            ops.new.append(_place(temp, rel, owners, there))
+            placed.append((rel, part.num_rows))
+        return placed
+
+    def _decoded(self, entry: Entry, kind: str) -> pa.Table:
+        """A file's rows, strings dictionary-encoded, kept while the file is unchanged so
+        that the chunks of a re-extraction read a compacted file once, not once each."""
+        with self._decoded_lock:
+            held = self._decoded_files.get(entry.path)
+            if held is not None and held[0] == entry.version:
+                self._decoded_files.move_to_end(entry.path)
+                return held[1]
+        strings = [f.name for f in tables.SCHEMAS[kind] if pa.types.is_string(f.type)]
+        table = self.store.read_table(entry.path, dictionary=strings)
+        with self._decoded_lock:
+            self._decoded_files[entry.path] = (entry.version, table)
+            budget = max(self.target_file_rows, DECODED_MAX_ROWS)
+            while len(self._decoded_files) > 1 and (
+                sum(t.num_rows for _, t in self._decoded_files.values()) > budget
+            ):
+                self._decoded_files.popitem(last=False)
+        return table
+
+    def _in_dataset(self, rel: str) -> str:
+        """A lake-relative path as a path inside its dataset (what markers list)."""
+        return rel.split("/", 1)[1] if "/" in rel else rel
 
     # -- compaction -----------------------------------------------------------------------
 
@@ -872,10 +1154,12 @@ class ParquetLake:
 
     def compact(self, dataset: str, *, min_rows: int | None = None) -> int:
         """Merge each partition's small files (< min_rows, default `small_file_rows()`)
-        into ~target_file_rows files; a partition with fewer than two is left alone.
+        into files of up to ~target_file_rows; a partition with fewer than two is left alone.
 
         Returns how many files were merged away. Crash-safe like a write (an intent first);
-        the markers of the merged chunks are pointed at the new files.
+        the markers of the merged chunks are pointed at the new files. Memory is bounded
+        by `sinks.lake_compact` whatever the number of files. Emptied files older than
+        `reader_grace_s` are removed first.
         """
         check_dataset(dataset)
         if min_rows is None:
@@ -887,88 +1171,96 @@ class ParquetLake:
             if facts is None:
                 return 0
             kind = str(facts["kind"])
-            groups: dict[str, list[Entry]] = defaultdict(list)
-            prefix = self._data_dir(dataset).rstrip("/") + "/"
-            for entry in self.store.find(self._data_dir(dataset)):
-                rel = entry.path[len(prefix) :]
-                parts = rel.split("/")
-                if is_data_file(entry.name) and not any(
-                    p.startswith((".", "_")) for p in parts[:-1]
-                ):
-                    groups["/".join(parts[:-1])].append(entry)
-            for label in sorted(groups):
-                small = sorted(
-                    (e for e in groups[label] if self._info(e, kind).rows < min_rows),
-                    key=lambda e: e.name,
-                )
-                batch: list[Entry] = []
-                rows = 0
-                for entry in small:
-                    batch.append(entry)
-                    rows += self._info(entry, kind).rows
-                    if rows >= self.target_file_rows:
-                        merged += self._merge(dataset, kind, label, batch)
-                        batch, rows = [], 0
-                merged += self._merge(dataset, kind, label, batch)
+            for label in self._partitions(dataset, kind):
+                while True:  # passes: a pass's outputs may be small files again
+                    done = self._compact_partition(dataset, kind, label, min_rows)
+                    merged += done
+                    if not done:
+                        break
         return merged
 
-    def _merge(self, dataset: str, kind: str, label: str, batch: list[Entry]) -> int:
-        if len(batch) < 2:
-            return 0
+    def _partitions(self, dataset: str, kind: str) -> list[str]:
+        """Partition directories (relative to the dataset) holding data files, after
+        removing the emptied ones that are past `reader_grace_s` (one listing for all:
+        on local disk an emptied file's age is that of the newest, `LakeStore.copy_over`)."""
+        prefix = self._data_dir(dataset).rstrip("/") + "/"
+        listing = []
+        for entry in self.store.find(self._data_dir(dataset)):
+            parts = entry.path[len(prefix) :].split("/")
+            if not any(p.startswith((".", "_")) for p in parts[:-1]):
+                listing.append(("/".join(parts[:-1]), entry))
+        kept = {entry.path for entry in self._swept([entry for _, entry in listing], kind)}
+        return sorted({label for label, entry in listing if entry.path in kept})
+
+    def _swept(self, entries: list[Entry], kind: str) -> list[Entry]:
+        """`entries` but the emptied data files (and stray link temps) older than
+        `reader_grace_s`, which are removed: by then no reader still holds a listing that
+        names them."""
+        cutoff = time.time() - self.reader_grace_s
+        kept = []
+        for entry in entries:
+            if not entry.is_dir and entry.modified_s <= cutoff:
+                stray = entry.name.startswith(".part-") and entry.name.endswith(".tmp")
+                if stray or (is_data_file(entry.name) and self._info(entry, kind).rows == 0):
+                    self.store.remove(entry.path)
+                    self._forget_file(entry.path)
+                    continue
+            if not entry.is_dir and is_data_file(entry.name):
+                kept.append(entry)
+        return kept
+
+    def _compact_partition(self, dataset: str, kind: str, label: str, min_rows: int) -> int:
+        """One pass over a partition: merge its small files in bounded batches."""
+        small = []
+        for entry in self._data_files(self._data_dir(dataset, label)):
+            info = self._info(entry, kind)
+            if 0 < info.rows < min_rows:
+                small.append(SmallFile(entry, info.rows, info.owners))
+        limit = min(self.target_file_rows, MERGE_MAX_ROWS)
+        merged = 0
+        for batch in merge_batches(small, max_rows=limit):
+            merged += self._merge(dataset, kind, batch)
+        return merged
+
+    def _merge(self, dataset: str, kind: str, batch: list[SmallFile]) -> int:
+        """Merge a batch into the path of its last file (one rename: a reader reading in
+        name order sees every row, old or merged), then empty the others."""
         digest = hashlib.blake2b(digest_size=8)
-        for entry in batch:
-            digest.update(orjson.dumps([entry.name, entry.version]))
-        ident = f"compact-{digest.hexdigest()}"
-        plan = Plan(ident=ident, dataset=dataset)
-        owners: set[Owner] = set()
-        for entry in batch:
-            owners.update(self._info(entry, kind).owners)
-        # Strings stay dictionary-encoded while the files are held and sorted (a tag path
-        # is 4 bytes a row instead of ~40); a row group at a time is decoded to be written.
-        strings = [f.name for f in tables.SCHEMAS[kind] if pa.types.is_string(f.type)]
-        merged = pa.concat_tables(
-            [
-                self.store.read_table(entry.path, dictionary=strings).replace_schema_metadata(None)
-                for entry in batch
-            ]
-        ).unify_dictionaries()
-        order = pc.sort_indices(
-            _sort_keys(merged, tables.KEYS[kind]),
-            sort_keys=[(key, "ascending") for key in tables.KEYS[kind]],
-        )
-        _release_unused()  # the sort's scratch, before the decoded row groups come
-        schema = pa.schema(
-            [
-                f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
-                for f in merged.schema
-            ]
-        )
-        rel = join(dataset, label, part_name(ident, 1, 1))
+        for item in batch:
+            digest.update(orjson.dumps([item.entry.name, item.entry.version]))
+        plan = Plan(ident=f"compact-{digest.hexdigest()}", dataset=dataset)
+        by_owner = owners_of(batch)
+        owners = sorted(by_owner)
+        last = batch[-1].entry
+        rel = self._rel(last.path)
         try:
+            schema, rows, groups = merged_rows(
+                lambda path, strings: self.store.read_table(path, dictionary=strings),
+                [item.entry.path for item in batch],
+                kind,
+                min(MERGE_GROUP_ROWS, self._group_rows()),
+                _release_unused,
+            )
             temp = self._stage_parts(
-                plan,
-                schema,
-                _released(
-                    merged.take(piece).cast(schema)
-                    for piece in _pieces(order, min(MERGE_GROUP_ROWS, self._group_rows()))
-                ),
-                rel,
-                self._file_metadata(dataset, kind, sorted(owners)),
+                plan, schema, groups, rel, self._file_metadata(dataset, kind, owners)
             )
         except BaseException:
             self._discard(plan)
             raise
-        inputs = [self._rel(entry.path) for entry in batch]
-        owner_lists = [list(o) for o in sorted(owners)]
-        plan.ops = [{"op": "drop", "dest": r, "owners": owner_lists} for r in inputs]
-        plan.ops.append(
-            {"op": "place", "tmp": temp, "dest": rel, "owners": owner_lists, "new": True}
-        )
-        for owner in owners:
+        plan.ops = [_place(temp, rel, owners, last)]
+        plan.ops += [
+            {
+                "op": "empty",
+                "dest": self._rel(item.entry.path),
+                "owners": [list(o) for o in item.owners],
+            }
+            for item in batch[:-1]
+        ]
+        for owner, paths in by_owner.items():
             plan.update(
                 owner,
-                remove=[r[len(dataset) + 1 :] for r in inputs],
-                add={rel[len(dataset) + 1 :]: int(merged.num_rows)},
+                remove=[self._in_dataset(self._rel(p)) for p in paths],
+                add={self._in_dataset(rel): rows},
             )
         self._commit(plan)
         return len(batch)
@@ -1028,26 +1320,6 @@ class ParquetLake:
             table = found.to_table(columns=target.names).cast(target).replace_schema_metadata(None)
             table = table.sort_by([(key, "ascending") for key in tables.KEYS[kind]])
             return tables.frame_from_table(table)
-
-
-def _sort_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """The key columns of `table`, dictionary-encoded ones replaced by the rank of their value
-    (same order as sorting the strings; the dictionaries must be unified)."""
-    columns = []
-    for key in keys:
-        column = table.column(key)
-        if pa.types.is_dictionary(column.type) and column.num_chunks:
-            rank = pc.rank(column.chunk(0).dictionary, sort_keys="ascending").cast(pa.uint32())
-            column = pa.chunked_array(
-                [pc.take(rank, chunk.indices) for chunk in column.chunks], type=pa.uint32()
-            )
-        columns.append(column)
-    return pa.table(columns, names=list(keys))
-
-
-def _pieces(order: pa.Array, size: int) -> Iterator[pa.Array]:
-    for start in range(0, len(order), size):
-        yield order.slice(start, size)
 
 
 def _sorted(table: pa.Table, keys: Sequence[str]) -> pa.Table:

@@ -31,11 +31,13 @@ import contextlib
 import json
 import logging
 import os
+import random
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -73,7 +75,14 @@ from sinks.sql_load import (
     select_arrow,
     upsert_postgres,
 )
-from sinks.sql_locks import advisory_key, advisory_lock, file_lock, lock_file_path, memory_lock
+from sinks.sql_locks import (
+    AdvisoryLock,
+    advisory_key,
+    advisory_lock,
+    file_lock,
+    lock_file_path,
+    memory_lock,
+)
 from sinks.sql_tables import (
     CHUNKS_TABLE,
     DATASETS_TABLE,
@@ -89,6 +98,14 @@ from sinks.sql_tables import (
 
 log = logging.getLogger("historian.sql")
 HISTORY_KINDS = (KIND_TAG_HISTORY, KIND_ALARM_HISTORY)
+# A write or read that finds the database gone (restarting, connection terminated) is
+# tried again after 0.25 s, 0.5 s, 1 s ... at most 5 s apart (each less a random part),
+# for `retry_s` seconds in all: a restart takes seconds; a database still away after a
+# minute is an outage to report, not to wait out.
+RETRY_S = 60.0
+RETRY_FIRST_DELAY_S = 0.25
+RETRY_MAX_DELAY_S = 5.0
+T = TypeVar("T")
 
 
 class SqlWarehouse:
@@ -102,6 +119,7 @@ class SqlWarehouse:
         schema: str | None = None,
         connect_args: Mapping[str, object] | None = None,
         writers: int = 2,
+        retry_s: float | None = None,
     ) -> None:
         self.name = name
         try:
@@ -129,6 +147,8 @@ class SqlWarehouse:
                 "application_name", f"historian {schema}"[:63] if schema else "historian"
             )
         self._connect_args = args
+        self.retry_s = max(0.0, float(RETRY_S if retry_s is None else retry_s))
+        self._locks: dict[str, AdvisoryLock] = {}  # flow -> the lock this sink holds for it
         # Masked in every message: the URL's password and libpq's PGPASSWORD.
         self._secrets = tuple(
             s for s in (parsed.password, os.environ.get("PGPASSWORD")) if isinstance(s, str) and s
@@ -180,6 +200,42 @@ class SqlWarehouse:
                     f"sink {self.name}: {doing}: database unavailable: {reason}"
                 ) from None
             raise SinkError(f"sink {self.name}: {doing}: {reason}") from None
+
+    def _retrying(self, action: Callable[[], T], *, flow: str | None = None) -> T:
+        """Run `action` (one transaction, or idempotent ones in turn) again while the
+        database is away (`SinkUnavailable`), with backoff, for up to `retry_s` seconds;
+        then a `SinkError` naming the attempts.
+
+        Safe because every write is one transaction that replaces its scope: a write cut
+        by a lost connection committed whole or not at all, and running it again leaves
+        the same rows either way. Before another attempt for a flow, its lock is taken
+        again if the server ended the session that held it.
+        """
+        if self.dialect != "postgresql":
+            return action()  # embedded DuckDB: nothing to reconnect to
+        began = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                if attempt and flow is not None and flow in self._locks:
+                    with self._errors("take the flow lock again"):
+                        self._locks[flow].ensure()
+                return action()
+            except SinkUnavailable as exc:
+                attempt += 1
+                waited = time.monotonic() - began
+                if waited >= self.retry_s:
+                    if attempt == 1:
+                        raise
+                    # Not SinkUnavailable any more: retried here already, so a Prefect task
+                    # retry must not retry it again (one retry layer per purpose).
+                    raise SinkError(
+                        f"{exc} (still after {attempt} attempts in {waited:.0f} s)"
+                    ) from None
+                delay = min(RETRY_MAX_DELAY_S, RETRY_FIRST_DELAY_S * 2 ** (attempt - 1))
+                delay = min(delay * random.uniform(0.5, 1.0), self.retry_s - waited)
+                log.warning("%s; trying again in %.1f s (attempt %d)", exc, delay, attempt + 1)
+                time.sleep(delay)
 
     def open(self) -> None:
         if self._engine is not None:
@@ -287,12 +343,16 @@ class SqlWarehouse:
         if self.dialect == "postgresql":
             with contextlib.ExitStack() as stack:
                 with self._errors("lock"):
-                    stack.enter_context(
+                    held = stack.enter_context(
                         advisory_lock(
                             self.engine, flow, advisory_key(flow, self.schema), self.describe()
                         )
                     )
-                yield
+                self._locks[flow] = held
+                try:
+                    yield
+                finally:
+                    self._locks.pop(flow, None)
             return
         database = self._database_file
         guard = (
@@ -306,15 +366,21 @@ class SqlWarehouse:
     # -- writes -----------------------------------------------------------------------
 
     def write(self, scope: ChunkScope, frame: pd.DataFrame, rows_fetched: int) -> int:
+        """Replace the chunk's scope and record it, in one transaction; tried again while
+        the database is away (`_retrying`)."""
         check_dataset_name(scope.dataset)
         if scope.kind not in HISTORY_KINDS:
             raise SinkError(f"chunk {scope.chunk_id}: cannot write kind {scope.kind!r}")
         table = _typed_table(frame, scope.kind)
         _check_scope(table, scope)
+        return self._retrying(lambda: self._write(scope, table, rows_fetched), flow=scope.flow)
+
+    def _write(self, scope: ChunkScope, table: pa.Table, rows_fetched: int) -> int:
         storage = self._ensure_dataset(scope.dataset, scope.kind)
         self._register(scope)
         table = self._narrow(table) if storage.narrow else _plain(table)
         with self._errors(f"write chunk {scope.chunk_id}"), self.engine.begin() as conn:
+            self._check_lock(conn, scope.flow)
             self._check_attrs(conn, scope)
             self._delete_scope(conn, scope, storage)
             committed = self._load(conn, scope, table, storage)
@@ -326,6 +392,18 @@ class SqlWarehouse:
             self._record_chunk(conn, scope, rows_fetched, committed)
             self._merge_progress(conn, scope)
         return committed
+
+    def _check_lock(self, conn: Connection, flow: str) -> None:
+        """Inside a write: does this sink still hold the flow's lock? A server restart ends
+        the session holding it; the write then waits for `_retrying` to take it again."""
+        lock = self._locks.get(flow)
+        if lock is None:
+            return
+        sql, params = lock.held_sql()
+        if not conn.execute(sa.text(sql), params).scalar():
+            raise SinkUnavailable(
+                f"sink {self.name}: the lock of flow '{flow}' was released by the database"
+            )
 
     def _ensure_dataset(self, dataset: str, kind: str) -> Storage:
         """Create or migrate a dataset's table once per open sink, in its own transaction."""
@@ -559,14 +637,21 @@ class SqlWarehouse:
         table = _typed_table(unique, KIND_TAG_METADATA)
         target = self.layout.table(METADATA_TABLE)
         key = KEYS[KIND_TAG_METADATA]
-        with self._errors("write tag metadata"), self.engine.begin() as conn:
-            if self.dialect == "postgresql":
-                return upsert_postgres(conn, target, table, key)
-            return load_duckdb(conn, target, table, key)
+
+        def upsert() -> int:
+            with self._errors("write tag metadata"), self.engine.begin() as conn:
+                if self.dialect == "postgresql":
+                    return upsert_postgres(conn, target, table, key)
+                return load_duckdb(conn, target, table, key)
+
+        return self._retrying(upsert)
 
     # -- state ------------------------------------------------------------------------
 
     def progress(self, flow: str) -> Progress:
+        return self._retrying(lambda: self._progress(flow))
+
+    def _progress(self, flow: str) -> Progress:
         with self._errors("read progress"), self.engine.connect() as conn:
             rows = conn.execute(
                 sa.text(
@@ -582,6 +667,9 @@ class SqlWarehouse:
         return Progress(flow, {m: merge_windows(w) for m, w in completed.items()})
 
     def chunk_log(self, flow: str, limit: int = 100) -> list[ChunkRecord]:
+        return self._retrying(lambda: self._chunk_log(flow, limit))
+
+    def _chunk_log(self, flow: str, limit: int) -> list[ChunkRecord]:
         with self._errors("read chunk log"), self.engine.connect() as conn:
             rows = conn.execute(
                 sa.text(

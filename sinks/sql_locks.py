@@ -36,22 +36,90 @@ def advisory_key(flow: str, schema: str | None) -> str:
     return f"historian:{schema}:{flow}" if schema else f"historian:{flow}"
 
 
-@contextlib.contextmanager
-def advisory_lock(engine: Engine, flow: str, key: str, where: str) -> Iterator[None]:
-    """Hold `pg_try_advisory_lock(hashtext(key))` on a dedicated connection, or FlowLocked."""
-    conn = engine.connect()
-    try:
-        got = conn.execute(sa.text("SELECT pg_try_advisory_lock(hashtext(:k))"), {"k": key})
-        if not got.scalar():
-            holder = _advisory_holder(conn, key)
-            raise FlowLocked(f"flow '{flow}' is already running (lock held in {where}{holder})")
-        conn.commit()
-        yield
-    finally:
-        # Closing the session releases its advisory locks, whatever state it is in.
-        with contextlib.suppress(SQLAlchemyError):
-            conn.invalidate()
+class AdvisoryLock:
+    """`pg_try_advisory_lock(hashtext(key))` held on a connection of its own for a run.
+
+    The server releases a session's locks when the session ends, which is what frees the
+    lock of a killed run; it is also what a server restart or `pg_terminate_backend` does
+    to a live one. `ensure()` notices that and takes the lock again, or raises FlowLocked
+    when another run took it meanwhile, so a run that outlives a restart never writes
+    beside another run of its flow.
+    """
+
+    def __init__(self, engine: Engine, flow: str, key: str, where: str) -> None:
+        self.engine = engine
+        self.flow = flow
+        self.key = key
+        self.where = where
+        self.pid: int | None = None  # the backend holding the lock
+        self._conn: sa.Connection | None = None
+
+    def acquire(self, *, again: bool = False) -> None:
+        conn = self.engine.connect()
+        try:
+            got = conn.execute(
+                sa.text("SELECT pg_try_advisory_lock(hashtext(:k)), pg_backend_pid()"),
+                {"k": self.key},
+            ).one()
+            if not got[0]:
+                holder = _advisory_holder(conn, self.key)
+                lost = " since the database went away" if again else ""
+                raise FlowLocked(
+                    f"flow '{self.flow}' is already running (lock held in {self.where}"
+                    f"{holder}){lost}"
+                )
+            conn.commit()
+        except BaseException:
+            _drop(conn)
+            raise
+        self._conn, self.pid = conn, int(got[1])
+
+    def held_sql(self) -> tuple[str, dict[str, object]]:
+        """A query (true or false) for inside another transaction: does our session still
+        hold the lock? False once the server has ended that session."""
+        return (
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND pid = :lock_pid AND objsubid = 1 AND ((classid::bigint << 32) | "
+            "objid::bigint) = hashtext(:lock_key)::bigint)",
+            {"lock_pid": self.pid, "lock_key": self.key},
+        )
+
+    def ensure(self) -> None:
+        """Take the lock again if the session that held it has ended."""
+        if self._conn is not None:
+            try:
+                sql, params = self.held_sql()
+                if self._conn.execute(sa.text(sql), params).scalar():
+                    self._conn.commit()
+                    return
+            except SQLAlchemyError:
+                pass
+            self.release()
+        self.acquire(again=True)
+
+    def release(self) -> None:
+        if self._conn is not None:
+            _drop(self._conn)
+        self._conn, self.pid = None, None
+
+
+def _drop(conn: sa.Connection) -> None:
+    """Close a lock's session, whatever state it is in (which releases its locks)."""
+    with contextlib.suppress(SQLAlchemyError):
+        conn.invalidate()
+    with contextlib.suppress(SQLAlchemyError):
         conn.close()
+
+
+@contextlib.contextmanager
+def advisory_lock(engine: Engine, flow: str, key: str, where: str) -> Iterator[AdvisoryLock]:
+    """Hold the flow's advisory lock for the block, or FlowLocked."""
+    lock = AdvisoryLock(engine, flow, key, where)
+    lock.acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
 
 
 def _advisory_holder(conn: sa.Connection, key: str) -> str:

@@ -49,11 +49,11 @@ def _pg_reachable(url: str) -> str | None:
 @pytest.fixture(scope="session")
 def pg_url() -> str:
     """URL of the real PostgreSQL; skips (or fails in CI) when it does not answer."""
+    from tests.fixtures import server_missing  # after the Prefect settings above
+
     reason = _pg_reachable(PG_URL)
     if reason is not None:
-        if os.environ.get("HISTORIAN_REQUIRE_PG") == "1":
-            pytest.fail(f"{reason} (HISTORIAN_REQUIRE_PG=1)")
-        pytest.skip(reason)
+        server_missing(reason)
     return PG_URL
 
 

@@ -650,9 +650,55 @@ def test_pg_open_creates_a_missing_schema(pg_url: str, pg_schema: str) -> None:
 
 
 @pytest.mark.postgres
-def test_pg_connection_killed_mid_write_commits_nothing_and_next_write_succeeds(
+def terminate_sessions_of(engine: sa.Engine, sink: SqlWarehouse) -> int:
+    """`pg_terminate_backend` on every connection of `sink` (its schema names them)."""
+    with engine.begin() as conn:
+        return len(
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = :app AND pid <> pg_backend_pid()"
+                ),
+                {"app": f"historian {sink.schema}"},
+            ).fetchall()
+        )
+
+
+def test_a_flow_lock_released_by_the_database_is_taken_again_before_the_next_write(
     pg_sink: SqlWarehouse, pg_url: str
 ) -> None:
+    other = SqlWarehouse(pg_url, schema=pg_sink.schema)
+    other.open()
+    admin = sa.create_engine(pg_url)
+    frame = history(["a"], hours(0, 1))
+    try:
+        with pg_sink.lock("f1"):
+            pg_sink.write(scope(["a"], hours(0, 1)), frame, len(frame))
+            assert terminate_sessions_of(admin, pg_sink) >= 1, "the lock's session ended"
+            pg_sink.write(scope(["a"], hours(1, 2)), history(["a"], hours(1, 2)), 6)
+            with pytest.raises(FlowLocked), other.lock("f1"):
+                pass  # held again, by the sink that lost it
+            terminate_sessions_of(admin, pg_sink)
+            # Another run takes the lock while it is free: this one may not write on.
+            with (
+                other.lock("f1"),
+                pytest.raises(FlowLocked, match="since the database went away"),
+            ):
+                pg_sink.write(scope(["a"], hours(2, 3)), history(["a"], hours(2, 3)), 6)
+        assert pg_sink.progress("f1").windows_of("a") == [hours(0, 2)]
+    finally:
+        other.close()
+        admin.dispose()
+
+
+@pytest.mark.parametrize("retry_s", [0.0, 30.0], ids=["no-retry", "retried"])
+def test_pg_connection_killed_mid_write_commits_nothing_then_the_write_is_tried_again(
+    pg_sink: SqlWarehouse, pg_url: str, retry_s: float
+) -> None:
+    """A write's connection terminated while it waits: its transaction commits nothing.
+    With a retry budget the sink writes it again on a new connection; without one the
+    write fails with one line and the next write succeeds."""
+    pg_sink.retry_s = retry_s
     window = hours(0, 1)
     frame = history(["a", "b"], window, step_s=60)
     pg_sink.write(scope(["a"], hours(5, 6)), history(["a"], hours(5, 6)), 6)  # tables exist
@@ -691,6 +737,12 @@ def test_pg_connection_killed_mid_write_commits_nothing_and_next_write_succeeds(
         blocker.rollback()
         writer.join(timeout=15)
     admin.dispose()
+    if retry_s:
+        assert outcome == []
+        assert len(pg_sink.read("hist", HIST)) == 6 + 120
+        assert len(pg_sink.chunk_log("f1")) == 2
+        assert pg_sink.progress("f1").windows_of("b") == [window]
+        return
     assert len(outcome) == 1
     assert isinstance(outcome[0], SinkUnavailable), outcome[0]
     assert "\n" not in str(outcome[0])

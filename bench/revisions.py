@@ -1,0 +1,42 @@
+"""The sinks/ package of another git revision, importable beside this tree's, so a bench
+can alternate the two in one process and one run (the machine is shared: only ratios
+measured side by side mean anything)."""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sinks_module_at(revision: str, module: str) -> ModuleType:
+    """`sinks.<module>` as it was at `revision`, imported as package `sinks_<revision>`
+    (its own imports of `sinks.` rewritten; `connectors/` is this tree's)."""
+    package = "sinks_" + "".join(c if c.isalnum() else "_" for c in revision)
+    if package not in sys.modules:
+        top = tempfile.mkdtemp(prefix="bench-sinks-")
+        atexit.register(shutil.rmtree, top, True)  # imported by now; nothing left behind
+        folder = Path(top) / package
+        folder.mkdir()
+        listed = _git("ls-tree", "--name-only", revision, "sinks/").split()
+        for path in listed:
+            text = _git("show", f"{revision}:{path}")
+            text = text.replace("from sinks.", f"from {package}.").replace(
+                "import sinks.", f"import {package}."
+            )
+            (folder / Path(path).name).write_text(text, encoding="utf-8")
+        sys.path.insert(0, str(folder.parent))
+    return importlib.import_module(f"{package}.{module}")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout

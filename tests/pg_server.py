@@ -1,0 +1,176 @@
+"""A throwaway PostgreSQL server a test starts, kills with SIGKILL, restarts and stops.
+
+`initdb` into a temporary folder and `postgres` on a free loopback port, from the
+binaries of the machine's PostgreSQL (`/usr/lib/postgresql/*/bin`, or `pg_config
+--bindir`). PostgreSQL refuses to run as root: when the tests run as root, the server
+runs as the `postgres` user (or `HISTORIAN_TEST_PG_USER`). The server is its own process
+group, so a kill takes the postmaster and every backend at once, as a crash would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def find_bindir() -> Path | None:
+    """The newest PostgreSQL's binary folder on this machine, if any."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=_version)
+    if found:
+        return Path(found[-1]).parent
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        bindir = subprocess.run(
+            ["pg_config", "--bindir"], check=True, capture_output=True, text=True
+        ).stdout.strip()
+        if (Path(bindir) / "initdb").exists():
+            return Path(bindir)
+    return None
+
+
+def _version(path: str) -> tuple[int, ...]:
+    part = Path(path).parent.parent.name
+    return tuple(int(p) for p in part.split(".") if p.isdigit())
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class ThrowawayPostgres:
+    """One PostgreSQL cluster in a temporary folder; `url` reaches its `postgres` database."""
+
+    def __init__(self, bindir: Path) -> None:
+        self.bindir = bindir
+        self.port = free_port()
+        self.folder = Path(tempfile.mkdtemp(prefix="historian-pg-"))
+        self.data = self.folder / "data"
+        self.process: subprocess.Popen[bytes] | None = None
+        self._as: dict[str, Any] = {}
+        if os.geteuid() == 0:
+            user = pwd.getpwnam(os.environ.get("HISTORIAN_TEST_PG_USER", "postgres"))
+            self._as = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+            os.chown(self.folder, user.pw_uid, user.pw_gid)
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def init(self) -> None:
+        subprocess.run(
+            [
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
+            check=True,
+            capture_output=True,
+            **self._as,
+        )
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start the server (its own process group) and wait until it accepts queries."""
+        log = open(self.folder / "server.log", "ab")  # noqa: SIM115 - the server's stderr
+        self.process = subprocess.Popen(
+            [
+                str(self.bindir / "postgres"),
+                "-D",
+                str(self.data),
+                "-p",
+                str(self.port),
+                "-k",
+                str(self.folder),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",  # a killed server keeps the OS's page cache: crash-safe enough
+                "-c",
+                "max_connections=40",
+            ],
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            **self._as,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while not self.ready():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"PostgreSQL did not start: {self.log_tail()}")
+            time.sleep(0.1)
+
+    def ready(self) -> bool:
+        import psycopg
+
+        try:
+            with psycopg.connect(
+                host="127.0.0.1",
+                port=self.port,
+                user="postgres",
+                dbname="postgres",
+                connect_timeout=2,
+            ) as conn:
+                conn.execute("select 1")
+        except psycopg.Error:
+            return False
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and every backend at once (a crash), and reap them."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _group_alive(self.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.process = None
+
+    def log_tail(self) -> str:
+        path = self.folder / "server.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return " | ".join(text.strip().splitlines()[-5:])
+
+    def remove(self) -> None:
+        self.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Does a process of the group still run (zombies, gone but not yet reaped, aside)?"""
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+@contextlib.contextmanager
+def throwaway_postgres(bindir: Path) -> Iterator[ThrowawayPostgres]:
+    """A started server, killed and removed on the way out whatever happened."""
+    server = ThrowawayPostgres(bindir)
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.remove()
