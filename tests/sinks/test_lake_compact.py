@@ -10,7 +10,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-import sinks.parquet
+import sinks.lake_compact
 from sinks.lake_compact import SmallFile, merge_batches, owners_of
 from sinks.lake_store import Entry, LakeStore
 from sinks.parquet import ParquetLake
@@ -71,16 +71,16 @@ def test_compaction_of_many_small_files_holds_bounded_rows_and_a_linear_intent(
         frame = history_frame(TAGS, win, step_s=60)
         lake.write(scope(TAGS, win, f"m{m:03d}"), frame, len(frame))
     before = rows_of(lake.read("hist", "tag_history"))
-    monkeypatch.setattr(sinks.parquet, "MERGE_MAX_ROWS", 100)
+    monkeypatch.setattr(sinks.lake_compact, "MERGE_MAX_ROWS", 100)
     held: list[int] = []
-    merge = sinks.parquet.merged_rows
+    merge = sinks.lake_compact.merged_rows
 
     def counting(read: Any, paths: Sequence[str], *args: Any) -> Any:
         schema, rows, groups = merge(read, paths, *args)
         held.append(rows)
         return schema, rows, groups
 
-    monkeypatch.setattr(sinks.parquet, "merged_rows", counting)
+    monkeypatch.setattr(sinks.lake_compact, "merged_rows", counting)
     intents: list[dict[str, Any]] = []
     write_json = LakeStore.write_json
 
