@@ -99,3 +99,27 @@ def test_compaction_of_many_small_files_holds_bounded_rows_and_a_linear_intent(
     assert rows_of(lake.read("hist", "tag_history")) == before
     counts = sorted(pq.read_metadata(p).num_rows for p in (tmp_lake / "hist").rglob("*.parquet"))
     assert counts == [0] * 116 + [63, 99, 99, 99], "merged, and the other inputs emptied"
+
+
+def test_the_compactor_merges_one_partition_into_its_last_file_and_repoints_markers(
+    tmp_lake: Path,
+) -> None:
+    lake = ParquetLake(str(tmp_lake), partition="date", target_file_rows=10_000)
+    for number, hours in enumerate(((0, 1), (1, 2), (2, 3), (24, 25))):
+        win = window(*hours)
+        frame = history_frame(TAGS, win)
+        lake.write(scope(TAGS, win, f"k{number}"), frame, len(frame))
+    compactor = lake.parts.compactor
+    assert compactor.partitions("hist", "tag_history") == ["date=2024-03-01", "date=2024-03-02"]
+    assert compactor.compact_partition("hist", "tag_history", "date=2024-03-01", 1000) == 3
+    assert compactor.compact_partition("hist", "tag_history", "date=2024-03-01", 1000) == 0
+    sizes = {p.name: pq.read_metadata(p).num_rows for p in (tmp_lake / "hist").rglob("*.parquet")}
+    assert sizes == {
+        "part-k0.parquet": 0,
+        "part-k1.parquet": 0,
+        "part-k2.parquet": 54,  # the last by name holds the batch
+        "part-k3.parquet": 18,  # another partition, left alone
+    }
+    for chunk in ("k0", "k1", "k2"):
+        marker = orjson.loads((tmp_lake / f"_historian/_flows/f/markers/{chunk}.json").read_bytes())
+        assert marker["files"] == [{"path": "date=2024-03-01/part-k2.parquet", "rows": 54}]
