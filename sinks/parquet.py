@@ -144,7 +144,7 @@ def _transient(exc: BaseException) -> bool:
     )
 
 
-class _Parts:
+class LakeParts:
     """The lake's parts over one store: file facts, dataset facts, journal, planners."""
 
     def __init__(self, lake: ParquetLake, store: LakeStore) -> None:
@@ -191,7 +191,7 @@ class ParquetLake:
         self.reader_grace_s = float(reader_grace_s)
         self.file_format = FileFormat(compression, self.target_file_rows)
         self._storage_options = dict(storage_options or {})
-        self._parts: _Parts | None = None
+        self._parts: LakeParts | None = None
         self._threads_lock = threading.Lock()
         self._thread_locks: dict[str, threading.Lock] = {}
 
@@ -201,7 +201,8 @@ class ParquetLake:
     # -- plumbing -------------------------------------------------------------------------
 
     @property
-    def parts(self) -> _Parts:
+    def parts(self) -> LakeParts:
+        """The lake's parts (opening the lake on first use); tests reach each one here."""
         if self._parts is None:
             self.open()
         assert self._parts is not None
@@ -263,7 +264,7 @@ class ParquetLake:
                 store.makedirs(store.path(STATE_DIR, LOCKS_DIR))
             else:
                 self._bucket_reachable(store)
-            self._parts = _Parts(self, store)
+            self._parts = LakeParts(self, store)
             self._parts.journal.recover_all(self._dataset_lock)
 
     def close(self) -> None:
