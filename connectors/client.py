@@ -2,9 +2,11 @@
 
 * One sync client (pooling, keep-alive, per-request timeouts); it is thread-safe, and the
   engine's thread pool gives concurrency, bounded by `max_connections`.
-* Retries (tenacity, exponential backoff with full jitter) only for transient failures:
-  connection errors, timeouts, 429 (at least `Retry-After`), 502, 503, 504, and 500 unless
-  `retry_server_errors` is off. A 4xx is never retried.
+* Retries (tenacity, exponential backoff with full jitter), per request, of exactly the
+  `TransientNodeError`s: connection errors, timeouts, 429 (at least `Retry-After`), 502,
+  503, 504, 500 unless `retry_server_errors` is off, and a 200 that is a proxy's page. A
+  4xx or a malformed answer from the node is never retried. This is the only retry of a
+  request; above it, only a whole chunk is re-run (`pipelines/engine.py`).
 * Errors are `connectors.errors` types naming the operation, the HTTP status and the
   start of the body. Credentials travel in headers only and never appear in logs,
   reprs or messages.
@@ -41,12 +43,14 @@ from connectors.deadline import deadline_transport, request_deadline
 from connectors.errors import (
     AuthenticationError,
     MalformedAnswer,
+    NodeBusy,
     NodeConnectionError,
     NodeError,
     NodeRequestError,
     NodeServerError,
     NodeTimeout,
     NodeUnavailable,
+    NotTheNodesAnswer,
     RateLimited,
     RetriesExhausted,
     TLSVerificationError,
@@ -65,15 +69,6 @@ M = TypeVar("M", bound=BaseModel)
 MAX_RETRY_AFTER_S = 120.0
 
 _warned_unverified: set[str] = set()
-
-
-class _ServerErrorRetryable(NodeServerError, TransientNodeError):
-    """A 500 treated as transient (settings.retry_server_errors, on by default).
-
-    The spec says nothing about 500; a node under load answers it and then succeeds on
-    the next try, so retrying it (bounded) loses less than failing the chunk. A 500 that
-    is deterministic costs only the retry budget. Other 5xx (501, 505, ...) are not retried.
-    """
 
 
 def _log_retry(operation: str, state: RetryCallState, attempts: int) -> None:
@@ -201,8 +196,8 @@ class NodeClient:
         """One operation, retried while transient; a 200 response or a typed error.
 
         `settings.retries` is the number of retries after the first attempt (0: no retry).
-        Only `TransientNodeError`s are retried (500 too, unless `retry_server_errors` is
-        off); after the last attempt the failure is wrapped in `RetriesExhausted`.
+        Exactly the `TransientNodeError`s are retried; after the last attempt the failure
+        is wrapped in `RetriesExhausted` (fatal: nothing above retries it again).
         """
         query = encode_query({"cmd": cmd, **(params or {})})
         url = f"/{resource}?{query}"
@@ -272,6 +267,10 @@ class NodeClient:
             raise NodeRequestError(operation, f"request not sent: {exc}") from None
         status = response.status_code
         if status == 200:
+            if _is_markup(response.content):
+                raise NotTheNodesAnswer(
+                    operation, "a web page, not the node's answer", body=response.content
+                )
             return response
         body = response.content
         if status in (401, 403):
@@ -292,7 +291,7 @@ class NodeClient:
         if 400 <= status < 500:
             raise NodeRequestError(operation, "request refused", status=status, body=body)
         if status == 500 and self.settings.retry_server_errors:
-            raise _ServerErrorRetryable(operation, "server error", status=status, body=body)
+            raise NodeBusy(operation, "server error", status=status, body=body)
         raise NodeServerError(operation, f"unexpected status {status}", status=status, body=body)
 
     # -- decoding --------------------------------------------------------------------------
@@ -919,6 +918,13 @@ def _undot(flat: Mapping[str, Any]) -> dict[str, Any]:
             target = target.setdefault(part, {})
         target[parts[-1]] = value
     return nested
+
+
+def _is_markup(body: bytes) -> bool:
+    """Does the body start like an HTML or XML page? No answer of the node does (JSON,
+    Base64 or plain numbers), so such a 200 came from something in front of it. Only the
+    first bytes are read: the check costs nothing on a large answer."""
+    return body[:64].lstrip()[:1] == b"<"
 
 
 def _is_tls_failure(exc: BaseException) -> bool:
