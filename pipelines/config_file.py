@@ -2,7 +2,7 @@
 
 YAML aliases make a small file stand for a huge document: nine levels of nine aliases
 (an "alias bomb") are a few hundred bytes that expand to hundreds of millions of values
-as soon as anything copies the data (`${VAR}` resolution did, at about 1 GB per 30 s).
+as soon as anything copies the data (`${VAR}` resolution did, until memory ran out).
 So the parser's event stream is read once first, without building anything: it bounds
 the file's size, the nesting depth, the number of aliases and the number of values the
 document holds *with every alias expanded*, and finds duplicate keys (which YAML loaders

@@ -19,9 +19,9 @@ Tag history in PostgreSQL (schema version 2) is stored narrow, behind a view:
 The uniqueness users rely on is unchanged: two rows of the view with one (node, tag, ts,
 seq) would have one series_id (the bijection above) and so one (series_id, ts, seq),
 which the primary key forbids. Why: the key's B-tree is what bounds a load, and its
-tuples shrink from ~50-80 bytes (two texts and a timestamp) to 24, so the server does
-about half the work per row (bench/bench_sql.py). There is deliberately no foreign key
-from the rows to the series: its per-row check costs 4x the whole insert; the series
+tuples shrink from two texts and a timestamp to 24 bytes, so the server does less work
+per row (bench/bench_sql.py). There is deliberately no foreign key from the
+rows to the series: its per-row check costs more than the whole insert; the series
 table is append-only instead. Warehouses made by an earlier version keep their tag
 history tables (a plain table named like the dataset, keyed by `(node, tag, ts, seq)`)
 and keep being written that way; only new datasets get the narrow layout. DuckDB keeps
@@ -135,8 +135,8 @@ def sql_type(field: pa.Field) -> str:
 def by_alignment(fields: list[pa.Field]) -> list[pa.Field]:
     """Fields widest fixed-width first, text last: PostgreSQL pads each column to its type's
     alignment, so this order stores a narrow tag-history row in 24 data bytes instead of 34
-    (the heap, and the WAL that carries it, a quarter smaller; measured: 107 vs 140 MB for
-    2.2 M rows). Columns are always named in COPY and in the view, never taken by position."""
+    (the heap, and the WAL that carries it, smaller: BENCHMARKS.md). Columns are always named in COPY and
+    in the view, never taken by position."""
 
     def width(field: pa.Field) -> int:
         kind = field.type
