@@ -233,66 +233,46 @@ class NodeClient:
         return delay
 
     def _send(self, operation: str, method: str, url: str, content: bytes | None) -> httpx.Response:
+        """One attempt: a 200 response from the node, or the typed error of what happened."""
         headers = {"Content-Type": "application/json"} if content is not None else None
         deadline_s = self.settings.deadline_s
         try:
             with self._slots, request_deadline(deadline_s) as deadline:
                 response = self._http.request(method, url, content=content, headers=headers)
-        except httpx.TimeoutException:
-            if deadline.expired:
-                raise NodeTimeout(
-                    operation, f"no complete answer within the request deadline ({deadline_s:g} s)"
-                ) from None
-            raise NodeTimeout(operation, "no answer within the timeout") from None
-        except httpx.ConnectError as exc:
-            if _is_tls_failure(exc):
-                raise TLSVerificationError(
-                    operation,
-                    "the node's TLS certificate could not be verified; set ca_bundle to the "
-                    "CA that signed it",
-                ) from None
-            raise NodeConnectionError(
-                operation, f"cannot connect to {self.settings.base_url}"
-            ) from None
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise NodeConnectionError(
-                operation, f"connection broke: {type(exc).__name__}"
-            ) from None
-        except httpx.DecodingError:
-            # A compressed body that ends early: a network artefact, like a short read.
-            raise NodeConnectionError(operation, "answer body could not be decoded") from None
-        except httpx.TransportError as exc:
-            raise NodeConnectionError(operation, f"transport error: {type(exc).__name__}") from None
-        except httpx.InvalidURL as exc:  # a request URL past what httpx sends (65,536 chars)
-            raise NodeRequestError(operation, f"request not sent: {exc}") from None
-        status = response.status_code
-        if status == 200:
+        except (httpx.TransportError, httpx.DecodingError, httpx.InvalidURL) as exc:
+            expired = f"the request deadline ({deadline_s:g} s)" if deadline.expired else None
+            raise self._transport_error(operation, exc, expired) from None
+        if response.status_code == 200:
             if _is_markup(response.content):
                 raise NotTheNodesAnswer(
                     operation, "a web page, not the node's answer", body=response.content
                 )
             return response
-        body = response.content
-        if status in (401, 403):
-            raise AuthenticationError(
-                operation, "credentials refused (check the token or user)", status=status, body=body
-            )
-        if status == 429:
-            raise RateLimited(
-                operation,
-                "rate limited",
-                body=body,
-                retry_after_s=_retry_after_seconds(response.headers.get("Retry-After")),
-            )
-        if status in (502, 503, 504):
-            raise NodeUnavailable(operation, "node unavailable", status=status, body=body)
-        if status == 404 and operation.startswith("tag."):
-            raise UnknownTag(operation, "not found", status=status, body=body)
-        if 400 <= status < 500:
-            raise NodeRequestError(operation, "request refused", status=status, body=body)
-        if status == 500 and self.settings.retry_server_errors:
-            raise NodeBusy(operation, "server error", status=status, body=body)
-        raise NodeServerError(operation, f"unexpected status {status}", status=status, body=body)
+        raise _status_error(operation, response, self.settings.retry_server_errors)
+
+    def _transport_error(self, operation: str, exc: Exception, deadline: str | None) -> NodeError:
+        """What a failed exchange means: a timeout, a broken connection, or a TLS failure or
+        a URL too long to send (fatal). `deadline` names the request deadline if it passed."""
+        if isinstance(exc, httpx.TimeoutException):
+            if deadline is not None:
+                return NodeTimeout(operation, f"no complete answer within {deadline}")
+            return NodeTimeout(operation, "no answer within the timeout")
+        if isinstance(exc, httpx.ConnectError):
+            if _is_tls_failure(exc):
+                return TLSVerificationError(
+                    operation,
+                    "the node's TLS certificate could not be verified; set ca_bundle to the "
+                    "CA that signed it",
+                )
+            return NodeConnectionError(operation, f"cannot connect to {self.settings.base_url}")
+        if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+            return NodeConnectionError(operation, f"connection broke: {type(exc).__name__}")
+        if isinstance(exc, httpx.DecodingError):
+            # A compressed body that ends early: a network artefact, like a short read.
+            return NodeConnectionError(operation, "answer body could not be decoded")
+        if isinstance(exc, httpx.InvalidURL):  # a URL past what httpx sends (65,536 chars)
+            return NodeRequestError(operation, f"request not sent: {exc}")
+        return NodeConnectionError(operation, f"transport error: {type(exc).__name__}")
 
     # -- decoding --------------------------------------------------------------------------
 
@@ -918,6 +898,33 @@ def _undot(flat: Mapping[str, Any]) -> dict[str, Any]:
             target = target.setdefault(part, {})
         target[parts[-1]] = value
     return nested
+
+
+def _status_error(operation: str, response: httpx.Response, retry_server_errors: bool) -> NodeError:
+    """The error a non-200 status means: transient (429, 502-504, and 500 when
+    `retry_server_errors`) or fatal (every other 4xx and 5xx)."""
+    status = response.status_code
+    body = response.content
+    if status in (401, 403):
+        return AuthenticationError(
+            operation, "credentials refused (check the token or user)", status=status, body=body
+        )
+    if status == 429:
+        return RateLimited(
+            operation,
+            "rate limited",
+            body=body,
+            retry_after_s=_retry_after_seconds(response.headers.get("Retry-After")),
+        )
+    if status in (502, 503, 504):
+        return NodeUnavailable(operation, "node unavailable", status=status, body=body)
+    if status == 404 and operation.startswith("tag."):
+        return UnknownTag(operation, "not found", status=status, body=body)
+    if 400 <= status < 500:
+        return NodeRequestError(operation, "request refused", status=status, body=body)
+    if status == 500 and retry_server_errors:
+        return NodeBusy(operation, "server error", status=status, body=body)
+    return NodeServerError(operation, f"unexpected status {status}", status=status, body=body)
 
 
 def _is_markup(body: bytes) -> bool:

@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from connectors.client import NodeClient
-from connectors.errors import FatalNodeError, one_line, quoted
+from connectors.errors import FatalNodeError, RetriesExhausted, one_line, quoted
 from connectors.settings import NodeSettings, SecretText, SettingsError
 from connectors.version import NodeVersion, node_version
 from pipelines.config import Config, NodeConfig
@@ -36,7 +36,8 @@ class ConnectedNode:
     def version(self) -> NodeVersion | None:
         """The node's version from `system?cmd=status` (`n3.versions`), read once per
         connection (once per run). None when the node does not say or refuses to: what
-        depends on it then takes the reading every version understands."""
+        depends on it then takes the reading every version understands. A node that does
+        not answer at all (`RetriesExhausted`) stops the caller here."""
         with self._lock:
             if self._version is None:
                 self._version = (self._read_version(),)
@@ -45,6 +46,8 @@ class ConnectedNode:
     def _read_version(self) -> NodeVersion | None:
         try:
             status = self.client.system_status()
+        except RetriesExhausted:
+            raise  # the node is not answering at all: nothing else will work either
         except FatalNodeError as exc:
             log.warning("node %s: cannot read its version (%s)", self.name, one_line(exc))
             return None
