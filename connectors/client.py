@@ -492,11 +492,7 @@ class NodeClient:
     ) -> None:
         if action not in ("trust", "untrust"):
             raise ValueError(f"action {action!r} is not trust or untrust")
-        options: dict[str, Any] = {"id": cert_id, "action": action}
-        if module_name is not None:
-            options["moduleName"] = module_name
-        if cert_type is not None:
-            options["type"] = cert_type
+        options = {**_certificate(cert_id, cert_type, module_name), "action": action}
         response = self.request(
             "certificate.set", "POST", "certificate", "set", body={"options": options}
         )
@@ -505,11 +501,7 @@ class NodeClient:
     def certificate_remove(
         self, cert_id: str, cert_type: str | None = None, module_name: str | None = None
     ) -> None:
-        options: dict[str, Any] = {"id": cert_id}
-        if module_name is not None:
-            options["moduleName"] = module_name
-        if cert_type is not None:
-            options["type"] = cert_type
+        options = _certificate(cert_id, cert_type, module_name)
         response = self.request(
             "certificate.remove", "POST", "certificate", "remove", body={"options": options}
         )
@@ -898,6 +890,16 @@ def _undot(flat: Mapping[str, Any]) -> dict[str, Any]:
             target = target.setdefault(part, {})
         target[parts[-1]] = value
     return nested
+
+
+def _certificate(cert_id: str, cert_type: str | None, module_name: str | None) -> dict[str, Any]:
+    """The options naming one certificate (type and module only when given)."""
+    options: dict[str, Any] = {"id": cert_id}
+    if module_name is not None:
+        options["moduleName"] = module_name
+    if cert_type is not None:
+        options["type"] = cert_type
+    return options
 
 
 def _status_error(operation: str, response: httpx.Response, retry_server_errors: bool) -> NodeError:

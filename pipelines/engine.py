@@ -33,6 +33,7 @@ from connectors.fetch import (
     HISTORY_FILTER,
     HISTORY_MANY,
     AlarmFetcher,
+    Fetched,
     FilterQuery,
     HistoryClient,
     HistoryFetcher,
@@ -133,17 +134,7 @@ class HistoryEngine:
         done = chunk
         if fetched.missing:
             done = self._without(chunk, fetched.missing)
-        return ChunkResult(
-            chunk=done,
-            frame=history_frame(fetched.table),
-            rows_fetched=fetched.table.num_rows,
-            requests=fetched.requests,
-            bytes_received=fetched.bytes_received,
-            seconds=time.perf_counter() - began,
-            continuations=fetched.continuations,
-            missing=fetched.missing,
-            rows_out_of_range=fetched.rows_out_of_range,
-        )
+        return _result(done, fetched, history_frame(fetched.table), began)
 
     def _without(self, chunk: Chunk, missing: tuple[str, ...]) -> Chunk:
         """The chunk whose scope leaves `missing` out (recorded as missing there), or,
@@ -209,18 +200,25 @@ class AlarmEngine:
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
         began = time.perf_counter()
         fetched = self.fetcher.fetch(chunk.window, chunk.label)
-        return ChunkResult(
-            chunk=chunk,
-            frame=frame_from_table(fetched.table),
-            rows_fetched=fetched.table.num_rows,
-            requests=fetched.requests,
-            bytes_received=fetched.bytes_received,
-            seconds=time.perf_counter() - began,
-            rows_out_of_range=fetched.rows_out_of_range,
-        )
+        return _result(chunk, fetched, frame_from_table(fetched.table), began)
 
     def stream(self, chunks: Iterable[Chunk]) -> Iterator[ChunkResult]:
         yield from stream_bounded(self.fetch_chunk, chunks, self.max_in_flight)
+
+
+def _result(chunk: Chunk, fetched: Fetched, frame: pd.DataFrame, began: float) -> ChunkResult:
+    """A chunk's result from what the fetcher got (`began`: perf_counter at the start)."""
+    return ChunkResult(
+        chunk=chunk,
+        frame=frame,
+        rows_fetched=fetched.table.num_rows,
+        requests=fetched.requests,
+        bytes_received=fetched.bytes_received,
+        seconds=time.perf_counter() - began,
+        continuations=fetched.continuations,
+        missing=fetched.missing,
+        rows_out_of_range=fetched.rows_out_of_range,
+    )
 
 
 def stream_bounded(
