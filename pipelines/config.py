@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -131,11 +132,25 @@ def _seconds(value: float) -> timedelta:
     return timedelta(seconds=value)
 
 
+def _checked(check: Callable[[str], None]) -> AfterValidator:
+    """A validator running `check` (which raises ValueError) on a text value."""
+
+    def validate(value: str) -> str:
+        check(value)
+        return value
+
+    return AfterValidator(validate)
+
+
+NodeUrl = Annotated[str, _checked(check_node_url)]
+Regex = Annotated[str, _checked(lambda text: _check_regex(text))]
+
+
 class NodeConfig(_Strict):
     """`nodes.<name>`: the client's `NodeSettings` in flows.yaml's units (durations for
     seconds, Secret block names for values), with its defaults and credential rules."""
 
-    url: str | None = None
+    url: NodeUrl | None = None
     simulator: SimulatorNode | None = None
     verify: bool = NodeSettings.verify
     ca_bundle: str | None = None
@@ -154,13 +169,6 @@ class NodeConfig(_Strict):
     _durations = field_validator(
         "connect_timeout", "read_timeout", "request_deadline", mode="before"
     )(_duration)
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str | None) -> str | None:
-        if value is not None:
-            check_node_url(value)
-        return value
 
     @field_validator("connect_timeout", "read_timeout", "request_deadline")
     @classmethod
@@ -215,7 +223,7 @@ class TagSelectionConfig(_Strict):
 
     paths: list[str] | None = None
     group: str | None = None
-    regex: str | None = None
+    regex: Regex | None = None
     recurrent: bool = True
     browse: str | None = None
     include: list[str] = Field(default_factory=list)
@@ -232,13 +240,6 @@ class TagSelectionConfig(_Strict):
                     raise ValueError(f"tag path {quoted(path)} does not start with /")
             if len(set(value)) != len(value):
                 raise ValueError("paths lists a tag twice")
-        return value
-
-    @field_validator("regex")
-    @classmethod
-    def _regex(cls, value: str | None) -> str | None:
-        if value is not None:
-            _check_regex(value)
         return value
 
     @field_validator("include", "exclude")
@@ -262,19 +263,12 @@ class TagSelectionConfig(_Strict):
 
 class AlarmSelectionConfig(_Strict):
     path: str = "/"
-    regex: str | None = None
+    regex: Regex | None = None
     status: int | None = Field(default=None, ge=0, le=3)
     priority: int | None = Field(default=None, ge=1, le=4)
     min_priority: int | None = Field(default=None, ge=1, le=4)
     max_priority: int | None = Field(default=None, ge=1, le=4)
     recurrent: bool | None = True
-
-    @field_validator("regex")
-    @classmethod
-    def _regex(cls, value: str | None) -> str | None:
-        if value is not None:
-            _check_regex(value)
-        return value
 
 
 class ScheduleConfig(_Strict):
