@@ -52,7 +52,6 @@ from connectors.schema import (
     KIND_TAG_HISTORY,
     KIND_TAG_METADATA,
     SCHEMAS,
-    SCOPE_COLUMN,
     frame_from_table,
 )
 from connectors.timewindow import Window
@@ -65,6 +64,7 @@ from sinks.base import (
     SinkUnavailable,
     merge_windows,
 )
+from sinks.scope import check_scope
 from sinks.sql_copy import dense_codes
 from sinks.sql_errors import is_database_error, is_duplicate_key, is_transient, one_line
 from sinks.sql_load import (
@@ -372,7 +372,7 @@ class SqlWarehouse:
         if scope.kind not in HISTORY_KINDS:
             raise SinkError(f"chunk {scope.chunk_id}: cannot write kind {scope.kind!r}")
         table = _typed_table(frame, scope.kind)
-        _check_scope(table, scope)
+        check_scope(scope, table, f"sink {self.name}")
         return self._retrying(lambda: self._write(scope, table, rows_fetched), flow=scope.flow)
 
     def _write(self, scope: ChunkScope, table: pa.Table, rows_fetched: int) -> int:
@@ -741,6 +741,11 @@ class SqlWarehouse:
                 ).fetchall()
             )
 
+    def compact(self, dataset: str) -> int:
+        """Nothing to merge: the database keeps its own storage (see `Sink.compact`)."""
+        check_dataset_name(dataset)
+        return 0
+
     def read(self, dataset: str, kind: str) -> pd.DataFrame:
         schema = SCHEMAS[kind]
         name = METADATA_TABLE if kind == KIND_TAG_METADATA else dataset
@@ -812,23 +817,6 @@ def _plain(table: pa.Table) -> pa.Table:
         if pa.types.is_dictionary(f.type):
             table = table.set_column(i, f.name, table.column(i).cast(f.type.value_type))
     return table
-
-
-def _check_scope(table: pa.Table, scope: ChunkScope) -> None:
-    """Rows outside the chunk's scope would escape its replace: refuse them."""
-    if table.num_rows == 0:
-        return
-    ts = table.column("ts").cast(pa.int64())
-    inside = pc.and_(pc.greater_equal(ts, scope.window.start_ms), pc.less(ts, scope.window.end_ms))
-    if scope.kind == KIND_TAG_HISTORY:
-        members = pa.array(list(scope.members), type=pa.string())
-        inside = pc.and_(inside, pc.is_in(table.column(SCOPE_COLUMN[scope.kind]), members))
-    outside = table.num_rows - pc.sum(pc.cast(inside, pa.int64())).as_py()
-    if outside:
-        raise SinkError(
-            f"chunk {scope.chunk_id}: {outside} row(s) outside its scope "
-            f"({'tags or ' if scope.kind == KIND_TAG_HISTORY else ''}window {scope.window})"
-        )
 
 
 def _aware(moment: Any) -> datetime:
