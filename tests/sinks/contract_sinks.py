@@ -106,8 +106,10 @@ def _server_schema(request: pytest.FixtureRequest, url: str, exists_sql: str) ->
 
     def drop() -> None:
         with engine.begin() as conn:
-            suffix = " CASCADE" if url.startswith("postgresql") else ""
-            conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{name}"{suffix}'))
+            if url.startswith("postgresql"):
+                conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
+            else:
+                conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
         engine.dispose()
 
     request.addfinalizer(drop)
@@ -126,3 +128,11 @@ def environment_for_children() -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+@register("mariadb", marks=(pytest.mark.mariadb,))
+def mariadb(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
+    url = request.getfixturevalue("mariadb_url")
+    return _server_schema(
+        request, url, "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = :s"
+    )
