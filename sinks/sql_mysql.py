@@ -42,8 +42,8 @@ def _text_column(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     if pa.types.is_dictionary(kind):
         column = column.cast(kind.value_type)
         kind = column.type
-    if pa.types.is_timestamp(kind):
-        text = pc.strftime(column.cast(pa.timestamp("ms", tz="UTC")), format="%Y-%m-%d %H:%M:%S")
+    if pa.types.is_timestamp(kind):  # epoch ms: `load_data` makes the DATETIME
+        text = column.cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64()).cast(pa.string())
     elif pa.types.is_boolean(kind):
         text = column.cast(pa.int8()).cast(pa.string())
     elif pa.types.is_floating(kind):
@@ -59,7 +59,8 @@ def _text_column(column: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 
 def tsv_bytes(table: pa.Table) -> memoryview:
-    """The table as LOAD DATA's default format (tab-separated, backslash escapes, \\N)."""
+    """The table as LOAD DATA's default format (tab-separated, backslash escapes, \\N),
+    timestamps as epoch milliseconds."""
     columns = [_text_column(table.column(i)) for i in range(table.num_columns)]
     lines = pc.binary_join_element_wise(*columns, "\t")
     # One string per row, each ending in the separator the join appended: the values
@@ -72,12 +73,28 @@ def tsv_bytes(table: pa.Table) -> memoryview:
     return memoryview(data)[int(offsets[0]) : int(offsets[len(lines)])]
 
 
+def _variable(index: int) -> str:
+    return f"historian_v{index}"
+
+
 def load_data(conn: Connection, target: str, table: pa.Table) -> int:
     """LOAD DATA LOCAL INFILE the rows into `target`; returns rows loaded, or raises a
     SinkError with the server's first warning when a value did not load as given."""
     if table.num_rows == 0:
         return 0
-    columns = ", ".join(quote(c) for c in table.column_names)
+    # Timestamps travel as epoch milliseconds and become DATETIME on the server: exact, in
+    # any year (FROM_UNIXTIME stops in 2038 on MariaDB 10), and 5x cheaper to write than
+    # formatted text.
+    stamps = {f.name for f in table.schema if pa.types.is_timestamp(f.type)}
+    columns = ", ".join(
+        f"@{_variable(i)}" if c in stamps else quote(c) for i, c in enumerate(table.column_names)
+    )
+    sets = ", ".join(
+        f"{quote(c)} = TIMESTAMPADD(MICROSECOND, CAST(@{_variable(i)} AS SIGNED) * 1000, "
+        "TIMESTAMP'1970-01-01 00:00:00')"
+        for i, c in enumerate(table.column_names)
+        if c in stamps
+    )
     raw: Any = conn.connection.dbapi_connection
     with tempfile.NamedTemporaryFile(prefix="historian-load-", suffix=".tsv") as file:
         file.write(tsv_bytes(table))
@@ -87,7 +104,7 @@ def load_data(conn: Connection, target: str, table: pa.Table) -> int:
             cursor.execute(
                 f"LOAD DATA LOCAL INFILE '{path}' INTO TABLE {target} CHARACTER SET utf8mb4 "
                 f"FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n' "
-                f"({columns})"
+                f"({columns})" + (f" SET {sets}" if sets else "")
             )
             loaded = int(cursor.rowcount)
             cursor.execute("SELECT @@warning_count")  # a diagnostic: keeps the warnings
