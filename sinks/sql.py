@@ -460,6 +460,9 @@ class SqlWarehouse:
         if not pairs:
             return
         series = self.layout.table(SERIES_TABLE)
+        if self.dialect == "mysql":
+            self._learn_series_mysql(series, pairs)
+            return
         given = (
             'SELECT n COLLATE "C" AS node, t COLLATE "C" AS tag '
             "FROM unnest(CAST(:n AS TEXT[]), CAST(:t AS TEXT[])) AS given (n, t)"
@@ -482,6 +485,30 @@ class SqlWarehouse:
             ).fetchall()
         for series_id, node, tag in found:
             self._series[(str(node), str(tag))] = int(series_id)
+        missing = [p for p in pairs if p not in self._series]
+        if missing:
+            raise SinkError(f"sink {self.name}: tags not registered: {missing[0]!r}")
+
+    def _learn_series_mysql(self, series: str, pairs: list[tuple[str, str]]) -> None:
+        """`_learn_series` without arrays: an executemany upsert, then the pairs' ids read
+        back by tag (the series table is small; its key is a digest, sinks/sql_dialects.py)."""
+        ordered = sorted(set(pairs))
+        with self._errors("register tags"), self.engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {series} (node, tag) VALUES (:n, :t) "
+                    + self.sql.upsert(("node", "tag"), ())
+                ),
+                [{"n": node, "t": tag} for node, tag in ordered],
+            )
+            wanted = set(ordered)
+            found = conn.execute(
+                self.sql.text(f"SELECT series_id, node, tag FROM {series} WHERE tag IN :t", "t"),
+                {"t": sorted({tag for _, tag in ordered})},
+            ).fetchall()
+        for series_id, node, tag in found:
+            if (str(node), str(tag)) in wanted:
+                self._series[(str(node), str(tag))] = int(series_id)
         missing = [p for p in pairs if p not in self._series]
         if missing:
             raise SinkError(f"sink {self.name}: tags not registered: {missing[0]!r}")
@@ -528,7 +555,19 @@ class SqlWarehouse:
         target = storage.target
         params: dict[str, Any] = {"s": scope.window.start, "e": scope.window.end}
         where = "ts >= :s AND ts < :e"
-        if storage.narrow:
+        if storage.narrow and self.dialect == "mysql":
+            # The series' ids first: a subquery in a DELETE is run per row in MariaDB 10,
+            # and the key of the rows leads with series_id (the window alone has no index).
+            params["ids"] = scalar_list(
+                conn,
+                f"SELECT series_id FROM {self.layout.table(SERIES_TABLE)} WHERE tag IN :t",
+                {"t": list(scope.members)},
+                self.sql.text,
+            )
+            if not params["ids"]:
+                return
+            where += " AND series_id IN :ids"
+        elif storage.narrow:
             # Every node's series of the scope's tags (the key leads with series_id).
             params["members"] = list(scope.members)
             where += (
@@ -544,7 +583,9 @@ class SqlWarehouse:
                 if not params["nodes"]:
                     return
                 where += " AND node = ANY(:nodes)"
-        lists = ("members",) if "members" in params and not storage.narrow else ()
+        lists = ("ids",) if "ids" in params else ()
+        if "members" in params and not storage.narrow:
+            lists = ("members",)
         conn.execute(self.sql.text(f"DELETE FROM {target} WHERE {where}", *lists), params)
 
     def _load(self, conn: Connection, scope: ChunkScope, table: pa.Table, storage: Storage) -> int:

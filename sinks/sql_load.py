@@ -14,7 +14,7 @@ COPY; a registered Arrow view in DuckDB) read by one INSERT ... ON CONFLICT DO U
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -121,6 +121,13 @@ def epoch_ms_sql(column: str, dialect: str) -> str:
     return DIALECTS[dialect]().epoch_ms(column)
 
 
-def scalar_list(conn: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
-    """First column of every row of a query."""
-    return [row[0] for row in conn.execute(sa.text(sql), params)]
+def scalar_list(
+    conn: Connection,
+    sql: str,
+    params: dict[str, Any],
+    text: Callable[[str, str], sa.TextClause] | None = None,
+) -> list[Any]:
+    """First column of every row of a query (`text` makes the statement with its one list
+    parameter `t`: `Dialect.text`)."""
+    statement = sa.text(sql) if text is None else text(sql, "t")
+    return [row[0] for row in conn.execute(statement, params)]

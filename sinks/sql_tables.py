@@ -6,7 +6,8 @@ whose type cannot hold the schema's values is an error, never silently converted
 Identifiers are always quoted; nothing but validated dataset names and fixed names reach
 SQL text.
 
-Tag history in PostgreSQL (schema version 2) is stored narrow, behind a view:
+Tag history in PostgreSQL and MariaDB/MySQL (schema version 2) is stored narrow, behind a
+view:
 
 * `historian_series (series_id, node, tag)`: one row per (node, tag), `series_id` the
   primary key and `(node, tag)` UNIQUE, so the two name each other one to one. The sink
@@ -25,7 +26,10 @@ from the rows to the series: its per-row check costs 4x the whole insert; the se
 table is append-only instead. Warehouses made by an earlier version keep their tag
 history tables (a plain table named like the dataset, keyed by `(node, tag, ts, seq)`)
 and keep being written that way; only new datasets get the narrow layout. DuckDB keeps
-the plain table (its loads are not bound by an index in the same way).
+the plain table (its loads are not bound by an index in the same way). In MariaDB/MySQL
+the rows table is clustered by its primary key, so a chunk (sorted by series and time)
+is appended in key order, and `(node, tag)` of the series table is unique through its
+digest column (sinks/sql_dialects.py: MySQL).
 """
 
 from __future__ import annotations
@@ -259,6 +263,15 @@ class Layout:
                 ],
                 ("flow", "member", "window_start"),
             ),
+            self.create_table(
+                SERIES_TABLE,
+                [
+                    ("series_id", "INTEGER NOT NULL AUTO_INCREMENT PRIMARY KEY"),
+                    ("node", text + need),
+                    ("tag", text + need),
+                ],
+                ("node", "tag"),
+            ),
         ]
 
     def columns(self, conn: Connection, table: str) -> dict[str, str]:
@@ -285,7 +298,7 @@ class Layout:
 
     def ensure_dataset(self, conn: Connection, dataset: str, kind: str) -> Storage:
         """Create or migrate a dataset's storage; where its rows are loaded."""
-        narrow = kind == KIND_TAG_HISTORY and self.dialect == "postgresql"
+        narrow = kind == KIND_TAG_HISTORY and self.dialect in ("postgresql", "mysql")
         if narrow and self.relation(conn, dataset) != "BASE TABLE":
             self._ensure_narrow(conn, dataset)
             return Storage(self.table(rows_table_name(dataset)), narrow=True)
@@ -301,15 +314,11 @@ class Layout:
         changed = not existing
         if not existing:
             series = pa.field("series_id", pa.int32(), nullable=False)
-            columns = ", ".join(
-                self.column_ddl(f, f.name in SERIES_KEY) for f in by_alignment([series, *fields])
-            )
-            key = ", ".join(quote(k) for k in SERIES_KEY)
-            conn.execute(
-                sa.text(
-                    f"CREATE TABLE IF NOT EXISTS {self.table(rows)} ({columns}, PRIMARY KEY ({key}))"
-                )
-            )
+            columns = [
+                (f.name, self.column_ddl(f, f.name in SERIES_KEY).split(" ", 1)[1])
+                for f in by_alignment([series, *fields])
+            ]
+            conn.execute(sa.text(self.create_table(rows, columns, SERIES_KEY)))
         else:
             changed = self._add_missing(conn, rows, fields, existing)
         if changed or self.relation(conn, dataset) is None:
