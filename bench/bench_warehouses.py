@@ -91,33 +91,43 @@ def timed(total: int, load: Callable[[], None]) -> float:
 
 def pg_bare(url: str, chunks: list[tuple[ChunkScope, pd.DataFrame]], adbc: bool) -> float:
     with fresh_sink(url) as sink:
-        made_table(sink, chunks[0][0])
-        storage = sink._ensure_dataset(chunks[0][0].dataset, chunks[0][0].kind)
-        tables = [sink._narrow(_typed_table(frame, scope.kind)) for scope, frame in chunks]
-        total = sum(t.num_rows for t in tables)
-        if not adbc:
+        rate = _pg_bare(sink, chunks, adbc)
+        with sink.engine.connect() as conn:
+            target = sink._ensure_dataset(chunks[0][0].dataset, chunks[0][0].kind).target
+            held = conn.exec_driver_sql(f"SELECT count(*) FROM {target}").scalar()
+        if held != sum(len(frame) for _, frame in chunks):
+            sys.exit(f"{'ADBC' if adbc else 'COPY'} loaded {held} rows, not all")
+        return rate
 
-            def load() -> None:
-                for table in tables:
-                    with sink.engine.begin() as conn:
-                        copy_binary(conn, storage.target, table)
 
-            return timed(total, load)
-        import adbc_driver_postgresql.dbapi as adbc_dbapi
+def _pg_bare(
+    sink: SqlWarehouse, chunks: list[tuple[ChunkScope, pd.DataFrame]], adbc: bool
+) -> float:
+    made_table(sink, chunks[0][0])
+    storage = sink._ensure_dataset(chunks[0][0].dataset, chunks[0][0].kind)
+    tables = [sink._narrow(_typed_table(frame, scope.kind)) for scope, frame in chunks]
+    total = sum(t.num_rows for t in tables)
+    if not adbc:
 
-        plain = sink.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        table_name = storage.target.split(".")[-1].strip('"')
-        with adbc_dbapi.connect(plain) as conn:
+        def load() -> None:
+            for table in tables:
+                with sink.engine.begin() as conn:
+                    copy_binary(conn, storage.target, table)
 
-            def load() -> None:
-                for table in tables:
-                    with conn.cursor() as cursor:
-                        cursor.adbc_ingest(
-                            table_name, table, mode="append", db_schema_name=sink.schema
-                        )
-                    conn.commit()
+        return timed(total, load)
+    import adbc_driver_postgresql.dbapi as adbc_dbapi
 
-            return timed(total, load)
+    plain = sink.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    table_name = storage.target.split(".")[-1].strip('"')
+    with adbc_dbapi.connect(plain) as conn:
+
+        def load() -> None:
+            for table in tables:
+                with conn.cursor() as cursor:
+                    cursor.adbc_ingest(table_name, table, mode="append", db_schema_name=sink.schema)
+                conn.commit()
+
+        return timed(total, load)
 
 
 def sink_path(url: str, chunks: list[tuple[ChunkScope, pd.DataFrame]]) -> float:
