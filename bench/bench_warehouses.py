@@ -214,7 +214,8 @@ def main() -> None:
     print(
         f"{args.rows:,} tag-history rows in chunks of {args.chunk:,}; median of {args.repeat}; "
         f"{os.cpu_count()} CPUs; each contender in a child process, taking turns; "
-        f"mariadb-to_sql on {args.to_sql_rows:,} rows"
+        f"mariadb-to_sql on {args.to_sql_rows:,} rows",
+        flush=True,
     )
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in args.only}
     for _ in range(args.repeat):
@@ -227,6 +228,7 @@ def main() -> None:
             if done.returncode:
                 sys.exit(f"{name} failed: {done.stderr.strip()[-2000:]}")
             results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"  {name}: {results[name][-1]['rate']:,.0f} rows/s", flush=True)
     medians = {name: statistics.median(r["rate"] for r in runs) for name, runs in results.items()}
     for name, runs in results.items():
         spread = ", ".join(f"{r['rate']:,.0f}" for r in runs)
