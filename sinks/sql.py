@@ -133,9 +133,8 @@ class SqlWarehouse:
         self.layout = Layout(self.sql, schema, self.sql.default_schema(parsed))
         self._connect_args = {**self.sql.connect_args(schema), **dict(connect_args or {})}
         self.retry_s = max(0.0, float(RETRY_S if retry_s is None else retry_s))
-        self._locks: dict[
-            str, AdvisoryLock | sql_mysql.NamedLock
-        ] = {}  # flow -> the lock this sink holds for it
+        # flow -> the lock this sink holds for it
+        self._locks: dict[str, AdvisoryLock | sql_mysql.NamedLock] = {}
         # Masked in every message: the URL's password and libpq's PGPASSWORD.
         self._secrets = tuple(
             s for s in (parsed.password, os.environ.get("PGPASSWORD")) if isinstance(s, str) and s
@@ -337,7 +336,9 @@ class SqlWarehouse:
     @contextlib.contextmanager
     def lock(self, flow: str) -> Iterator[None]:
         if self.dialect != "duckdb":
-            key, where = advisory_key(flow, self.schema), self.describe()
+            # MariaDB's named locks are server-wide: the database is part of the key.
+            schema = self.layout.catalog_schema if self.dialect == "mysql" else self.schema
+            key, where = advisory_key(flow, schema), self.describe()
             with contextlib.ExitStack() as stack:
                 with self._errors("lock"):
                     held: AdvisoryLock | sql_mysql.NamedLock

@@ -220,8 +220,8 @@ def named_lock(engine: Engine, flow: str, key: str, where: str) -> Iterator[Name
 
 
 def probe(engine: Engine, database: str) -> str:
-    """Whether the database exists and this user may create tables in it (or it), read
-    from the grants without creating anything."""
+    """Whether the database exists and this user may create tables (read from its grants,
+    best effort: a CREATE or ALL PRIVILEGES grant anywhere), without creating anything."""
     with engine.connect() as conn:
         exists = conn.execute(
             sa.text("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = :s"),
@@ -229,7 +229,7 @@ def probe(engine: Engine, database: str) -> str:
         ).scalar()
         grants = " ".join(str(row[0]) for row in conn.execute(sa.text("SHOW GRANTS"))).upper()
         conn.rollback()
-    allowed = "ALL PRIVILEGES ON *.*" in grants or "CREATE" in grants
+    allowed = "ALL PRIVILEGES" in grants or "CREATE" in grants
     found = f"database {database} " + ("exists" if exists else "does not exist yet")
     if not allowed:
         raise SinkError(f"no CREATE privilege ({found})")
