@@ -464,6 +464,8 @@ class _SqlSource:
             )
             return binned, index
         epoch = epoch_ms_sql("ts", self.dialect)
+        if self.dialect == "mysql":  # no CAST AS DOUBLE PRECISION / BIGINT; FLOOR is exact
+            return f"FLOOR(({epoch} - :origin) / {size})", "bucket"
         return (
             f"CAST(floor(CAST({epoch} - :origin AS DOUBLE PRECISION) / {size}) AS BIGINT)",
             "bucket",
@@ -495,7 +497,7 @@ class _SqlSource:
                     "CASE WHEN value_bool THEN 1.0 WHEN NOT value_bool THEN 0.0 END) END AS v"
                 )
                 outer = (
-                    "count(*) AS rows, sum(bad) AS bad, min(v) AS low, max(v) AS high, "
+                    'count(*) AS "rows", sum(bad) AS bad, min(v) AS low, max(v) AS high, '
                     "sum(v) AS total, count(v) AS counted"
                 )
                 types = [pa.string(), *[pa.int64()] * 3, *[pa.float64()] * 3, pa.int64()]
