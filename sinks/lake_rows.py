@@ -2,7 +2,8 @@
 
 The engine hands over frames whose string columns (`node`, `tag`) are dictionary-encoded;
 they stay so until the rows are sorted (compared by rank, never string by string) and
-written (dictionary pages from their codes), and files read back as plain strings.
+written (dictionary pages from their codes), and files read back as plain strings. That
+no row lies outside the chunk's scope is every sink's check (`sinks.scope`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pyarrow.compute as pc
 
 from connectors import schema as tables
 from connectors.timewindow import Window
-from sinks.base import ChunkScope, SinkError
+from sinks.base import SinkError
 
 HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 
@@ -44,29 +45,6 @@ def table_of(frame: pd.DataFrame, kind: str, where: str) -> pa.Table:
     if table.num_columns and table.column(0).num_chunks == 1:
         return table  # one chunk per column already: no copy
     return table.combine_chunks()
-
-
-def check_scope(scope: ChunkScope, table: pa.Table, lake: str) -> None:
-    """SinkError unless every row is inside the chunk's window and members: a write
-    replaces its scope, so a row outside it would survive the next write of its own."""
-    if table.num_rows == 0:
-        return
-    bounds = pc.min_max(pc.cast(table["ts"], pa.int64()))
-    low, high = int(bounds["min"].as_py()), int(bounds["max"].as_py())
-    problems = []
-    if low < scope.window.start_ms or high >= scope.window.end_ms:
-        problems.append(f"timestamps outside {scope.window}")
-    if scope.kind == tables.KIND_TAG_HISTORY:
-        outside = tables.names_of(table["tag"]) - set(scope.members)
-        if outside:
-            example = min(outside)
-            shown = example if len(example) <= 80 else example[:77] + "..."
-            problems.append(f"{len(outside)} tag(s) not in the chunk, e.g. {shown!r}")
-    if problems:
-        raise SinkError(
-            f"lake '{lake}': chunk {scope.chunk_id} of dataset '{scope.dataset}' has rows "
-            f"outside its scope ({'; '.join(problems)}); filter them before writing"
-        )
 
 
 def scope_mask(table: pa.Table, kind: str, window: Window, members: Sequence[str]) -> pa.Array:

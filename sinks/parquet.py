@@ -115,10 +115,11 @@ from sinks.lake_layout import (
     join,
 )
 from sinks.lake_overlap import WritePlanner
-from sinks.lake_rows import HISTORY_KINDS, check_scope, reason, sorted_rows, table_of
+from sinks.lake_rows import HISTORY_KINDS, reason, sorted_rows, table_of
 from sinks.lake_state import LakeState
 from sinks.lake_store import LakeStore, redacted_url, token
 from sinks.locks import dataset_flock, flow_flock, flow_lease
+from sinks.scope import check_scope
 
 # Emptied files stay (0 rows) this long before a write or a compaction of their partition
 # removes them: a reader that listed the lake before a write still opens every file it
@@ -171,6 +172,10 @@ class LakeParts:
 
 class ParquetLake:
     """A Parquet lake on local disk or object storage (see the module docstring)."""
+
+    # Chunk writes of one dataset take turns under its lock (`_dataset_lock`): a second
+    # write at once would only wait there.
+    write_concurrency: int = 1
 
     def __init__(
         self,
@@ -342,7 +347,7 @@ class ParquetLake:
             raise SinkError(f"lake '{self.name}': kind {scope.kind!r} is not a history kind")
         what = f"write chunk {chunk} of dataset '{dataset}'"
         table = table_of(frame, scope.kind, f"lake '{self.name}': {what}")
-        check_scope(scope, table, self.name)
+        check_scope(scope, table, f"lake '{self.name}'")
         if table.num_rows != rows_fetched:
             raise CountMismatch(
                 f"lake '{self.name}': chunk {chunk} of dataset '{dataset}': {table.num_rows} rows "

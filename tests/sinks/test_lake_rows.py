@@ -7,8 +7,8 @@ import pytest
 
 from connectors import schema
 from sinks.base import SinkError
-from sinks.lake_rows import check_scope, plain, scope_mask, sorted_rows, table_of
-from tests.sinks.lake_frames import history_frame, scope, window
+from sinks.lake_rows import plain, scope_mask, sorted_rows, table_of
+from tests.sinks.lake_frames import history_frame, window
 
 KIND = schema.KIND_TAG_HISTORY
 KEYS = schema.KEYS[KIND]
@@ -25,13 +25,6 @@ def test_a_frame_of_another_schema_or_with_nulls_in_a_key_is_a_one_line_error() 
     frame["seq"] = frame["seq"].astype("Int64").astype(object).where(frame["seq"] > 0, None)
     with pytest.raises(SinkError, match=r"^lake 'x': w: .*'seq' with null values"):
         table_of(frame, KIND, "lake 'x': w")
-
-
-def test_rows_outside_the_window_or_the_members_are_refused() -> None:
-    table = history(["/a", "/b"], 0, 2)
-    check_scope(scope(["/a", "/b"], window(0, 2), "k"), table, "x")
-    with pytest.raises(SinkError, match=r"timestamps outside .*; 1 tag\(s\) not in the chunk"):
-        check_scope(scope(["/a"], window(1, 2), "k"), table, "x")
 
 
 def test_the_scope_mask_takes_the_window_and_for_tag_history_the_members() -> None:
