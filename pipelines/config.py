@@ -218,7 +218,18 @@ class SqlSinkConfig(_Strict):
         return value
 
 
-SinkConfig = Annotated[ParquetSinkConfig | SqlSinkConfig, Field(discriminator="type")]
+class DeltaSinkConfig(_Strict):
+    type: Literal["delta"]
+    url: str
+    # delta-rs object_store options (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... via ${VAR}).
+    storage_options: dict[str, str] = Field(default_factory=dict)
+    target_file_size: int | None = Field(default=None, ge=1_000_000)
+
+
+SinkConfig = Annotated[
+    ParquetSinkConfig | SqlSinkConfig | DeltaSinkConfig, Field(discriminator="type")
+]
+SINK_TYPES = ("parquet", "sql", "delta")
 
 
 class TagSelectionConfig(_Strict):
@@ -499,7 +510,7 @@ def _format_loc(loc: Sequence[object]) -> str:
     # pydantic names discriminated-union branches ("parquet", "sql"): not a key the user wrote.
     cleaned: list[str] = []
     for part in parts:
-        if len(cleaned) == 2 and cleaned[0] == "sinks" and part in ("parquet", "sql"):
+        if len(cleaned) == 2 and cleaned[0] == "sinks" and part in SINK_TYPES:
             continue
         cleaned.append(part)
     return ".".join(cleaned)
@@ -519,9 +530,9 @@ def _message(error: Mapping[str, Any]) -> str:
         if text.startswith(prefix):
             text = text[len(prefix) :]
     if kind == "union_tag_invalid":
-        return "type must be parquet or sql"
+        return f"type must be {', '.join(SINK_TYPES[:-1])} or {SINK_TYPES[-1]}"
     if kind == "union_tag_not_found":
-        return "type is required (parquet or sql)"
+        return f"type is required ({', '.join(SINK_TYPES[:-1])} or {SINK_TYPES[-1]})"
     return text
 
 

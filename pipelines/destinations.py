@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import TracebackType
 
-from pipelines.config import Config, ParquetSinkConfig, SqlSinkConfig
+from pipelines.config import Config, DeltaSinkConfig, ParquetSinkConfig, SinkConfig
 from sinks.base import Sink
 
 
@@ -26,8 +26,17 @@ def _sql_url(url: str, base: Path) -> str:
     return url
 
 
-def make_sink(name: str, config: ParquetSinkConfig | SqlSinkConfig, base: Path) -> Sink:
+def make_sink(name: str, config: SinkConfig, base: Path) -> Sink:
     """A sink object for one configured sink (not opened yet)."""
+    if isinstance(config, DeltaSinkConfig):
+        from sinks.delta import DeltaLake
+
+        return DeltaLake(
+            _local_path(config.url, base),
+            name=name,
+            storage_options=config.storage_options,
+            target_file_size=config.target_file_size,
+        )
     if isinstance(config, ParquetSinkConfig):
         from sinks.parquet import ParquetLake
 
@@ -41,6 +50,7 @@ def make_sink(name: str, config: ParquetSinkConfig | SqlSinkConfig, base: Path) 
         )
     from sinks.sql import SqlWarehouse
 
+    assert not isinstance(config, ParquetSinkConfig | DeltaSinkConfig)
     return SqlWarehouse(_sql_url(config.url, base), name=name, schema=config.schema_)
 
 
