@@ -199,11 +199,13 @@ class DeltaLake:
     def _table(self, dataset: str) -> Any | None:
         """The dataset's DeltaTable, None when there is none yet."""
         from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
 
-        uri = self.table_uri(dataset)
-        if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
+        # Not DeltaTable.is_deltatable: against some S3 servers (moto) its listing hangs.
+        try:
+            return DeltaTable(self.table_uri(dataset), storage_options=self.storage_options)
+        except TableNotFoundError:
             return None
-        return DeltaTable(uri, storage_options=self.storage_options)
 
     @contextlib.contextmanager
     def _dataset_lock(self, dataset: str) -> Iterator[None]:

@@ -30,6 +30,7 @@ from tests.sinks.lake_frames import (
     scope,
     window,
 )
+from tests.sinks.moto_s3 import moto_process
 
 pytest.importorskip("deltalake")
 from deltalake import DeltaTable
@@ -287,13 +288,9 @@ def test_type_delta_in_flows_yaml_makes_a_delta_sink(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
     boto3 = pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    pytest.importorskip("moto.server")
+    server, endpoint = moto_process()
     try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
         client = boto3.client(
             "s3", endpoint_url=endpoint, aws_access_key_id="x", aws_secret_access_key="x",
             region_name="us-east-1",
@@ -308,7 +305,8 @@ def s3() -> Iterator[dict[str, str]]:
             "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
         }
     finally:
-        server.stop()
+        server.kill()
+        server.wait(timeout=10)
 
 
 def test_s3_write_replace_progress_compact_and_lease(s3: dict[str, str]) -> None:
