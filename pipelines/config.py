@@ -226,10 +226,28 @@ class DeltaSinkConfig(_Strict):
     target_file_size: int | None = Field(default=None, ge=1_000_000)
 
 
+class IcebergSinkConfig(_Strict):
+    type: Literal["iceberg"]
+    url: str
+    # SQLAlchemy URL of the SQL catalog; default: an SQLite file beside a local warehouse.
+    catalog: str | None = None
+    namespace: str = "historian"
+    # pyiceberg FileIO properties (s3.endpoint, s3.access-key-id, ... via ${VAR}).
+    properties: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if not re.match(NAME_PATTERN, value):
+            raise ValueError(f"{quoted(value)} is not a plain name (letters, digits, _)")
+        return value
+
+
 SinkConfig = Annotated[
-    ParquetSinkConfig | SqlSinkConfig | DeltaSinkConfig, Field(discriminator="type")
+    ParquetSinkConfig | SqlSinkConfig | DeltaSinkConfig | IcebergSinkConfig,
+    Field(discriminator="type"),
 ]
-SINK_TYPES = ("parquet", "sql", "delta")
+SINK_TYPES = ("parquet", "sql", "delta", "iceberg")
 
 
 class TagSelectionConfig(_Strict):

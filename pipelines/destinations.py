@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from types import TracebackType
 
-from pipelines.config import Config, DeltaSinkConfig, ParquetSinkConfig, SinkConfig
+from pipelines.config import (
+    Config,
+    DeltaSinkConfig,
+    IcebergSinkConfig,
+    ParquetSinkConfig,
+    SinkConfig,
+)
 from sinks.base import Sink
 
 
@@ -37,6 +43,16 @@ def make_sink(name: str, config: SinkConfig, base: Path) -> Sink:
             storage_options=config.storage_options,
             target_file_size=config.target_file_size,
         )
+    if isinstance(config, IcebergSinkConfig):
+        from sinks.iceberg import IcebergLake
+
+        return IcebergLake(
+            _local_path(config.url, base),
+            name=name,
+            catalog=_sql_url(config.catalog, base) if config.catalog else None,
+            namespace=config.namespace,
+            properties=config.properties,
+        )
     if isinstance(config, ParquetSinkConfig):
         from sinks.parquet import ParquetLake
 
@@ -50,7 +66,7 @@ def make_sink(name: str, config: SinkConfig, base: Path) -> Sink:
         )
     from sinks.sql import SqlWarehouse
 
-    assert not isinstance(config, ParquetSinkConfig | DeltaSinkConfig)
+    assert not isinstance(config, ParquetSinkConfig | DeltaSinkConfig | IcebergSinkConfig)
     return SqlWarehouse(_sql_url(config.url, base), name=name, schema=config.schema_)
 
 
