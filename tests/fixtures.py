@@ -30,10 +30,12 @@ def write_config(
     sink_defs: dict[str, Any] = {
         "lake": {"type": "parquet", "url": "lake"},
         "duck": {"type": "sql", "url": "duckdb:///warehouse.duckdb"},
+        "delta": {"type": "delta", "url": "delta"},
+        "ice": {"type": "iceberg", "url": "iceberg"},
     }
     if pg is not None:
         sink_defs["pg"] = {"type": "sql", "url": pg[0], "schema": pg[1]}
-    names = sinks or list(sink_defs)
+    names = sinks or ["lake", "duck", *(["pg"] if pg is not None else [])]
     for flow in flows.values():
         flow.setdefault("sinks", names)
     document = {"nodes": {"n": node}, "sinks": sink_defs, "flows": flows}
