@@ -50,7 +50,6 @@ from connectors.timewindow import to_ms
 from sinks.base import (
     ChunkRecord,
     ChunkScope,
-    CountMismatch,
     Progress,
     SinkError,
     SinkUnavailable,
@@ -59,6 +58,7 @@ from sinks.lake_layout import LOCKS_DIR, METADATA_DATASET, STATE_DIR, check_data
 from sinks.lake_store import LakeStore, redacted_url, token
 from sinks.locks import dataset_flock, flow_flock, flow_lease
 from sinks.table_progress import RECORD_KEY, TableProgress, check_record, chunk_record
+from sinks.table_rows import chunk_rows, json_value, plain, reason, transient, typed_table
 
 HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 PARTITION_COLUMN = "date"
@@ -120,18 +120,6 @@ def fsspec_options(storage_options: Mapping[str, str]) -> dict[str, Any]:
     return options
 
 
-def _reason(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def _transient(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return isinstance(exc, ConnectionError | TimeoutError) or any(
-        word in text for word in ("connection refused", "timed out", "connection reset")
-    )
-
-
 class DeltaLake:
     """A Delta Lake sink on local disk or object storage (see the module docstring)."""
 
@@ -181,8 +169,8 @@ class DeltaLake:
         return self._progress
 
     def _error(self, action: str, exc: BaseException) -> SinkError:
-        cls = SinkUnavailable if _transient(exc) else SinkError
-        return cls(f"delta '{self.name}': {action}: {_reason(exc)}")
+        cls = SinkUnavailable if transient(exc) else SinkError
+        return cls(f"delta '{self.name}': {action}: {reason(exc)}")
 
     @contextlib.contextmanager
     def _errors(self, action: str) -> Iterator[None]:
@@ -333,41 +321,12 @@ class DeltaLake:
     # -- writes ---------------------------------------------------------------------------
 
     def _typed(self, frame: pd.DataFrame, kind: str, what: str) -> pa.Table:
-        try:
-            table = tables.table_from_frame(frame, kind)
-        except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
-            raise SinkError(
-                f"delta '{self.name}': {what}: the frame does not match the {kind} schema: "
-                f"{_reason(exc)}"
-            ) from exc
-        for item in tables.SCHEMAS[kind]:
-            if not item.nullable and table.column(item.name).null_count:
-                raise SinkError(f"delta '{self.name}': {what}: column {item.name} has nulls")
-        return table
-
-    def _check_scope(self, scope: ChunkScope, table: pa.Table) -> None:
-        if table.num_rows == 0:
-            return
-        ts = table.column("ts").cast(pa.int64())
-        inside = pc.and_(
-            pc.greater_equal(ts, scope.window.start_ms), pc.less(ts, scope.window.end_ms)
-        )
-        if scope.kind == tables.KIND_TAG_HISTORY:
-            members = pa.array(sorted(set(scope.members)), type=pa.string())
-            inside = pc.and_(inside, pc.is_in(table.column("tag"), members))
-        outside = table.num_rows - int(pc.sum(pc.cast(inside, pa.int64())).as_py())
-        if outside:
-            tags = "tags or " if scope.kind == tables.KIND_TAG_HISTORY else ""
-            raise SinkError(
-                f"delta '{self.name}': chunk {scope.chunk_id} of dataset '{scope.dataset}' has "
-                f"{outside} row(s) outside its scope ({tags}window {scope.window}); "
-                "filter them before writing"
-            )
+        return plain(typed_table(frame, kind, "delta '{self.name}': {what}"))
 
     def _check_facts(self, scope: ChunkScope, table: Any | None) -> str | None:
         """The facts a new table is created with (its description), or None when the
         table exists and agrees with the chunk; SinkError when it was written otherwise."""
-        now: dict[str, object] = {k: _json_value(v) for k, v in sorted(scope.attrs.items())}
+        now: dict[str, object] = {k: json_value(v) for k, v in sorted(scope.attrs.items())}
         wanted = {"dataset": scope.dataset, "kind": scope.kind, "attrs": now}
         if table is None:
             return orjson.dumps(wanted, option=orjson.OPT_SORT_KEYS).decode()
@@ -404,20 +363,7 @@ class DeltaLake:
         what = f"write chunk {scope.chunk_id}"
         if scope.kind not in HISTORY_KINDS:
             raise SinkError(f"delta '{self.name}': {what}: cannot write kind {scope.kind!r}")
-        table = self._typed(frame, scope.kind, what)
-        self._check_scope(scope, table)
-        if table.num_rows != rows_fetched:
-            raise CountMismatch(
-                f"delta '{self.name}': chunk {scope.chunk_id} holds {table.num_rows} rows, "
-                f"fetched {rows_fetched}: nothing committed"
-            )
-        keys = list(tables.KEYS[scope.kind])
-        table = table.sort_by([(key, "ascending") for key in keys])
-        if table.num_rows and _has_duplicate_keys(table, keys):
-            raise CountMismatch(
-                f"delta '{self.name}': chunk {scope.chunk_id}: rows share one key "
-                f"({', '.join(keys)}); fetched {rows_fetched}, nothing committed"
-            )
+        table = chunk_rows(frame, scope, rows_fetched, f"delta '{self.name}'")
         table = table.append_column(PARTITION_COLUMN, pc.cast(table.column("ts"), pa.date32()))
         record = chunk_record(
             flow=scope.flow,
@@ -528,21 +474,3 @@ class DeltaLake:
             table = pa.table([table.column(f.name).cast(f.type) for f in target], schema=target)
             table = table.sort_by([(key, "ascending") for key in tables.KEYS[kind]])
             return tables.frame_from_table(table)
-
-
-def _has_duplicate_keys(table: pa.Table, keys: list[str]) -> bool:
-    """Whether two rows of a table sorted by `keys` share them (adjacent rows compared)."""
-    n = table.num_rows
-    if n < 2:
-        return False
-    same: pa.Array | None = None
-    for key in keys:
-        column = table.column(key)
-        equal = pc.equal(column.slice(0, n - 1), column.slice(1))
-        equal = pc.fill_null(equal, False)
-        same = equal if same is None else pc.and_(same, equal)
-    return bool(same is not None and pc.any(same).as_py())
-
-
-def _json_value(value: object) -> object:
-    return orjson.loads(orjson.dumps(value, default=str))

@@ -40,16 +40,15 @@ from typing import Any
 import orjson
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from connectors import schema as tables
 from connectors.timewindow import to_ms
-from sinks.base import ChunkRecord, ChunkScope, CountMismatch, Progress, SinkError, SinkUnavailable
-from sinks.delta import _has_duplicate_keys, _json_value, _reason, _transient
+from sinks.base import ChunkRecord, ChunkScope, Progress, SinkError, SinkUnavailable
 from sinks.lake_layout import LOCKS_DIR, METADATA_DATASET, STATE_DIR, check_dataset, check_flow
 from sinks.lake_store import LakeStore, redacted_url, token
 from sinks.locks import dataset_flock, flow_flock, flow_lease
 from sinks.table_progress import RECORD_KEY, TableProgress, check_record, chunk_record
+from sinks.table_rows import chunk_rows, json_value, plain, reason, transient, typed_table
 
 HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 NAMESPACE = "historian"
@@ -190,8 +189,8 @@ class IcebergLake:
         except SinkError:
             raise
         except Exception as exc:
-            cls = SinkUnavailable if _transient(exc) else SinkError
-            raise cls(f"iceberg '{self.name}': {action}: {_reason(exc)}") from exc
+            cls = SinkUnavailable if transient(exc) else SinkError
+            raise cls(f"iceberg '{self.name}': {action}: {reason(exc)}") from exc
 
     def _identifier(self, dataset: str) -> tuple[str, str]:
         return (self.namespace, dataset)
@@ -374,39 +373,10 @@ class IcebergLake:
     # -- writes ---------------------------------------------------------------------------
 
     def _typed(self, frame: pd.DataFrame, kind: str, what: str) -> pa.Table:
-        try:
-            table = tables.table_from_frame(frame, kind)
-        except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
-            raise SinkError(
-                f"iceberg '{self.name}': {what}: the frame does not match the {kind} schema: "
-                f"{_reason(exc)}"
-            ) from exc
-        for item in tables.SCHEMAS[kind]:
-            if not item.nullable and table.column(item.name).null_count:
-                raise SinkError(f"iceberg '{self.name}': {what}: column {item.name} has nulls")
-        return table
-
-    def _check_scope(self, scope: ChunkScope, table: pa.Table) -> None:
-        if table.num_rows == 0:
-            return
-        ts = table.column("ts").cast(pa.int64())
-        inside = pc.and_(
-            pc.greater_equal(ts, scope.window.start_ms), pc.less(ts, scope.window.end_ms)
-        )
-        if scope.kind == tables.KIND_TAG_HISTORY:
-            members = pa.array(sorted(set(scope.members)), type=pa.string())
-            inside = pc.and_(inside, pc.is_in(table.column("tag"), members))
-        outside = table.num_rows - int(pc.sum(pc.cast(inside, pa.int64())).as_py())
-        if outside:
-            tags = "tags or " if scope.kind == tables.KIND_TAG_HISTORY else ""
-            raise SinkError(
-                f"iceberg '{self.name}': chunk {scope.chunk_id} of dataset '{scope.dataset}' "
-                f"has {outside} row(s) outside its scope ({tags}window {scope.window}); "
-                "filter them before writing"
-            )
+        return plain(typed_table(frame, kind, "iceberg '{self.name}': {what}"))
 
     def _facts(self, scope: ChunkScope) -> str:
-        attrs = {k: _json_value(v) for k, v in sorted(scope.attrs.items())}
+        attrs = {k: json_value(v) for k, v in sorted(scope.attrs.items())}
         return orjson.dumps(
             {"kind": scope.kind, "attrs": attrs}, option=orjson.OPT_SORT_KEYS
         ).decode()
@@ -458,20 +428,7 @@ class IcebergLake:
         what = f"write chunk {scope.chunk_id}"
         if scope.kind not in HISTORY_KINDS:
             raise SinkError(f"iceberg '{self.name}': {what}: cannot write kind {scope.kind!r}")
-        table = self._typed(frame, scope.kind, what)
-        self._check_scope(scope, table)
-        if table.num_rows != rows_fetched:
-            raise CountMismatch(
-                f"iceberg '{self.name}': chunk {scope.chunk_id} holds {table.num_rows} rows, "
-                f"fetched {rows_fetched}: nothing committed"
-            )
-        keys = list(tables.KEYS[scope.kind])
-        table = table.sort_by([(key, "ascending") for key in keys])
-        if table.num_rows and _has_duplicate_keys(table, keys):
-            raise CountMismatch(
-                f"iceberg '{self.name}': chunk {scope.chunk_id}: rows share one key "
-                f"({', '.join(keys)}); fetched {rows_fetched}, nothing committed"
-            )
+        table = chunk_rows(frame, scope, rows_fetched, f"iceberg '{self.name}'")
         table = table.cast(iceberg_schema(scope.kind))
         with self._errors(what), self._dataset_lock(scope.dataset):
             target = self._ensure_table(scope)
@@ -485,15 +442,29 @@ class IcebergLake:
                 rows_committed=table.num_rows,
             )
             record["members"] = self._save_members(list(scope.members))
-            with warnings.catch_warnings():
-                # "Delete operation did not match any records": a first write, as expected.
-                warnings.simplefilter("ignore", UserWarning)
-                target.overwrite(
-                    table,
-                    overwrite_filter=scope_filter(scope),
-                    snapshot_properties={RECORD_KEY: orjson.dumps(record).decode()},
-                )
+            properties = {RECORD_KEY: orjson.dumps(record).decode()}
+            if self._overlaps(target, scope):
+                with warnings.catch_warnings():
+                    # "Delete operation did not match any records": the files of the window
+                    # held no row of these tags.
+                    warnings.simplefilter("ignore", UserWarning)
+                    target.overwrite(
+                        table, overwrite_filter=scope_filter(scope), snapshot_properties=properties
+                    )
+            else:
+                target.append(table, snapshot_properties=properties)
         return int(table.num_rows)
+
+    @staticmethod
+    def _overlaps(target: Any, scope: ChunkScope) -> bool:
+        """Whether any data file may hold rows of the chunk's window (by the manifests'
+        bounds). A chunk of a new window is then an append: the overwrite's filter over
+        hundreds of tag names costs more than writing the rows."""
+        if target.current_snapshot() is None:
+            return False
+        window = time_filter(scope.window.start, scope.window.end)
+        files = target.scan(row_filter=window, selected_fields=("ts",)).plan_files()
+        return next(iter(files), None) is not None
 
     def compact(self, dataset: str) -> None:
         """Rewrite each day holding several small files as one file: the same rows in one
