@@ -4,12 +4,13 @@
         [--sinks parquet,delta,iceberg]
 
 Each run of each sink is a fresh child process (its peak RSS is its own: VmHWM, imports
-and the generated frames included; `base` is the RSS once the frames are built, before
-the first write). The child builds the chunks (bench_sql's workload: 1,000 tags, one
-hour per chunk), then writes every chunk into a new, empty sink through `Sink.write`
+included; `base` is the RSS after imports, before the first chunk). The child builds
+each chunk just before its write, off the clock (bench_sql's workload: 1,000 tags, one
+hour per chunk), and writes every chunk into a new, empty sink through `Sink.write`
 (the whole path: frame -> Arrow, scope check, the replace, the record of the chunk),
 then writes one chunk again onto the full table (the replace a re-run does), then runs
-`compact()`. Sinks are alternated run by run so they see the same machine noise. Prints
+`compact()`; the peak is taken then, and the whole table is read back and counted
+after (a check, outside the figures). Sinks are alternated run by run so they see the same machine noise. Prints
 medians: load rows/s, replace rows/s, compact seconds, peak and base RSS.
 """
 
@@ -52,33 +53,41 @@ def make_sink(kind: str, root: Path) -> Any:
 
 
 def child(kind: str, rows: int, chunk_rows: int) -> dict[str, float]:
-    """In this fresh process: load every chunk, replace one, compact; times and RSS."""
+    """In this fresh process: load every chunk, replace one, compact; times and RSS.
+
+    Each chunk's frame is built just before its write, off the clock, and dropped after:
+    the peak is the sink's, with one chunk in hand (as in a run)."""
     from bench.bench_sql import chunk
 
-    chunks = [chunk(i, chunk_rows) for i in range(rows // chunk_rows)]
-    total = sum(len(frame) for _, frame in chunks)
+    count = rows // chunk_rows
     base = rss_mb("VmRSS")
     with tempfile.TemporaryDirectory(prefix="bench_tables_") as folder:
         sink = make_sink(kind, Path(folder))
         sink.open()
-        started = time.perf_counter()
-        for scope, frame in chunks:
+        spent = 0.0
+        for index in range(count):
+            scope, frame = chunk(index, chunk_rows)
+            started = time.perf_counter()
             sink.write(scope, frame, len(frame))
-        load = total / (time.perf_counter() - started)
-        scope, frame = chunks[len(chunks) // 2]
+            spent += time.perf_counter() - started
+            del frame
+        load = count * chunk_rows / spent
+        scope, frame = chunk(count // 2, chunk_rows)
         started = time.perf_counter()
         sink.write(scope, frame, len(frame))
         replace = len(frame) / (time.perf_counter() - started)
+        del frame
         started = time.perf_counter()
         sink.compact(scope.dataset)
         compact_s = time.perf_counter() - started
-        assert len(sink.read(scope.dataset, scope.kind)) == total
+        peak = rss_mb("VmHWM")
+        assert len(sink.read(scope.dataset, scope.kind)) == count * chunk_rows
         sink.close()
     return {
         "load": load,
         "replace": replace,
         "compact_s": compact_s,
-        "peak_mb": rss_mb("VmHWM"),
+        "peak_mb": peak,
         "base_mb": base,
     }
 

@@ -352,9 +352,17 @@ class DeltaLake:
         return None
 
     def _writer_properties(self) -> Any:
-        from deltalake import WriterProperties
+        """zstd, and dictionary pages for the name columns only (tag paths repeat;
+        timestamps and values do not, and trying costs time): half the write time of
+        delta-rs's defaults (BENCHMARKS.md)."""
+        from deltalake import ColumnProperties, WriterProperties
 
-        return WriterProperties(compression="ZSTD")
+        names = ("node", "tag", "path")
+        return WriterProperties(
+            compression="ZSTD",
+            default_column_properties=ColumnProperties(dictionary_enabled=False),
+            column_properties={name: ColumnProperties(dictionary_enabled=True) for name in names},
+        )
 
     def write(self, scope: ChunkScope, frame: pd.DataFrame, rows_fetched: int) -> int:
         """Replace the chunk's scope and record the chunk, in one Delta commit."""
