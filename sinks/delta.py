@@ -415,23 +415,25 @@ class DeltaLake:
                 existing, table, mode="overwrite", predicate=scope_predicate(scope), **common
             )
 
-    def compact(self, dataset: str) -> None:
+    def compact(self, dataset: str) -> int:
         """Merge small files (optimize.compact) and remove files no version within the
-        table's retention needs (vacuum)."""
+        table's retention needs (vacuum); returns the files merged away."""
         from deltalake import PostCommitHookProperties
 
         check_dataset(dataset)
         with self._errors(f"compact dataset '{dataset}'"), self._dataset_lock(dataset):
             table = self._table(dataset)
             if table is None:
-                return
+                return 0
             hooks = PostCommitHookProperties(cleanup_expired_logs=False)
-            table.optimize.compact(
+            metrics = table.optimize.compact(
                 writer_properties=self._writer_properties(),
                 target_size=self.target_file_size,
                 post_commithook_properties=hooks,
             )
             table.vacuum(dry_run=False, post_commithook_properties=hooks)
+            removed, added = metrics.get("numFilesRemoved", 0), metrics.get("numFilesAdded", 0)
+            return max(0, int(removed) - int(added))
 
     def write_metadata(self, frame: pd.DataFrame) -> int:
         """Upsert the tag dimension by (node, tag) in `<url>/tag_metadata`, one merge."""

@@ -466,14 +466,16 @@ class IcebergLake:
         files = target.scan(row_filter=window, selected_fields=("ts",)).plan_files()
         return next(iter(files), None) is not None
 
-    def compact(self, dataset: str) -> None:
+    def compact(self, dataset: str) -> int:
         """Rewrite each day holding several small files as one file: the same rows in one
-        overwrite of that day (which records no chunk, so progress is unchanged)."""
+        overwrite of that day (which records no chunk, so progress is unchanged); returns
+        the files merged away."""
         check_dataset(dataset)
         with self._errors(f"compact dataset '{dataset}'"), self._dataset_lock(dataset):
             table = self._table(dataset)
             if table is None or table.current_snapshot() is None:
-                return
+                return 0
+            merged = 0
             files = table.inspect.files().select(["partition", "record_count"]).to_pylist()
             days: dict[Any, list[int]] = {}
             for item in files:
@@ -491,6 +493,8 @@ class IcebergLake:
                 table.overwrite(
                     rows, overwrite_filter=where, snapshot_properties={"historian.compact": "1"}
                 )
+                merged += len(counts) - 1
+            return merged
 
     def write_metadata(self, frame: pd.DataFrame) -> int:
         """Upsert the tag dimension by (node, tag) in `<namespace>.tag_metadata`."""
