@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import os
 import threading
+import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -40,6 +41,8 @@ from typing import Any
 import orjson
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from connectors import schema as tables
 from connectors.timewindow import to_ms
@@ -443,17 +446,50 @@ class IcebergLake:
             )
             record["members"] = self._save_members(list(scope.members))
             properties = {RECORD_KEY: orjson.dumps(record).decode()}
-            if self._overlaps(target, scope):
-                with warnings.catch_warnings():
-                    # "Delete operation did not match any records": the files of the window
-                    # held no row of these tags.
-                    warnings.simplefilter("ignore", UserWarning)
-                    target.overwrite(
-                        table, overwrite_filter=scope_filter(scope), snapshot_properties=properties
-                    )
-            else:
-                target.append(table, snapshot_properties=properties)
+            self._commit(target, scope, table, properties)
         return int(table.num_rows)
+
+    def _commit(
+        self, target: Any, scope: ChunkScope, table: pa.Table, properties: dict[str, str]
+    ) -> None:
+        """One catalog commit: the delete of the scope (when a file may hold rows of its
+        window), the chunk's files, and the record in the snapshot summaries.
+
+        The data files are written first, by pyarrow with the lake's options (dictionary
+        pages for names only, delta-encoded ts), one per UTC day, then added by
+        `add_files`: half the time of pyiceberg's own writer. A kill before the commit
+        leaves unreferenced files in the table's data folder, never visible rows
+        (Iceberg's orphan-file clean-up removes them).
+        """
+        files = self._write_files(target, table)
+        overlaps = self._overlaps(target, scope)
+        with target.transaction() as transaction:
+            if overlaps:
+                with warnings.catch_warnings():
+                    # "Delete operation did not match any records": the files of the
+                    # window held no row of these tags.
+                    warnings.simplefilter("ignore", UserWarning)
+                    transaction.delete(scope_filter(scope), snapshot_properties=properties)
+            if files:
+                transaction.add_files(
+                    files, snapshot_properties=properties, check_duplicate_files=False
+                )
+            else:  # an empty chunk: a snapshot of no files still carries its record
+                transaction.append(table, snapshot_properties=properties)
+
+    def _write_files(self, target: Any, table: pa.Table) -> list[str]:
+        """The rows as Parquet files in the table's data folder, one per UTC day."""
+        if table.num_rows == 0:
+            return []
+        days = pc.cast(table.column("ts"), pa.date32())
+        paths = []
+        for day in pc.unique(days).to_pylist():
+            rows = table.filter(pc.equal(days, pa.scalar(day, pa.date32())))
+            path = f"{target.location()}/data/{PARTITION_FIELD}={day}/{uuid.uuid4().hex}.parquet"
+            with target.io.new_output(path).create(overwrite=True) as stream:
+                pq.write_table(rows, stream, **_parquet_options(rows.schema))
+            paths.append(path)
+        return paths
 
     @staticmethod
     def _overlaps(target: Any, scope: ChunkScope) -> bool:
@@ -531,6 +567,16 @@ class IcebergLake:
             table = pa.table([table.column(f.name).cast(f.type) for f in target], schema=target)
             table = table.sort_by([(key, "ascending") for key in tables.KEYS[kind]])
             return tables.frame_from_table(table)
+
+
+def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """zstd, dictionary pages for string columns only, delta-encoded ts (as the lake)."""
+    return {
+        "compression": "zstd",
+        "use_dictionary": [f.name for f in schema if pa.types.is_string(f.type)],
+        "column_encoding": {"ts": "DELTA_BINARY_PACKED"},
+        "write_statistics": True,
+    }
 
 
 def _kind_of(table: Any) -> str:
