@@ -242,6 +242,14 @@ class IcebergSinkConfig(_Strict):
             raise ValueError(f"{quoted(value)} is not a plain name (letters, digits, _)")
         return value
 
+    @model_validator(mode="after")
+    def _catalog_for_object_storage(self) -> IcebergSinkConfig:
+        if self.catalog is None and "://" in self.url and not self.url.startswith("file://"):
+            raise ValueError(
+                "catalog is required for a warehouse on object storage (an SQLAlchemy URL)"
+            )
+        return self
+
 
 SinkConfig = Annotated[
     ParquetSinkConfig | SqlSinkConfig | DeltaSinkConfig | IcebergSinkConfig,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from connectors import schema
-from pipelines.config import parse_config
+from pipelines.config import ConfigError, parse_config
 from pipelines.destinations import make_sink
 from sinks.base import CountMismatch, FlowLocked, SinkError
 from sinks.iceberg import IcebergLake
@@ -276,6 +276,16 @@ def test_type_iceberg_in_flows_yaml_makes_an_iceberg_sink(tmp_path: Path) -> Non
     assert made.catalog_url == f"sqlite:///{tmp_path / 'out' / 'ice' / 'catalog.db'}"
     with pytest.raises(SinkError, match="catalog is required for a warehouse on object storage"):
         IcebergLake("s3://bucket/wh")
+    on_s3: dict[str, Any] = {
+        "nodes": {"n": {"url": "http://127.0.0.1:1"}},
+        "sinks": {"i": {"type": "iceberg", "url": "s3://bucket/wh"}},
+        "flows": {"f": {"node": "n", "tags": {"paths": ["/a"]}, "start": "-1d", "sinks": ["i"]}},
+    }
+    with pytest.raises(ConfigError, match=r"^flows\.yaml: sinks\.i: catalog is required"):
+        parse_config(on_s3)
+    on_s3["sinks"]["i"]["type"] = "tables"
+    with pytest.raises(ConfigError, match="type must be parquet, sql, delta or iceberg"):
+        parse_config(on_s3)
 
 
 # -- a PostgreSQL catalog and an S3 warehouse -----------------------------------------------
