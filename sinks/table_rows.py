@@ -120,9 +120,20 @@ def sorted_unique(table: pa.Table, scope: ChunkScope, where: str) -> pa.Table:
     return table
 
 
+def encoded_names(table: pa.Table, kind: str) -> pa.Table:
+    """The key's string columns dictionary-encoded (the engine's chunks arrive so): names
+    are then checked, compared and sorted by their ranks, never string by string."""
+    for key in tables.KEYS[kind]:
+        i = table.schema.get_field_index(key)
+        if pa.types.is_string(table.schema.field(i).type):
+            table = table.set_column(i, key, pc.dictionary_encode(table.column(i)))
+    return table
+
+
 def chunk_rows(frame: pd.DataFrame, scope: ChunkScope, rows_fetched: int, where: str) -> pa.Table:
     """The chunk's rows checked, sorted and decoded, ready to be committed."""
     table = typed_table(frame, scope.kind, f"{where}: write chunk {scope.chunk_id}")
+    table = encoded_names(table, scope.kind)
     check_scope(table, scope, where)
     if table.num_rows != rows_fetched:
         raise CountMismatch(

@@ -89,6 +89,24 @@ def test_a_rewrite_replaces_only_its_scope_and_repeats_are_idempotent(sink: Delt
     assert rows_of(sink.read("hist", "tag_history")) == rows_of(expected)
 
 
+def test_the_tag_list_is_left_out_only_when_the_window_holds_no_other_tag(
+    sink: DeltaLake, tmp_path: Path
+) -> None:
+    def last_predicate() -> str:
+        commit = DeltaTable(str(tmp_path / "delta" / "hist")).history(1)[0]
+        return str(commit["operationParameters"]["predicate"])
+
+    frame = history_frame(TAGS, window(0, 2))
+    write(sink, TAGS, window(0, 2), "c1", frame=frame)
+    write(sink, TAGS, window(0, 2), "c1", frame=frame)  # only its own tags there
+    assert "tag" not in last_predicate()
+    newer = history_frame(TAGS[:1], window(0, 2), step_s=300)
+    write(sink, TAGS[:1], window(0, 2), "c2", frame=newer)  # beside other tags' rows
+    assert "tag = '/plant/a'" in last_predicate()
+    expected = concat([frame[frame["tag"] != TAGS[0]], newer])
+    assert rows_of(sink.read("hist", "tag_history")) == rows_of(expected)
+
+
 def test_hostile_tag_paths_survive_the_predicate(sink: DeltaLake) -> None:
     tags = [*HOSTILE_TAGS, "back\\'slash'", "x' OR '1'='1"]
     frame = history_frame(tags, window(0, 2), step_s=1800)
