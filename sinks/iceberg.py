@@ -31,7 +31,6 @@ import hashlib
 import os
 import threading
 import uuid
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -462,14 +461,10 @@ class IcebergLake:
         (Iceberg's orphan-file clean-up removes them).
         """
         files = self._write_files(target, table)
-        overlaps = self._overlaps(target, scope)
+        delete = self._delete_filter(target, scope)
         with target.transaction() as transaction:
-            if overlaps:
-                with warnings.catch_warnings():
-                    # "Delete operation did not match any records": the files of the
-                    # window held no row of these tags.
-                    warnings.simplefilter("ignore", UserWarning)
-                    transaction.delete(scope_filter(scope), snapshot_properties=properties)
+            if delete is not None:
+                transaction.delete(delete, snapshot_properties=properties)
             if files:
                 transaction.add_files(
                     files, snapshot_properties=properties, check_duplicate_files=False
@@ -492,15 +487,26 @@ class IcebergLake:
         return paths
 
     @staticmethod
-    def _overlaps(target: Any, scope: ChunkScope) -> bool:
-        """Whether any data file may hold rows of the chunk's window (by the manifests'
-        bounds). A chunk of a new window is then an append: the overwrite's filter over
-        hundreds of tag names costs more than writing the rows."""
+    def _delete_filter(target: Any, scope: ChunkScope) -> Any | None:
+        """What the chunk's commit deletes: nothing when the window holds no row yet (a
+        new window is an append), the window alone when it holds rows of the chunk's
+        tags only, else the window and the tags. Found by reading the window's `tag`
+        column (files outside it skipped by their bounds): pyiceberg binds and copies a
+        filter of 1,000 tag names at every step of a commit, which cost more than the
+        write (BENCHMARKS.md)."""
         if target.current_snapshot() is None:
-            return False
+            return None
         window = time_filter(scope.window.start, scope.window.end)
-        files = target.scan(row_filter=window, selected_fields=("ts",)).plan_files()
-        return next(iter(files), None) is not None
+        found = target.scan(
+            row_filter=window,
+            selected_fields=("tag",) if (scope.kind == tables.KIND_TAG_HISTORY) else ("ts",),
+        ).to_arrow()
+        if found.num_rows == 0:
+            return None
+        if scope.kind != tables.KIND_TAG_HISTORY:
+            return window
+        others = tables.names_of(found.column("tag")) - set(scope.members)
+        return scope_filter(scope) if others else window
 
     def compact(self, dataset: str) -> int:
         """Rewrite each day holding several small files as one file: the same rows in one
