@@ -125,7 +125,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for kind, runs in results.items():
         load = statistics.median(r["load"] for r in runs)
-        ratio = f"{lake / load:.2f}x slower" if lake else "-"
+        ratio = f"{lake / load:.2f}x" if lake else "-"
         print(
             f"| {kind} | {load:,.0f} | {ratio} | "
             f"{statistics.median(r['replace'] for r in runs):,.0f} | "
