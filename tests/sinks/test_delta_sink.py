@@ -12,7 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
+import polars as pl
 import pytest
+from deltalake import DeltaTable
 
 from connectors import schema
 from pipelines.config import parse_config
@@ -31,9 +34,6 @@ from tests.sinks.lake_frames import (
     window,
 )
 from tests.sinks.moto_s3 import moto_process
-
-pytest.importorskip("deltalake")
-from deltalake import DeltaTable
 
 TAGS = ("/plant/a", "/plant/b", "/plant/c d")
 REPO = str(Path(__file__).resolve().parents[2])
@@ -233,7 +233,6 @@ def test_probe_creates_nothing_and_the_flow_lock_is_exclusive(tmp_path: Path) ->
 
 
 def test_other_readers_see_the_table(sink: DeltaLake, tmp_path: Path) -> None:
-    pl = pytest.importorskip("polars")
     frame = history_frame(TAGS, window(0, 3))
     write(sink, TAGS, window(0, 3), "c1", frame=frame)
     got = pl.read_delta(str(tmp_path / "delta" / "hist"))
@@ -305,8 +304,6 @@ def test_type_delta_in_flows_yaml_makes_a_delta_sink(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
-    boto3 = pytest.importorskip("boto3")
-    pytest.importorskip("moto.server")
     server, endpoint = moto_process()
     try:
         client = boto3.client(

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
+import polars as pl
 import pytest
 
 from connectors import schema
@@ -31,8 +33,6 @@ from tests.sinks.lake_frames import (
     window,
 )
 from tests.sinks.moto_s3 import moto_process
-
-pytest.importorskip("pyiceberg")
 
 TAGS = ("/plant/a", "/plant/b", "/plant/c d")
 REPO = str(Path(__file__).resolve().parents[2])
@@ -213,7 +213,6 @@ def test_probe_creates_nothing_and_the_flow_lock_is_exclusive(tmp_path: Path) ->
 
 
 def test_other_readers_see_the_table(sink: IcebergLake, monkeypatch: pytest.MonkeyPatch) -> None:
-    pl = pytest.importorskip("polars")
     monkeypatch.setenv("POLARS_ICEBERG_PLANNER", "pyiceberg")
     frame = history_frame(TAGS, window(0, 3))
     write(sink, TAGS, window(0, 3), "c1", frame=frame)
@@ -310,8 +309,6 @@ def pg_catalog(pg_url: str) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
-    boto3 = pytest.importorskip("boto3")
-    pytest.importorskip("moto.server")
     server, endpoint = moto_process()
     try:
         client = boto3.client(
