@@ -23,10 +23,10 @@ so a reader of an older version keeps its files for that long.
 
 Writers: one at a time per dataset in a process, and on local disk across processes (a
 flock); the flow lock is the lake's (`sinks.locks`: a flock on local disk, a best-effort
-lease object on object storage). On S3, delta-rs commits with a plain PUT unless a
-locking provider is configured (`storage_options`, e.g. `AWS_S3_LOCKING_PROVIDER:
-dynamodb`): two *flows* writing one dataset on S3 at the same time may then lose a
-commit, so give each flow its own dataset there, or configure the provider.
+lease object on object storage). delta-rs 1.x commits to S3 with a conditional write
+(put-if-absent of the next log entry), so concurrent writers there lose no commit
+without a lock service: the store must support conditional writes (AWS S3 does since
+2024; moto does, in the tests).
 """
 
 from __future__ import annotations

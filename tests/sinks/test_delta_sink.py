@@ -317,7 +317,6 @@ def s3() -> Iterator[dict[str, str]]:
             "AWS_SECRET_ACCESS_KEY": "x",
             "AWS_REGION": "us-east-1",
             "AWS_ALLOW_HTTP": "true",
-            "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
         }
     finally:
         server.kill()
