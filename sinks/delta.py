@@ -8,7 +8,8 @@ Layout (under `url`, a local directory or an object-store URL such as s3://bucke
                                 and forgetting rules (`sinks.table_progress`)
 
 A chunk's write is `write_deltalake(mode="overwrite", predicate=...)`: a replace-where of
-the chunk's scope (its days, its window, and for tag history its tags) by the new rows,
+the chunk's scope (its days, its window, and for tag history its tags, unless the window
+holds no row of another tag: `_predicate`) by the new rows,
 with the chunk's record in the same commit's info (`historian.chunk`). Either the commit
 file lands - rows and record together - or it does not, so a killed run leaves the table
 at a committed version, and progress is read back from the log (`TableProgress`). Tag
