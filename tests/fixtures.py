@@ -30,12 +30,16 @@ def write_config(
     sink_defs: dict[str, Any] = {
         "lake": {"type": "parquet", "url": "lake"},
         "duck": {"type": "sql", "url": "duckdb:///warehouse.duckdb"},
+    }
+    # The table formats, defined only when named (tests read every defined sink).
+    tables = {
         "delta": {"type": "delta", "url": "delta"},
         "ice": {"type": "iceberg", "url": "iceberg"},
     }
+    sink_defs.update({name: tables[name] for name in sinks or [] if name in tables})
     if pg is not None:
         sink_defs["pg"] = {"type": "sql", "url": pg[0], "schema": pg[1]}
-    names = sinks or ["lake", "duck", *(["pg"] if pg is not None else [])]
+    names = sinks or list(sink_defs)
     for flow in flows.values():
         flow.setdefault("sinks", names)
     document = {"nodes": {"n": node}, "sinks": sink_defs, "flows": flows}
