@@ -246,7 +246,7 @@ class IcebergLake:
     def describe(self) -> str:
         return (
             f"iceberg warehouse '{self.name}' at {redacted_url(self.url)} "
-            f"(catalog {redacted_url(self.catalog_url)})"
+            f"(catalog {self.catalog_url if self.catalog_url.startswith('sqlite') else redacted_url(self.catalog_url)})"
         )
 
     def probe(self) -> str:
