@@ -355,8 +355,8 @@ class DeltaLake:
 
     def _writer_properties(self) -> Any:
         """zstd, and dictionary pages for the name columns only (tag paths repeat;
-        timestamps and values do not, and trying costs time): half the write time of
-        delta-rs's defaults (BENCHMARKS.md)."""
+        timestamps and values do not, and trying costs time); measured against delta-rs's
+        defaults in BENCHMARKS.md."""
         from deltalake import ColumnProperties, WriterProperties
 
         names = ("node", "tag", "path")
@@ -421,8 +421,8 @@ class DeltaLake:
         """The chunk's predicate, without its tag list when the window holds no row of
         another tag (read from the window's files: the tag column only, row groups
         outside the window skipped). delta-rs evaluates `tag IN (...)` as one comparison
-        per member per row of the files it rewrites: for 1,000 tags, 1 s per 200,000 rows
-        (BENCHMARKS.md), where reading the tags takes milliseconds."""
+        per member per row of the files it rewrites, far more than reading the window's tags
+        (BENCHMARKS.md)."""
         if scope.kind != tables.KIND_TAG_HISTORY:
             return scope_predicate(scope)
         import pyarrow.dataset as pads

@@ -456,7 +456,7 @@ class IcebergLake:
 
         The data files are written first, by pyarrow with the lake's options (dictionary
         pages for names only, delta-encoded ts), one per UTC day, then added by
-        `add_files`: half the time of pyiceberg's own writer. A kill before the commit
+        `add_files`: faster than pyiceberg's own writer (BENCHMARKS.md). A kill before the commit
         leaves unreferenced files in the table's data folder, never visible rows
         (Iceberg's orphan-file clean-up removes them).
         """

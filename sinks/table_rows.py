@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from connectors import schema as tables
 from sinks.base import ChunkScope, CountMismatch, SinkError
+from sinks.scope import check_scope
 
 
 def reason(exc: BaseException) -> str:
@@ -58,28 +59,6 @@ def plain(table: pa.Table) -> pa.Table:
         if pa.types.is_dictionary(item.type):
             table = table.set_column(i, item.name, table.column(i).cast(item.type.value_type))
     return table
-
-
-def check_scope(table: pa.Table, scope: ChunkScope, where: str) -> None:
-    """Rows outside the chunk's scope would escape its replace: refuse them."""
-    if table.num_rows == 0:
-        return
-    bounds = pc.min_max(table.column("ts").cast(pa.int64()))
-    low, high = int(bounds["min"].as_py()), int(bounds["max"].as_py())
-    problems = []
-    if low < scope.window.start_ms or high >= scope.window.end_ms:
-        problems.append(f"timestamps outside {scope.window}")
-    if scope.kind == tables.KIND_TAG_HISTORY:
-        outside = tables.names_of(table.column("tag")) - set(scope.members)
-        if outside:
-            example = min(outside)
-            shown = example if len(example) <= 80 else example[:77] + "..."
-            problems.append(f"{len(outside)} tag(s) not in the chunk, e.g. {shown!r}")
-    if problems:
-        raise SinkError(
-            f"{where}: chunk {scope.chunk_id} of dataset '{scope.dataset}' has rows outside "
-            f"its scope ({'; '.join(problems)}); filter them before writing"
-        )
 
 
 def _adjacent(table: pa.Table, keys: list[str]) -> tuple[pa.Array, pa.Array]:
@@ -134,7 +113,7 @@ def chunk_rows(frame: pd.DataFrame, scope: ChunkScope, rows_fetched: int, where:
     """The chunk's rows checked, sorted and decoded, ready to be committed."""
     table = typed_table(frame, scope.kind, f"{where}: write chunk {scope.chunk_id}")
     table = encoded_names(table, scope.kind)
-    check_scope(table, scope, where)
+    check_scope(scope, table, where)
     if table.num_rows != rows_fetched:
         raise CountMismatch(
             f"{where}: chunk {scope.chunk_id} holds {table.num_rows} rows, fetched "
