@@ -215,7 +215,44 @@ class SqlSinkConfig(_Strict):
         return value
 
 
-SinkConfig = Annotated[ParquetSinkConfig | SqlSinkConfig, Field(discriminator="type")]
+class DeltaSinkConfig(_Strict):
+    type: Literal["delta"]
+    url: str
+    # delta-rs object_store options (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... via ${VAR}).
+    storage_options: dict[str, str] = Field(default_factory=dict)
+    target_file_size: int | None = Field(default=None, ge=1_000_000)
+
+
+class IcebergSinkConfig(_Strict):
+    type: Literal["iceberg"]
+    url: str
+    # SQLAlchemy URL of the SQL catalog; default: an SQLite file beside a local warehouse.
+    catalog: str | None = None
+    namespace: str = "historian"
+    # pyiceberg FileIO properties (s3.endpoint, s3.access-key-id, ... via ${VAR}).
+    properties: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if not re.match(NAME_PATTERN, value):
+            raise ValueError(f"{quoted(value)} is not a plain name (letters, digits, _)")
+        return value
+
+    @model_validator(mode="after")
+    def _catalog_for_object_storage(self) -> IcebergSinkConfig:
+        if self.catalog is None and "://" in self.url and not self.url.startswith("file://"):
+            raise ValueError(
+                "catalog is required for a warehouse on object storage (an SQLAlchemy URL)"
+            )
+        return self
+
+
+SinkConfig = Annotated[
+    ParquetSinkConfig | SqlSinkConfig | DeltaSinkConfig | IcebergSinkConfig,
+    Field(discriminator="type"),
+]
+SINK_TYPES = ("parquet", "sql", "delta", "iceberg")
 
 
 class TagSelectionConfig(_Strict):
@@ -482,7 +519,7 @@ def _format_loc(loc: Sequence[object]) -> str:
     # pydantic names discriminated-union branches ("parquet", "sql"): not a key the user wrote.
     cleaned: list[str] = []
     for part in parts:
-        if len(cleaned) == 2 and cleaned[0] == "sinks" and part in ("parquet", "sql"):
+        if len(cleaned) == 2 and cleaned[0] == "sinks" and part in SINK_TYPES:
             continue
         cleaned.append(part)
     return ".".join(cleaned)
@@ -502,9 +539,9 @@ def _message(error: Mapping[str, Any]) -> str:
         if text.startswith(prefix):
             text = text[len(prefix) :]
     if kind == "union_tag_invalid":
-        return "type must be parquet or sql"
+        return f"type must be {', '.join(SINK_TYPES[:-1])} or {SINK_TYPES[-1]}"
     if kind == "union_tag_not_found":
-        return "type is required (parquet or sql)"
+        return f"type is required ({', '.join(SINK_TYPES[:-1])} or {SINK_TYPES[-1]})"
     return text
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from types import TracebackType
 
-from pipelines.config import Config, ParquetSinkConfig, SqlSinkConfig
+from pipelines.config import (
+    Config,
+    DeltaSinkConfig,
+    IcebergSinkConfig,
+    ParquetSinkConfig,
+    SinkConfig,
+)
 from sinks.base import Sink
 
 
@@ -26,8 +32,27 @@ def _sql_url(url: str, base: Path) -> str:
     return url
 
 
-def make_sink(name: str, config: ParquetSinkConfig | SqlSinkConfig, base: Path) -> Sink:
+def make_sink(name: str, config: SinkConfig, base: Path) -> Sink:
     """A sink object for one configured sink (not opened yet)."""
+    if isinstance(config, DeltaSinkConfig):
+        from sinks.delta import DeltaLake
+
+        return DeltaLake(
+            _local_path(config.url, base),
+            name=name,
+            storage_options=config.storage_options,
+            target_file_size=config.target_file_size,
+        )
+    if isinstance(config, IcebergSinkConfig):
+        from sinks.iceberg import IcebergLake
+
+        return IcebergLake(
+            _local_path(config.url, base),
+            name=name,
+            catalog=_sql_url(config.catalog, base) if config.catalog else None,
+            namespace=config.namespace,
+            properties=config.properties,
+        )
     if isinstance(config, ParquetSinkConfig):
         from sinks.parquet import ParquetLake
 
@@ -41,6 +66,7 @@ def make_sink(name: str, config: ParquetSinkConfig | SqlSinkConfig, base: Path) 
         )
     from sinks.sql import SqlWarehouse
 
+    assert not isinstance(config, ParquetSinkConfig | DeltaSinkConfig | IcebergSinkConfig)
     return SqlWarehouse(_sql_url(config.url, base), name=name, schema=config.schema_)
 
 

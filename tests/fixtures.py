@@ -31,6 +31,12 @@ def write_config(
         "lake": {"type": "parquet", "url": "lake"},
         "duck": {"type": "sql", "url": "duckdb:///warehouse.duckdb"},
     }
+    # The table formats, defined only when named (tests read every defined sink).
+    tables = {
+        "delta": {"type": "delta", "url": "delta"},
+        "ice": {"type": "iceberg", "url": "iceberg"},
+    }
+    sink_defs.update({name: tables[name] for name in sinks or [] if name in tables})
     if pg is not None:
         sink_defs["pg"] = {"type": "sql", "url": pg[0], "schema": pg[1]}
     names = sinks or list(sink_defs)

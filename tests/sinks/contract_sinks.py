@@ -136,3 +136,15 @@ def mariadb(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
     return _server_schema(
         request, url, "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = :s"
     )
+
+
+@register("delta")
+def delta(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
+    root = tmp_path / "delta"
+    return SinkUnderTest("sinks.delta:DeltaLake", {"url": str(root)}, root.exists)
+
+
+@register("iceberg")
+def iceberg(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
+    root = tmp_path / "iceberg"
+    return SinkUnderTest("sinks.iceberg:IcebergLake", {"url": str(root)}, root.exists)
