@@ -3,6 +3,7 @@ where the data went, and commands that read it back as printed."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -95,6 +96,11 @@ def _relative(path: str) -> str:
     return path
 
 
+def _literal(text: str) -> str:
+    """A Python string literal in double quotes (so the shell line needs no escapes)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
 def python_command(code: str) -> str:
     """`<this interpreter> -c '<code>'`, quoted for a POSIX shell: the interpreter that
     runs `historian` has pandas and duckdb, a bare `python` may not."""
@@ -121,7 +127,7 @@ def read_hints(config: Config, base: Path, summaries: Sequence[RunSummary]) -> l
                 root = _relative(_local_path(sink.url, base))
                 hints.append(
                     python_command(
-                        f"import pandas as pd; print(pd.read_parquet({f'{root}/{dataset}'!r}))"
+                        f"import pandas as pd; print(pd.read_parquet({_literal(root + '/' + dataset)}))"
                     )
                 )
             elif isinstance(sink, SqlSinkConfig) and sink.url.startswith("duckdb:///"):
@@ -129,9 +135,9 @@ def read_hints(config: Config, base: Path, summaries: Sequence[RunSummary]) -> l
                 table = f"{sink.schema_}.{dataset}" if sink.schema_ else dataset
                 hints.append(
                     python_command(
-                        f"import duckdb; duckdb.connect({path!r}, read_only=True).sql("
-                        f"'select {key}, count(*) from {table} group by {key} "
-                        "order by 2 desc limit 5').show()"
+                        f"import duckdb; duckdb.connect({_literal(path)}, read_only=True).sql("
+                        f'"select {key}, count(*) from {table} group by {key} '
+                        'order by 2 desc limit 5").show()'
                     )
                 )
     return hints

@@ -1,0 +1,143 @@
+"""Day-two operations through the `historian` command (issue 17): `run --all` runs every
+flow and says which failed, `state reset --tag` re-extracts that tag only, a warehouse
+held by another process is named as busy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+import pytest
+
+from connectors.simulator import SimConfig, SimulatedNode, run_server
+from tests.cli.test_cli import assert_clean_failure, historian, small_flow
+from tests.fixtures import load, write_config
+
+# A fixed past range: every command extracts the same rows, whatever the time.
+END = (datetime.now(UTC) - timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
+START = END - timedelta(hours=3)
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Any]:
+    with run_server(SimulatedNode(SimConfig(seed=11, tags=12)), http_port=0, https_port=0) as h:
+        yield h
+
+
+def group_flow() -> dict[str, Any]:
+    return small_flow(
+        tags={"group": "/Plant A/", "recurrent": True}, window="1h", start=START.isoformat()
+    )
+
+
+def lake_rows(tmp_path: Path, dataset: str) -> pd.DataFrame:
+    return pd.read_parquet(tmp_path / "lake" / dataset)
+
+
+def duck_count(tmp_path: Path, dataset: str) -> tuple[int, int]:
+    """Rows, and distinct (tag, ts, seq) keys, in the DuckDB warehouse."""
+    with duckdb.connect(str(tmp_path / "warehouse.duckdb"), read_only=True) as conn:
+        found = conn.sql(f"select count(*), count(distinct (tag, ts, seq)) from {dataset}")
+        rows, keys = found.fetchone() or (0, 0)
+    return int(rows), int(keys)
+
+
+def newest_chunks(tmp_path: Path, flow: str, sink: str, count: int) -> list[Any]:
+    from pipelines.destinations import SinkSet
+
+    config = load(tmp_path / "flows.yaml")
+    with SinkSet(config, tmp_path) as sinks:
+        return sinks.get(sink).chunk_log(flow, count)
+
+
+def statuses(table: str) -> dict[str, str]:
+    """flow -> status, from the summary table's rows."""
+    rows = [line.split("│") for line in table.splitlines() if line.startswith("│")]
+    return {cells[1].strip(): cells[-2].strip() for cells in rows}
+
+
+def test_run_all_runs_every_flow_and_names_the_one_that_failed(tmp_path: Path, node: Any) -> None:
+    flows = {
+        "broken": small_flow(tags={"paths": ["/No/Such tag"]}, start=START.isoformat()),
+        "good": group_flow(),
+    }
+    write_config(tmp_path, node={"url": node.http_url}, flows=flows, sinks=["lake"])
+    result = historian("run", "--all", "--direct", "--end", END.isoformat(), cwd=tmp_path)
+    line = assert_clean_failure(result, 1, "1 of 2 flows failed: broken")
+    assert "reasons above" in line
+    table = result.stdout
+    assert statuses(table) == {"broken": "failed", "good": "ok"}
+    assert "failed flow broken: node n: " in table
+    assert "'/No/Such tag' not found" in table
+    assert len(lake_rows(tmp_path, "good")) > 0, "the flow after the failed one ran"
+    assert not (tmp_path / "lake" / "broken").exists()
+
+
+def test_run_all_that_succeeds_exits_0_with_a_status_per_flow(tmp_path: Path, node: Any) -> None:
+    flows = {"a": group_flow(), "b": group_flow()}
+    write_config(tmp_path, node={"url": node.http_url}, flows=flows, sinks=["lake"])
+    result = historian("run", "--all", "--direct", "--end", END.isoformat(), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert statuses(result.stdout) == {"a": "ok", "b": "ok"}
+
+
+def test_state_reset_of_one_tag_re_extracts_that_tag_only(tmp_path: Path, node: Any) -> None:
+    write_config(tmp_path, node={"url": node.http_url}, flows={"f": group_flow()})
+    end = END.isoformat()
+    first = historian("run", "f", "--direct", "--end", end, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    before = lake_rows(tmp_path, "f")
+    tags = sorted(before["tag"].unique())
+    assert len(tags) > 2
+    tag = tags[1]
+    tag_rows = int((before["tag"] == tag).sum())
+
+    unknown = historian("state", "reset", "f", "--tag", "/Plant A/nope", "-y", cwd=tmp_path)
+    assert_clean_failure(unknown, 2, "--tag", "'/Plant A/nope' is not a tag of flow 'f'")
+
+    for command in (["run", "f"], ["backfill", "f", "--start", START.isoformat()]):
+        reset = historian("state", "reset", "f", "--tag", tag, "-y", cwd=tmp_path)
+        assert reset.returncode == 0, reset.stderr
+        again = historian(*command, "--direct", "--end", end, cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        for sink in ("lake", "duck"):
+            chunks = newest_chunks(tmp_path, "f", sink, 3)
+            assert [c.members for c in chunks] == [1, 1, 1], (command, sink)
+            assert sum(c.rows_fetched for c in chunks) == tag_rows, (command, sink)
+        after = lake_rows(tmp_path, "f")
+        key = ["tag", "ts", "seq"]
+        assert len(after) == len(before) == len(after.drop_duplicates(key))
+        assert duck_count(tmp_path, "f") == (len(before), len(before))
+
+
+def read_back_lines(stdout: str) -> list[str]:
+    lines = stdout.splitlines()
+    return [line.strip() for line in lines[lines.index("Read it back:") + 1 :]]
+
+
+@pytest.mark.parametrize("kind", ["tag_history", "alarm_history"])
+def test_read_it_back_lines_run_as_printed(tmp_path: Path, node: Any, kind: str) -> None:
+    flow = group_flow()
+    if kind == "alarm_history":
+        flow = small_flow(kind=kind, alarms={"path": "/"}, window="1h", start=START.isoformat())
+        del flow["tags"], flow["mode"], flow["batch"]
+    write_config(tmp_path, node={"url": node.http_url}, flows={"f": flow})
+    result = historian("run", "f", "--direct", "--end", END.isoformat(), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = read_back_lines(result.stdout)
+    assert len(lines) == 2
+    for line in lines:
+        assert line.startswith(sys.executable), "the interpreter that has pandas and duckdb"
+        shown = subprocess.run(line, shell=True, cwd=tmp_path, capture_output=True, text=True)
+        assert shown.returncode == 0, shown.stderr
+        if "duckdb" in line:  # grouped by the dataset's key column: tag, or path for alarms
+            assert ("path" if kind == "alarm_history" else "tag") in shown.stdout.split()[1:3]
+            assert "count_star()" in shown.stdout
+        else:
+            assert " rows x " in shown.stdout
