@@ -507,6 +507,7 @@ def report(
 ) -> None:
     """Coverage and value trend per tag (alarm counts by priority and status) as one HTML page."""
     with user_errors():
+        from pipelines.cli_busy import first_open_sink
         from pipelines.coverage import RangeError
         from pipelines.destinations import SinkSet
         from pipelines.planning import parse_duration
@@ -523,9 +524,20 @@ def report(
             raise UserError(f"--bucket: {exc}", EXIT_USAGE) from None
         target = out_path or Path(f"{flow}-report.html")
         with SinkSet(cfg, config.resolve().parent) as sinks:
+            # A DuckDB file a run holds cannot be read: the flow's next sink is.
+            source, busy = first_open_sink(sinks, cfg.flows[flow].sinks)
+            for line in busy:
+                err.print(f"{line}; reading sink {source} instead", highlight=False)
             try:
                 written = write_report(
-                    cfg, flow, target, sinks=sinks, start=since, end=until, bucket=size
+                    cfg,
+                    flow,
+                    target,
+                    sinks=sinks,
+                    start=since,
+                    end=until,
+                    bucket=size,
+                    sink_name=source,
                 )
             except RangeError as exc:
                 raise UserError(f"report {flow}: {exc}", EXIT_USAGE) from None

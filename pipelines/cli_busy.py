@@ -13,8 +13,13 @@ import contextlib
 import fcntl
 import glob
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import orjson
+
+if TYPE_CHECKING:
+    from pipelines.destinations import SinkSet
 
 _DUCKDB_LOCK = re.compile(
     r'Could not set lock on file "(?P<path>[^"]+)".*?\(PID (?P<pid>\d+)\)', re.IGNORECASE
@@ -62,3 +67,25 @@ def busy_line(exc: BaseException) -> str | None:
     if flows:
         return f"{what} busy: flow {flows[0]} is writing (pid {pid}); try again when it ends"
     return f"{what} busy: another process has it open (pid {pid}); try again when it ends"
+
+
+def first_open_sink(sinks: SinkSet, names: Sequence[str]) -> tuple[str, list[str]]:
+    """The first of `names` that opens, skipping DuckDB files another process holds (a
+    run writing): a reader falls back to another sink of the flow. Returns its name and
+    the busy lines of the sinks skipped; raises the first sink's error when none opens."""
+    from sinks.base import SinkError
+
+    skipped: list[str] = []
+    first: SinkError | None = None
+    for name in names:
+        try:
+            sinks.get(name)
+            return name, skipped
+        except SinkError as exc:
+            busy = busy_line(exc)
+            if busy is None:
+                raise
+            first = first or exc
+            skipped.append(f"sink {name}: {busy}")
+    assert first is not None
+    raise first

@@ -141,3 +141,64 @@ def test_read_it_back_lines_run_as_printed(tmp_path: Path, node: Any, kind: str)
             assert "count_star()" in shown.stdout
         else:
             assert " rows x " in shown.stdout
+
+
+# Holds the DuckDB warehouse and flow f's lock in it, as a run of f does while it writes.
+HOLDER = """
+import sys
+from sinks.sql import SqlWarehouse
+sink = SqlWarehouse("duckdb:///" + sys.argv[1], name="duck")
+sink.open()
+with sink.lock("f"):
+    print("holding", flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def held_warehouse(tmp_path: Path, node: Any) -> Iterator[subprocess.Popen[str]]:
+    """Flows f and g (lake and DuckDB), f extracted once, then the warehouse held by
+    another process as if f were running."""
+    flows = {"f": group_flow(), "g": group_flow()}
+    # The warehouse first: `report` reads a flow's first sink, so it has to fall back.
+    write_config(tmp_path, node={"url": node.http_url}, flows=flows, sinks=["duck", "lake"])
+    first = historian("run", "f", "--direct", "--end", END.isoformat(), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path / "warehouse.duckdb")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "holding"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
+def test_a_held_warehouse_is_named_busy_and_readers_still_work(
+    tmp_path: Path, held_warehouse: subprocess.Popen[str]
+) -> None:
+    busy = f"warehouse duck busy: flow f is writing (pid {held_warehouse.pid})"
+    state = historian("state", cwd=tmp_path)
+    assert state.returncode == 0, state.stderr
+    assert busy in state.stdout
+    lake_row = [line for line in state.stdout.splitlines() if "│ lake" in line and "│ f " in line]
+    assert len(lake_row) == 1
+    assert END.strftime("%Y-%m-%d %H:%M:%SZ") in lake_row[0], "the lake's progress is shown"
+
+    report = historian("report", "f", "--out", "f.html", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert f"sink duck: {busy}; try again when it ends; reading sink lake instead" in report.stderr
+    assert "Read from parquet lake" in (tmp_path / "f.html").read_text(encoding="utf-8")
+
+    other = historian("run", "g", "--direct", "--end", END.isoformat(), cwd=tmp_path)
+    assert_clean_failure(other, 1, f"flow g: {busy}; try again when it ends")
+    assert not (tmp_path / "lake" / "g").exists(), "nothing of g written"
+
+    reset = historian("state", "reset", "f", "-y", cwd=tmp_path)
+    assert_clean_failure(reset, 1, f"{busy}; try again when it ends")
+    assert len(lake_rows(tmp_path, "f")) > 0
