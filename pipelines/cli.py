@@ -8,6 +8,7 @@ be written, a flow already running) end with one line on stderr and a non-zero e
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -38,6 +39,7 @@ from pipelines.cli_base import (
     EXIT_USAGE,
     ConfigOption,
     UserError,
+    VerboseOption,
     app,
     current_flow,
     err,
@@ -57,6 +59,7 @@ from pipelines import cli_state  # noqa: F401  isort: skip
 __all__ = ["DEFAULT_CONFIG", "EXIT_FAILED", "EXIT_USAGE", "UserError", "app", "main"]
 
 T = TypeVar("T")
+TIMES = "ISO 8601, UTC unless an offset is given; or relative: -2d, now-90m"
 
 
 # -- run / backfill --------------------------------------------------------------------
@@ -227,14 +230,16 @@ def run(
     flow: Annotated[str | None, typer.Argument(help="Flow name in flows.yaml.")] = None,
     all_flows: Annotated[bool, typer.Option("--all", help="Run every flow.")] = False,
     start: Annotated[
-        str | None, typer.Option(help="Explicit start (ISO 8601 UTC, or -2d). Default: from state.")
+        str | None, typer.Option(help=f"Explicit start ({TIMES}). Default: from state.")
     ] = None,
-    end: Annotated[str | None, typer.Option(help="Explicit end (ISO 8601 UTC, or -1h).")] = None,
+    end: Annotated[
+        str | None, typer.Option(help=f"Explicit end ({TIMES}). Default: now - settle.")
+    ] = None,
     config: ConfigOption = Path(DEFAULT_CONFIG),
     direct: Annotated[
         bool, typer.Option("--direct", help="Run in this process without Prefect.")
     ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Run one flow (or --all) now: incremental from its state unless --start is given."""
     _boot_prefect(direct)
@@ -258,13 +263,11 @@ def run(
 @app.command()
 def backfill(
     flow: Annotated[str, typer.Argument(help="Flow name in flows.yaml.")],
-    start: Annotated[str, typer.Option(help="Start (ISO 8601 UTC, or -30d).")],
-    end: Annotated[
-        str | None, typer.Option(help="End (ISO 8601 UTC). Default: now - settle.")
-    ] = None,
+    start: Annotated[str, typer.Option(help=f"Start ({TIMES}).")],
+    end: Annotated[str | None, typer.Option(help=f"End ({TIMES}). Default: now - settle.")] = None,
     config: ConfigOption = Path(DEFAULT_CONFIG),
     direct: Annotated[bool, typer.Option("--direct", help="Run without Prefect.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Extract a range; chunks already in every sink are skipped, so a killed backfill resumes."""
     _boot_prefect(direct)
@@ -299,8 +302,8 @@ def check(
         problems: list[str] = []
 
         def fail(what: str, exc: Exception) -> None:
-            problems.append(f"{what}: {one_line(exc)}")
-            err.print(f"[red]fail[/] {what}: {one_line(exc)}", highlight=False)
+            problems.append(what)
+            err.print(f"[red]fail[/] {what}: {one_line(exc)}", highlight=False, soft_wrap=True)
 
         from pipelines.nodes import NodePool
 
@@ -309,8 +312,10 @@ def check(
             _check_flows(cfg, nodes, reachable, fail)
         _check_sinks(cfg, config.resolve().parent, fail)
         if problems:
+            # Each reason is on its `fail` line above; the error line only counts them.
+            failed = len(problems)
             raise UserError(
-                problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                f"{failed} check{'s' if failed > 1 else ''} failed: " + ", ".join(problems)
             )
 
 
@@ -423,6 +428,7 @@ def simulate(
         from connectors.simulator import SimConfig, serve_forever
         from connectors.simulator.config import MAX_PERIOD_MS
         from connectors.simulator.profiles import BEHAVIOURS, PROFILES, behaviours_of
+        from connectors.simulator.server import PortInUse
 
         if profile == "list":
             for name, behaviours in PROFILES.items():
@@ -459,10 +465,19 @@ def simulate(
             + (" (bearer token required)" if token else ""),
             highlight=False,
         )
+        # `kill` stops it as cleanly as Ctrl-C: the servers close and the CA file goes.
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             serve_forever(config, http_port=port, https_port=https_port or None, host=host)
+        except PortInUse as exc:
+            option = "--port" if exc.port == port else "--https-port"
+            raise UserError(f"{option}: {exc.strerror}; choose another port") from None
         except KeyboardInterrupt:
             err.print("simulator stopped")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 @app.command()

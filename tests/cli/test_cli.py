@@ -299,7 +299,8 @@ def test_check_resolves_each_flows_tags_shows_the_version_and_writes_nothing(
     assert "flows.stddev.method: method 'stddev' needs node version 1.21.10" in output
     assert "ok sink lake" in output
     assert "ok sink duck" in output
-    assert_clean_failure(result, 1, "flow gone", "(and 1 more)")
+    assert_clean_failure(result, 1, "2 checks failed: flow gone, flow stddev")
+    assert output.count("group '/No such group/' not found") == 1, "each failure once"
     assert sorted(p.name for p in tmp_path.rglob("*")) == before, "no folder, file or schema"
 
 

@@ -4,6 +4,9 @@ held by another process is named as busy."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,7 +19,7 @@ import pandas as pd
 import pytest
 
 from connectors.simulator import SimConfig, SimulatedNode, run_server
-from tests.cli.test_cli import assert_clean_failure, historian, small_flow
+from tests.cli.test_cli import HISTORIAN, assert_clean_failure, historian, small_flow
 from tests.fixtures import load, write_config
 
 # A fixed past range: every command extracts the same rows, whatever the time.
@@ -202,3 +205,76 @@ def test_a_held_warehouse_is_named_busy_and_readers_still_work(
     reset = historian("state", "reset", "f", "-y", cwd=tmp_path)
     assert_clean_failure(reset, 1, f"{busy}; try again when it ends")
     assert len(lake_rows(tmp_path, "f")) > 0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_help_shows_plain_flags_and_says_what_they_do(tmp_path: Path) -> None:
+    for command in ("run", "backfill"):
+        shown = historian(command, "--help", cwd=tmp_path, env={"COLUMNS": "200"})
+        assert shown.returncode == 0, shown.stderr
+        assert "<bool>" not in shown.stdout
+        verbose = [line for line in shown.stdout.splitlines() if "--verbose" in line]
+        assert len(verbose) == 1
+        assert "Log progress" in verbose[0]
+        text = " ".join(shown.stdout.split())
+        assert "or relative: -2d, now-90m" in text.split("--end <str>", 1)[1][:100]
+
+
+def test_backfill_summary_is_titled_backfill(tmp_path: Path, node: Any) -> None:
+    write_config(tmp_path, node={"url": node.http_url}, flows={"f": group_flow()}, sinks=["lake"])
+    start, end = START.isoformat(), (START + timedelta(hours=1)).isoformat()
+    result = historian("backfill", "f", "--direct", "--start", start, "--end", end, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].strip() == "historian backfill"
+
+
+def test_simulate_names_the_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        temp = tmp_path / "temp"
+        temp.mkdir()
+        env = {"TMPDIR": str(temp)}
+        result = historian("simulate", "--port", str(port), cwd=tmp_path, env=env)
+        assert_clean_failure(result, 1, f"--port: port {port} on 127.0.0.1 is already in use")
+        https = historian(
+            "simulate", "--port", str(free_port()), "--https-port", str(port), cwd=tmp_path, env=env
+        )
+        assert_clean_failure(https, 1, f"--https-port: port {port} on 127.0.0.1")
+    assert list(temp.iterdir()) == [], "no CA file left behind"
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_simulate_stops_cleanly_and_removes_its_ca_file(tmp_path: Path, stop: int) -> None:
+    command = ["simulate", "--port", str(free_port()), "--https-port", str(free_port())]
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    process = subprocess.Popen(
+        [HISTORIAN, *command, "--tags", "10"],
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(temp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("HTTPS CA certificate: "), line
+        ca = Path(line.split(": ", 1)[1].strip())
+        assert ca.is_file()
+        process.send_signal(stop)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+    assert process.returncode == 0, stderr
+    assert "simulator stopped" in stderr
+    assert ca.parent == temp
+    assert not ca.exists(), "the CA file goes with the simulator"
