@@ -53,9 +53,6 @@ from pipelines.cli_base import moment as _moment
 from pipelines.cli_base import setup_logging as _setup_logging
 from pipelines.cli_summary import FlowOutcome, print_outcomes
 
-# Commands in modules of their own register themselves on `app` when imported.
-from pipelines import cli_state  # noqa: F401  isort: skip
-
 __all__ = ["DEFAULT_CONFIG", "EXIT_FAILED", "EXIT_USAGE", "UserError", "app", "main"]
 
 T = TypeVar("T")
@@ -557,6 +554,11 @@ def report(
             except RangeError as exc:
                 raise UserError(f"report {flow}: {exc}", EXIT_USAGE) from None
         out.print(f"report: {written}", highlight=False)
+
+
+# Commands in modules of their own register themselves on `app` when imported (here, so
+# that `--help` lists them after the commands above).
+from pipelines import cli_flows, cli_init, cli_plan, cli_state  # noqa: E402, F401
 
 
 def main() -> None:

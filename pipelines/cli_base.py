@@ -65,6 +65,37 @@ current_flow: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        out.print(f"historian-extract {version('historian-extract')}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+    log_format_option: Annotated[
+        str,
+        typer.Option(
+            "--log-format",
+            help="text, or json: one JSON object per line (time, level, flow, chunk, "
+            "message) on stderr, for a scheduler that collects logs.",
+            envvar="HISTORIAN_LOG_FORMAT",
+        ),
+    ] = "text",
+) -> None:
+    if log_format_option not in LOG_FORMATS:
+        fail(f"--log-format: {quoted(log_format_option)} is not one of text, json", EXIT_USAGE)
+    log_format.set(log_format_option)
+
+
 class UserError(Exception):
     """A problem the user can fix; printed as one line."""
 
@@ -185,10 +216,8 @@ def log_chunk(outcome: ChunkOutcome, summary: RunSummary) -> None:
     chunk under --log-format json)."""
     if _chunks_log.isEnabledFor(logging.INFO):
         _chunks_log.info(
-            "chunk %s committed: %s, %d tags, %d rows fetched",
+            "committed %s: %d rows",
             outcome.label,
-            outcome.window,
-            outcome.members,
             outcome.rows_fetched,
             extra={"flow": summary.flow, "chunk": outcome.chunk_id},
         )

@@ -405,10 +405,11 @@ class FlowRun:
         )
         if self.request.start is not None and not self.request.backfill:
             pending = list(chunks)
+            skipped = 0
         else:
-            pending = self._narrowed(
-                combined_pending(chunks, progresses, always), progresses, always
-            )
+            wanted = combined_pending(chunks, progresses, always)
+            skipped = len(chunks) - len(wanted)
+            pending = self._narrowed(wanted, progresses, always)
         plan = Plan(
             self.name, self.dataset, self.kind, members, span, size, len(chunks), pending, watermark
         )
@@ -416,7 +417,7 @@ class FlowRun:
         self.summary.window = size
         self.summary.window_auto = flow.window == "auto"
         self.summary.chunks_planned = len(chunks)
-        self.summary.chunks_skipped = len(chunks) - len(pending)
+        self.summary.chunks_skipped = skipped
         self.plan_ = plan
         return plan
 
