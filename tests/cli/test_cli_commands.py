@@ -39,7 +39,9 @@ def test_version_and_shell_completion(tmp_path: Path) -> None:
     shown = historian("--version", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.strip() == f"historian-extract {version('historian-extract')}"
-    script = historian("--show-completion", "bash", cwd=tmp_path)
+    # Typer detects the shell from the process tree; its own switch names it instead.
+    named = {"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
+    script = historian("--show-completion", "bash", cwd=tmp_path, env=named)
     assert script.returncode == 0, script.stderr
     assert "_HISTORIAN_COMPLETE=complete_bash" in script.stdout
     # What bash asks the command when completing `historian st<TAB>`.
