@@ -44,6 +44,7 @@ from pipelines.cli_base import (
     current_flow,
     err,
     log_chunk,
+    log_format,
     out,
     user_errors,
 )
@@ -73,7 +74,8 @@ def _progress() -> Progress:
         TimeRemainingColumn(),
         console=err,
         transient=False,
-        disable=not err.is_terminal,
+        # JSON log lines share stderr: no bar between them.
+        disable=not err.is_terminal or log_format.get() == "json",
     )
 
 
