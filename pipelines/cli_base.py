@@ -94,6 +94,7 @@ def _options(
     if log_format_option not in LOG_FORMATS:
         fail(f"--log-format: {quoted(log_format_option)} is not one of text, json", EXIT_USAGE)
     log_format.set(log_format_option)
+    setup_logging(verbose=False)  # every command logs its warnings in the chosen format
 
 
 class UserError(Exception):
