@@ -1,4 +1,5 @@
-"""The `historian` command: run, backfill, state, check, simulate, serve, report.
+"""The `historian` command: run, backfill, check, simulate, serve, report here; state,
+flows, plan and init in the `cli_*` modules, which register themselves on the same app.
 
 User errors (bad config, unreachable node, refused credentials, TLS, a sink that cannot
 be written, a flow already running) end with one line on stderr and a non-zero exit:
@@ -13,7 +14,7 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import (
@@ -56,7 +57,6 @@ from pipelines.cli_summary import FlowOutcome, print_outcomes
 
 __all__ = ["DEFAULT_CONFIG", "EXIT_FAILED", "EXIT_USAGE", "UserError", "app", "main"]
 
-T = TypeVar("T")
 TIMES = "ISO 8601, UTC unless an offset is given; or relative: -2d, now-90m"
 
 
