@@ -77,7 +77,8 @@ def small_flow(**extra: Any) -> dict[str, Any]:
 def test_help_lists_every_command(tmp_path: Path) -> None:
     result = historian("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for command in ("run", "backfill", "state", "check", "simulate", "serve", "report"):
+    commands = ("run", "backfill", "state", "check", "simulate", "serve", "report", "flows")
+    for command in (*commands, "plan", "init"):
         assert command in result.stdout
 
 
