@@ -23,10 +23,8 @@ fetching a group of pending chunks and writing them to every sink, then a summar
   runs, deployments and machines (`prefect gcl create historian-node-demo --limit 4`).
   Without one, nothing is asked of the API per chunk.
 * Retries: a task re-runs its whole group, which is safe because writes replace their scope
-  and are idempotent. Only failures that may pass are retried (`TransientNodeError` that
-  reached the task un-retried, `SinkUnavailable`); never configuration, credentials, TLS,
-  malformed answers, and never `RetriesExhausted`: the client already retried that error
-  with backoff, and stacking both layers would multiply attempts (docs/architecture.md).
+  and are idempotent, when the engine says a chunk retry may help
+  (`pipelines.engine.chunk_retry_may_help`; docs/architecture.md, "Retries").
 * Task runners: threads by default; `HISTORIAN_TASK_RUNNER=dask` runs fetches on a Dask
   cluster (`pip install -e '.[dask]'`, docs/scaling.md). The sinks live in the flow's
   process, so there a chunk is a **fetch** task on the cluster and a **write** task in the
@@ -62,13 +60,21 @@ from prefect.futures import PrefectFuture  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
 from connectors.client import NodeClient  # noqa: E402
-from connectors.errors import NodeError, TransientNodeError, one_line  # noqa: E402
+from connectors.errors import NodeError, one_line  # noqa: E402
 from connectors.options import AlarmFilter, HistoryOptions  # noqa: E402
 from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY  # noqa: E402
 from connectors.settings import NodeSettings  # noqa: E402
 from pipelines.config import Config, ConfigError, load_config, parse_moment  # noqa: E402
 from pipelines.destinations import SinkSet  # noqa: E402
-from pipelines.engine import AlarmEngine, ChunkResult, FilterQuery, HistoryEngine  # noqa: E402
+from pipelines.engine import (  # noqa: E402
+    CHUNK_RETRIES,
+    CHUNK_RETRY_DELAY_S,
+    AlarmEngine,
+    ChunkResult,
+    FilterQuery,
+    HistoryEngine,
+    chunk_retry_may_help,
+)
 from pipelines.memory import release_memory  # noqa: E402
 from pipelines.nodes import NodePool  # noqa: E402
 from pipelines.planning import Chunk  # noqa: E402
@@ -80,7 +86,7 @@ from pipelines.runner import (  # noqa: E402
     RunRequest,
     RunSummary,
 )
-from sinks.base import SinkError, SinkUnavailable  # noqa: E402
+from sinks.base import SinkError  # noqa: E402
 
 log = logging.getLogger("historian.flows")
 
@@ -90,10 +96,8 @@ PlanCallback = Callable[[Plan], None]
 TASK_RUNNER_ENV = "HISTORIAN_TASK_RUNNER"
 DASK_ADDRESS_ENV = "HISTORIAN_DASK_ADDRESS"
 NODE_LIMIT_PREFIX = "historian-node-"
-RETRIES = 2
-RETRY_DELAY_S = 2
-# Errors a chunk retry may cure. RetriesExhausted is not one: the client retried it already.
-RETRIABLE: tuple[type[Exception], ...] = (TransientNodeError, SinkUnavailable)
+RETRIES = CHUNK_RETRIES
+RETRY_DELAY_S = CHUNK_RETRY_DELAY_S
 
 
 # -- what tasks get ------------------------------------------------------------------------
@@ -190,13 +194,11 @@ def _fetch_engine(job: FetchJob) -> HistoryEngine | AlarmEngine | FlowRun:
 
 
 def _retry_if_transient(task_: Any, task_run: Any, state: Any) -> bool:
-    """Retry a chunk only when its failure may pass (see the module docstring)."""
+    """Prefect's retry condition: the engine's decision, `chunk_retry_may_help`."""
     try:
         state.result()
-    except RETRIABLE:
-        return True
-    except BaseException:
-        return False
+    except BaseException as exc:
+        return chunk_retry_may_help(exc)
     return False
 
 
