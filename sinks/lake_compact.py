@@ -7,19 +7,28 @@ whatever the number and size of the files: at most `MERGE_MAX_FILES` inputs and
 row group at a time. A partition with more small files than one merge takes is merged in
 passes: the first pass's outputs are small files again, merged by the next.
 
-Where the merged file goes, and what replaces the inputs, is the lake's business
-(`ParquetLake.compact`): this module plans batches and yields the merged rows.
+`Compactor` drives it: each batch is merged into the path of its last file (one rename:
+a reader reading in name order sees every row, old or merged), the others are emptied,
+through the journal like any write, and the markers of the merged chunks are pointed at
+the merged file. The lake holds the dataset's lock and recovers it first
+(`ParquetLake.compact`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors import schema as tables
+from sinks.lake_dataset import DatasetFacts
+from sinks.lake_files import LakeFiles
+from sinks.lake_journal import Journal, Plan, empty_op, place_op
+from sinks.lake_layout import Owner, in_dataset
 from sinks.lake_store import Entry
 
 # A merge holds at most this many rows (about 45 bytes a row with its strings encoded,
@@ -31,8 +40,6 @@ MERGE_MAX_FILES = 4096
 READ_GROUP_FILES = 64
 # Rows decoded and written at a time, each one row group of the merged file.
 MERGE_GROUP_ROWS = 64 * 1024
-
-Owner = tuple[str, str]  # (flow, chunk_id)
 
 
 @dataclass(frozen=True)
@@ -135,3 +142,96 @@ def _sort_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
             )
         columns.append(column)
     return pa.table(columns, names=list(keys))
+
+
+def release_unused() -> None:
+    """Hand Arrow's freed memory back to the system now (its pool keeps it for reuse)."""
+    pa.default_memory_pool().release_unused()
+
+
+class Compactor:
+    """Merges the small files of a dataset's partitions, batch by batch, pass by pass."""
+
+    def __init__(
+        self, files: LakeFiles, journal: Journal, datasets: DatasetFacts, *, target_file_rows: int
+    ) -> None:
+        self.files = files
+        self.journal = journal
+        self.datasets = datasets
+        self.store = journal.store
+        self.target_file_rows = target_file_rows
+
+    def compact(self, dataset: str, kind: str, min_rows: int) -> int:
+        """Merge each partition's files under `min_rows` rows; how many were merged away."""
+        merged = 0
+        for label in self.partitions(dataset, kind):
+            while True:  # passes: a pass's outputs may be small files again
+                done = self.compact_partition(dataset, kind, label, min_rows)
+                merged += done
+                if not done:
+                    break
+        return merged
+
+    def partitions(self, dataset: str, kind: str) -> list[str]:
+        """Partition directories (relative to the dataset) holding data files, after
+        removing the emptied ones past the grace period (one listing for all: on local
+        disk an emptied file's age is that of the newest, `LakeStore.copy_over`)."""
+        top = self.store.path(dataset)
+        prefix = top.rstrip("/") + "/"
+        listing = []
+        for entry in self.store.find(top):
+            parts = entry.path[len(prefix) :].split("/")
+            if not any(p.startswith((".", "_")) for p in parts[:-1]):
+                listing.append(("/".join(parts[:-1]), entry))
+        kept = {entry.path for entry in self.files.swept([entry for _, entry in listing], kind)}
+        return sorted({label for label, entry in listing if entry.path in kept})
+
+    def compact_partition(self, dataset: str, kind: str, label: str, min_rows: int) -> int:
+        """One pass over a partition: merge its small files in bounded batches."""
+        small = []
+        for entry in self.files.data_files(self.store.path(dataset, label)):
+            info = self.files.info(entry, kind)
+            if 0 < info.rows < min_rows:
+                small.append(SmallFile(entry, info.rows, info.owners))
+        limit = min(self.target_file_rows, MERGE_MAX_ROWS)
+        merged = 0
+        for batch in merge_batches(small, max_rows=limit):
+            merged += self.merge(dataset, kind, batch)
+        return merged
+
+    def merge(self, dataset: str, kind: str, batch: list[SmallFile]) -> int:
+        """Merge a batch into the path of its last file (one rename: a reader reading in
+        name order sees every row, old or merged), then empty the others."""
+        digest = hashlib.blake2b(digest_size=8)
+        for item in batch:
+            digest.update(orjson.dumps([item.entry.name, item.entry.version]))
+        plan = Plan(ident=f"compact-{digest.hexdigest()}", dataset=dataset)
+        by_owner = owners_of(batch)
+        owners = sorted(by_owner)
+        last = batch[-1].entry
+        rel = self.store.relative(last.path)
+        try:
+            schema, rows, groups = merged_rows(
+                lambda path, strings: self.store.read_table(path, dictionary=strings),
+                [item.entry.path for item in batch],
+                kind,
+                min(MERGE_GROUP_ROWS, self.journal.format.group_rows),
+                release_unused,
+            )
+            metadata = self.datasets.file_metadata(dataset, kind, owners)
+            temp = self.journal.stage_parts(plan, schema, groups, rel, metadata)
+        except BaseException:
+            self.journal.discard(plan)
+            raise
+        plan.ops = [place_op(temp, rel, owners, last)]
+        plan.ops += [
+            empty_op(self.store.relative(item.entry.path), item.owners) for item in batch[:-1]
+        ]
+        for owner, paths in by_owner.items():
+            plan.update(
+                owner,
+                remove=[in_dataset(self.store.relative(p)) for p in paths],
+                add={in_dataset(rel): rows},
+            )
+        self.journal.commit(plan)
+        return len(batch)

@@ -26,6 +26,8 @@ PARTITIONS = ("date", "month", "year", "none")
 AUTO = "auto"
 DAY_MS = 86_400_000
 
+Owner = tuple[str, str]  # (flow, chunk_id): the chunk whose rows a data file holds
+
 _DATASET_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
 _FLOW_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,127}$")
 _CHUNK_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -141,3 +143,8 @@ def join(*parts: str) -> str:
     return "/".join(
         part.strip("/") if i else part.rstrip("/") for i, part in enumerate(parts) if part
     )
+
+
+def in_dataset(rel: str) -> str:
+    """A lake-relative path as a path inside its dataset (what markers list)."""
+    return rel.split("/", 1)[1] if "/" in rel else rel

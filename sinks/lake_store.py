@@ -74,6 +74,11 @@ class LakeStore:
     def path(self, *parts: str) -> str:
         return join(self.root, *parts)
 
+    def relative(self, path: str) -> str:
+        """A path under the root as relative to it (what intents and markers record)."""
+        root = self.root.rstrip("/") + "/"
+        return path[len(root) :] if path.startswith(root) else path
+
     def display(self, path: str) -> str:
         """A path as the user knows it: local path, or protocol URL without secrets."""
         if self.local:

@@ -10,7 +10,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-import sinks.parquet
+import sinks.lake_compact
 from sinks.lake_compact import SmallFile, merge_batches, owners_of
 from sinks.lake_store import Entry, LakeStore
 from sinks.parquet import ParquetLake
@@ -71,16 +71,16 @@ def test_compaction_of_many_small_files_holds_bounded_rows_and_a_linear_intent(
         frame = history_frame(TAGS, win, step_s=60)
         lake.write(scope(TAGS, win, f"m{m:03d}"), frame, len(frame))
     before = rows_of(lake.read("hist", "tag_history"))
-    monkeypatch.setattr(sinks.parquet, "MERGE_MAX_ROWS", 100)
+    monkeypatch.setattr(sinks.lake_compact, "MERGE_MAX_ROWS", 100)
     held: list[int] = []
-    merge = sinks.parquet.merged_rows
+    merge = sinks.lake_compact.merged_rows
 
     def counting(read: Any, paths: Sequence[str], *args: Any) -> Any:
         schema, rows, groups = merge(read, paths, *args)
         held.append(rows)
         return schema, rows, groups
 
-    monkeypatch.setattr(sinks.parquet, "merged_rows", counting)
+    monkeypatch.setattr(sinks.lake_compact, "merged_rows", counting)
     intents: list[dict[str, Any]] = []
     write_json = LakeStore.write_json
 
@@ -99,3 +99,27 @@ def test_compaction_of_many_small_files_holds_bounded_rows_and_a_linear_intent(
     assert rows_of(lake.read("hist", "tag_history")) == before
     counts = sorted(pq.read_metadata(p).num_rows for p in (tmp_lake / "hist").rglob("*.parquet"))
     assert counts == [0] * 116 + [63, 99, 99, 99], "merged, and the other inputs emptied"
+
+
+def test_the_compactor_merges_one_partition_into_its_last_file_and_repoints_markers(
+    tmp_lake: Path,
+) -> None:
+    lake = ParquetLake(str(tmp_lake), partition="date", target_file_rows=10_000)
+    for number, hours in enumerate(((0, 1), (1, 2), (2, 3), (24, 25))):
+        win = window(*hours)
+        frame = history_frame(TAGS, win)
+        lake.write(scope(TAGS, win, f"k{number}"), frame, len(frame))
+    compactor = lake.parts.compactor
+    assert compactor.partitions("hist", "tag_history") == ["date=2024-03-01", "date=2024-03-02"]
+    assert compactor.compact_partition("hist", "tag_history", "date=2024-03-01", 1000) == 3
+    assert compactor.compact_partition("hist", "tag_history", "date=2024-03-01", 1000) == 0
+    sizes = {p.name: pq.read_metadata(p).num_rows for p in (tmp_lake / "hist").rglob("*.parquet")}
+    assert sizes == {
+        "part-k0.parquet": 0,
+        "part-k1.parquet": 0,
+        "part-k2.parquet": 54,  # the last by name holds the batch
+        "part-k3.parquet": 18,  # another partition, left alone
+    }
+    for chunk in ("k0", "k1", "k2"):
+        marker = orjson.loads((tmp_lake / f"_historian/_flows/f/markers/{chunk}.json").read_bytes())
+        assert marker["files"] == [{"path": "date=2024-03-01/part-k2.parquet", "rows": 54}]
