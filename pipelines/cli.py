@@ -1,4 +1,5 @@
-"""The `historian` command: run, backfill, state, check, simulate, serve, report.
+"""The `historian` command: run, backfill, check, simulate, serve, report here; state,
+flows, plan and init in the `cli_*` modules, which register themselves on the same app.
 
 User errors (bad config, unreachable node, refused credentials, TLS, a sink that cannot
 be written, a flow already running) end with one line on stderr and a non-zero exit:
@@ -8,17 +9,14 @@ be written, a flow already running) end with one line on stderr and a non-zero e
 
 from __future__ import annotations
 
-import logging
-import os
+import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -28,111 +26,38 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
 
-from connectors.errors import NodeError, one_line, quoted
+from connectors.errors import NodeError, one_line
 
 if TYPE_CHECKING:  # config and runner pull in pandas and pyarrow: imported when needed
     from pipelines.config import Config
     from pipelines.nodes import NodePool
     from pipelines.runner import ChunkOutcome, Plan, RunRequest, RunSummary
-    from sinks.base import ChunkRecord, Sink
 
-app = typer.Typer(
-    name="historian",
-    help="Extract tag and alarm history from a data node into a Parquet lake or SQL warehouse.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+from pipelines.cli_base import (
+    DEFAULT_CONFIG,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    ConfigOption,
+    UserError,
+    VerboseOption,
+    app,
+    current_flow,
+    err,
+    log_chunk,
+    log_format,
+    out,
+    user_errors,
 )
-state_app = typer.Typer(help="Show or reset what each flow has extracted.", no_args_is_help=False)
-app.add_typer(state_app, name="state")
+from pipelines.cli_base import check_flow as _check_flow
+from pipelines.cli_base import load as _load
+from pipelines.cli_base import moment as _moment
+from pipelines.cli_base import setup_logging as _setup_logging
+from pipelines.cli_summary import FlowOutcome, print_outcomes
 
-out = Console(width=None if sys.stdout.isatty() else 140)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
+__all__ = ["DEFAULT_CONFIG", "EXIT_FAILED", "EXIT_USAGE", "UserError", "app", "main"]
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-# pipelines.config.DEFAULT_CONFIG, spelled here so that the command starts (and a Prefect
-# run starts its server) before pandas is imported; a test keeps the two equal.
-DEFAULT_CONFIG = "flows.yaml"
-
-ConfigOption = Annotated[
-    Path, typer.Option("--config", "-c", help="flows.yaml to use.", envvar="HISTORIAN_CONFIG")
-]
-T = TypeVar("T")
-
-
-class UserError(Exception):
-    """A problem the user can fix; printed as one line."""
-
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
-        self.code = code
-        super().__init__(message)
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn the project's typed errors into one line and an exit code."""
-    if os.environ.get("HISTORIAN_DEBUG") == "1":
-        yield
-        return
-    from pipelines.config import ConfigError
-    from sinks.base import SinkError
-
-    try:
-        yield
-    except ConfigError as exc:
-        _fail(str(exc), EXIT_USAGE)
-    except UserError as exc:
-        _fail(str(exc), exc.code)
-    except NodeError as exc:
-        _fail(f"node: {one_line(exc)}", EXIT_FAILED)
-    except SinkError as exc:
-        _fail(f"sink: {one_line(exc)}", EXIT_FAILED)
-    except KeyboardInterrupt:
-        _fail("interrupted; committed chunks are kept and the next run continues", 130)
-    except OSError as exc:
-        _fail(one_line(exc), EXIT_FAILED)
-
-
-def _setup_logging(verbose: bool) -> None:
-    from rich.logging import RichHandler
-
-    level = logging.INFO if verbose else logging.WARNING
-    handler = RichHandler(console=err, show_path=False, show_time=verbose, markup=False)
-    root = logging.getLogger("historian")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
-
-
-def _load(path: Path) -> Config:
-    from pipelines.config import load_config
-
-    return load_config(path)
-
-
-def _moment(value: str | None, option: str) -> datetime | None:
-    if value is None:
-        return None
-    from pipelines.config import parse_moment
-
-    try:
-        return parse_moment(value)
-    except ValueError as exc:
-        raise UserError(f"{option}: {exc}", EXIT_USAGE) from None
-
-
-def _check_flow(config: Config, name: str, source: Path) -> None:
-    if name not in config.flows:
-        known = ", ".join(config.flows)
-        raise UserError(f"{source.name}: no flow named {quoted(name)} (flows: {known})", EXIT_USAGE)
+TIMES = "ISO 8601, UTC unless an offset is given; or relative: -2d, now-90m"
 
 
 # -- run / backfill --------------------------------------------------------------------
@@ -149,7 +74,8 @@ def _progress() -> Progress:
         TimeRemainingColumn(),
         console=err,
         transient=False,
-        disable=not err.is_terminal,
+        # JSON log lines share stderr: no bar between them.
+        disable=not err.is_terminal or log_format.get() == "json",
     )
 
 
@@ -174,8 +100,7 @@ def _run_flows(
     if start is not None and end is not None and end <= start:
         raise UserError("--end must be after --start", EXIT_USAGE)
     request = RunRequest(start=start, end=end, backfill=backfill)
-    summaries: list[RunSummary] = []
-    failed: str | None = None
+    outcomes: list[FlowOutcome] = []
     with _progress() as progress:
         tasks: dict[str, TaskID] = {}
 
@@ -194,8 +119,11 @@ def _run_flows(
             progress.update(
                 task, advance=outcome.chunks, rows=summary.rows, rate=summary.rows / elapsed
             )
+            log_chunk(outcome, summary)
 
+        # Every flow runs, whatever an earlier one did: one summary says which failed.
         for name in names:
+            token = current_flow.set(name)
             try:
                 if direct:
                     summary = _run_direct(config, config_path, name, request, on_chunk, on_plan)
@@ -210,23 +138,31 @@ def _run_flows(
                         on_plan=on_plan,
                         config=config,
                     )
-                summaries.append(summary)
+                outcomes.append(FlowOutcome(name, summary))
             except RunFailed as exc:
-                summaries.append(exc.summary)
-                failed = _failure(config, name, exc.__cause__ or exc, exc.summary.chunks_done)
-                break
+                reason = _failure(config, name, exc.__cause__ or exc, exc.summary.chunks_done)
+                outcomes.append(FlowOutcome(name, exc.summary, reason))
             except ConfigError:
                 raise
             except Exception as exc:
                 from sinks.base import SinkError
 
-                if isinstance(exc, NodeError | SinkError | UserError):
-                    failed = _failure(config, name, exc, 0)
-                    break
-                raise
-    _print_summaries(config, config_path, [s for s in summaries if s.chunks_done or not failed])
+                if not isinstance(exc, NodeError | SinkError | UserError):
+                    raise
+                outcomes.append(FlowOutcome(name, None, _failure(config, name, exc, 0)))
+            finally:
+                current_flow.reset(token)
+    title = "historian backfill" if backfill else "historian run"
+    print_outcomes(config, config_path, outcomes, title=title)
+    failed = [o for o in outcomes if o.failure]
+    if len(failed) == 1 and len(outcomes) == 1:
+        raise UserError(failed[0].failure or "")
     if failed:
-        raise UserError(failed)
+        raise UserError(
+            f"{len(failed)} of {len(outcomes)} flows failed: "
+            + ", ".join(o.flow for o in failed)
+            + " (reasons above)"
+        )
 
 
 def _boot_prefect(direct: bool) -> None:
@@ -241,8 +177,12 @@ def _boot_prefect(direct: bool) -> None:
 
 def _failure(config: Config, name: str, exc: BaseException, chunks_done: int) -> str:
     """One line: which flow, which part (node or sink), what, and what was kept."""
+    from pipelines.cli_busy import busy_line
     from sinks.base import FlowLocked, SinkError
 
+    busy = busy_line(exc)
+    if busy is not None:
+        return f"flow {name}: {busy}"
     if isinstance(exc, FlowLocked):
         where = ""
     elif isinstance(exc, NodeError):
@@ -284,105 +224,21 @@ def _run_direct(
         )
 
 
-def _print_summaries(config: Config, config_path: Path, summaries: list[RunSummary]) -> None:
-
-    rows = summaries
-    if not rows:
-        return
-    table = Table(title="historian run", show_lines=False, title_justify="left")
-    columns = (
-        "flow",
-        "rows",
-        "chunks",
-        "window",
-        "skipped",
-        "seconds",
-        "rows/s",
-        "tags",
-        "watermark",
-    )
-    for column in columns:
-        left = column in ("flow", "window", "watermark")
-        table.add_column(column, justify="left" if left else "right")
-    for s in rows:
-        mark = s.watermark_after.strftime("%Y-%m-%d %H:%M:%SZ") if s.watermark_after else "-"
-        table.add_row(
-            s.flow,
-            f"{s.rows:,}",
-            f"{s.chunks_done}/{s.chunks_planned}",
-            s.window_label,
-            f"{s.chunks_skipped}",
-            f"{s.seconds:.1f}",
-            f"{s.rows_per_second:,.0f}",
-            f"{s.tags}",
-            mark,
-        )
-    out.print(table)
-    for s in rows:
-        for remark in s.remarks:
-            out.print(f"  [yellow]{s.flow}:[/] {remark}", highlight=False, soft_wrap=True)
-    base = config_path.resolve().parent
-    shown: set[tuple[str, str]] = set()
-    for s in rows:
-        flow = config.flows.get(s.flow)
-        if flow is None:
-            continue
-        for sink_name in flow.sinks:
-            where = s.sinks.get(sink_name)
-            if where and (sink_name, s.dataset) not in shown:
-                shown.add((sink_name, s.dataset))
-                out.print(f"  {s.flow} -> {sink_name}: {where}", highlight=False)
-    hints = _read_hints(config, base, rows)
-    if hints:
-        out.print("Read it back:")
-        for hint in hints:
-            out.print(f"  {hint}", highlight=False, soft_wrap=True)
-
-
-def _read_hints(config: Config, base: Path, summaries: Sequence[RunSummary]) -> list[str]:
-    from pipelines.config import ParquetSinkConfig, SqlSinkConfig
-    from pipelines.destinations import _local_path, _sql_url
-
-    hints: list[str] = []
-    for summary in summaries[:1]:
-        name = summary.flow
-        dataset = summary.dataset
-        flow = config.flows.get(name)
-        if flow is None:
-            continue
-        for sink_name in flow.sinks:
-            sink = config.sinks[sink_name]
-            if isinstance(sink, ParquetSinkConfig):
-                root = _local_path(sink.url, base)
-                with suppress(ValueError):
-                    root = str(Path(root).relative_to(Path.cwd()))
-                hints.append(
-                    f"python -c \"import pandas as pd; print(pd.read_parquet('{root}/{dataset}'))\""
-                )
-            elif isinstance(sink, SqlSinkConfig) and sink.url.startswith("duckdb:///"):
-                path = _sql_url(sink.url, base)[len("duckdb:///") :]
-                with suppress(ValueError):
-                    path = str(Path(path).relative_to(Path.cwd()))
-                hints.append(
-                    f"python -c \"import duckdb; duckdb.connect('{path}', read_only=True)"
-                    f".sql('select tag, count(*) from {dataset} group by tag limit 5').show()\""
-                )
-    return hints
-
-
 @app.command()
 def run(
     flow: Annotated[str | None, typer.Argument(help="Flow name in flows.yaml.")] = None,
     all_flows: Annotated[bool, typer.Option("--all", help="Run every flow.")] = False,
     start: Annotated[
-        str | None, typer.Option(help="Explicit start (ISO 8601 UTC, or -2d). Default: from state.")
+        str | None, typer.Option(help=f"Explicit start ({TIMES}). Default: from state.")
     ] = None,
-    end: Annotated[str | None, typer.Option(help="Explicit end (ISO 8601 UTC, or -1h).")] = None,
+    end: Annotated[
+        str | None, typer.Option(help=f"Explicit end ({TIMES}). Default: now - settle.")
+    ] = None,
     config: ConfigOption = Path(DEFAULT_CONFIG),
     direct: Annotated[
         bool, typer.Option("--direct", help="Run in this process without Prefect.")
     ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Run one flow (or --all) now: incremental from its state unless --start is given."""
     _boot_prefect(direct)
@@ -406,13 +262,11 @@ def run(
 @app.command()
 def backfill(
     flow: Annotated[str, typer.Argument(help="Flow name in flows.yaml.")],
-    start: Annotated[str, typer.Option(help="Start (ISO 8601 UTC, or -30d).")],
-    end: Annotated[
-        str | None, typer.Option(help="End (ISO 8601 UTC). Default: now - settle.")
-    ] = None,
+    start: Annotated[str, typer.Option(help=f"Start ({TIMES}).")],
+    end: Annotated[str | None, typer.Option(help=f"End ({TIMES}). Default: now - settle.")] = None,
     config: ConfigOption = Path(DEFAULT_CONFIG),
     direct: Annotated[bool, typer.Option("--direct", help="Run without Prefect.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Extract a range; chunks already in every sink are skipped, so a killed backfill resumes."""
     _boot_prefect(direct)
@@ -426,178 +280,6 @@ def backfill(
             backfill=True,
             direct=direct,
         )
-
-
-# -- state -----------------------------------------------------------------------------
-
-
-@state_app.callback(invoke_without_command=True)
-def state_show(
-    ctx: typer.Context,
-    flow: Annotated[str | None, typer.Option("--flow", "-f", help="Only this flow.")] = None,
-    config: ConfigOption = Path(DEFAULT_CONFIG),
-    chunks: Annotated[int, typer.Option(help="Recent chunks to list per flow.")] = 5,
-) -> None:
-    """Watermarks per flow and sink, the most recent chunks with rows fetched/committed,
-    windows the node left a tag out of, and progress marked complete past now - settle."""
-    if ctx.invoked_subcommand is not None:
-        return
-    with user_errors():
-        from datetime import UTC
-
-        from pipelines.destinations import SinkSet
-        from pipelines.state import flow_watermark, missing_windows, tag_members
-
-        cfg = _load(config)
-        if flow is not None:
-            _check_flow(cfg, flow, config)
-        names = [flow] if flow else list(cfg.flows)
-        now = datetime.now(UTC)
-        with SinkSet(cfg, config.resolve().parent) as sinks:
-            table = Table(title="historian state", title_justify="left")
-            for column in ("flow", "sink", "members", "watermark", "complete to (min..max)"):
-                table.add_column(column)
-            logs: list[tuple[str, str, list[ChunkRecord]]] = []
-            warnings: list[str] = []
-            for name in names:
-                fc = cfg.flows[name]
-                for sink_name in fc.sinks:
-                    sink = sinks.get(sink_name)
-                    progress = sink.progress(name)
-                    members = tag_members(progress)
-                    marks = [flow_watermark(progress, [m], fc.start) for m in members]
-                    overall = flow_watermark(progress, members, fc.start) if members else None
-                    ends = [m for m in marks if m is not None]
-                    span = (
-                        f"{min(ends):%Y-%m-%d %H:%M}Z .. {max(ends):%Y-%m-%d %H:%M}Z"
-                        if ends
-                        else "-"
-                    )
-                    table.add_row(
-                        name,
-                        sink_name,
-                        str(len(members)),
-                        f"{overall:%Y-%m-%d %H:%M:%S}Z" if overall else "-",
-                        span,
-                    )
-                    logs.append((name, sink_name, list(sink.chunk_log(name, chunks))))
-                    where = f"{name} -> {sink_name}"
-                    poisoned = _poisoned_from(sink, name, fc.settle, now)
-                    if poisoned is not None:
-                        warnings.append(
-                            f"[red]POISONED[/] {where}: marked complete past what the node "
-                            f"could have had (from {poisoned:%Y-%m-%d %H:%M:%S}Z); "
-                            f"repair: historian state repair {name}"
-                        )
-                    for tag, windows in missing_windows(progress).items():
-                        shown = ", ".join(str(w) for w in windows[:3])
-                        more = f" (+{len(windows) - 3} more)" if len(windows) > 3 else ""
-                        warnings.append(
-                            f"[yellow]MISSING[/] {where}: tag {tag!r} left out of the node's "
-                            f"answers in {shown}{more}"
-                        )
-            out.print(table)
-            for line in warnings:
-                out.print(line, highlight=False, soft_wrap=True)
-            mismatches = 0
-            for name, sink_name, records in logs:
-                if not records:
-                    continue
-                out.print(f"[bold]{name}[/] -> {sink_name}: last {len(records)} chunks")
-                for record in records:
-                    fetched = record.rows_fetched
-                    committed = record.rows_committed
-                    flag = "" if fetched == committed else "  [red]MISMATCH[/]"
-                    mismatches += fetched != committed
-                    out.print(
-                        f"  {record.window}  {record.members} members"
-                        f"  fetched {fetched:,}  committed {committed:,}{flag}",
-                        highlight=False,
-                    )
-            if mismatches:
-                raise UserError(f"{mismatches} chunks committed a different row count than fetched")
-
-
-# Chunk records read to find progress recorded past what was settled when it was written.
-_REPAIR_SCAN = 1_000_000
-
-
-def _poisoned_from(sink: Sink, flow: str, settle: timedelta, now: datetime) -> datetime | None:
-    """Where a flow's progress in `sink` claims more than the node could have had: chunks
-    whose window ended after they were written (minus settle), or progress past now -
-    settle. None when there is nothing of the kind."""
-    from pipelines.state import complete_past, repair_from
-
-    moments = [repair_from(sink.chunk_log(flow, _REPAIR_SCAN), settle)]
-    if complete_past(sink.progress(flow), now - settle) is not None:
-        moments.append(now - settle)
-    found = [moment for moment in moments if moment is not None]
-    return min(found) if found else None
-
-
-@state_app.command("repair")
-def state_repair(
-    flow: Annotated[str, typer.Argument(help="Flow whose poisoned progress to forget.")],
-    config: ConfigOption = Path(DEFAULT_CONFIG),
-) -> None:
-    """Forget progress marked complete past what the node could have had (a backfill to a
-    future end, before ends were cut at now - settle); the next run fetches it. Data stays."""
-    with user_errors():
-        from datetime import UTC
-
-        from pipelines.destinations import SinkSet
-
-        cfg = _load(config)
-        _check_flow(cfg, flow, config)
-        settle = cfg.flows[flow].settle
-        now = datetime.now(UTC)
-        repaired = 0
-        with SinkSet(cfg, config.resolve().parent) as sinks:
-            for sink_name in cfg.flows[flow].sinks:
-                sink = sinks.get(sink_name)
-                with sink.lock(flow):
-                    moment = _poisoned_from(sink, flow, settle, now)
-                    if moment is None:
-                        continue
-                    removed = sink.forget_after(flow, moment)
-                    repaired += 1
-                out.print(
-                    f"repaired {flow} in {sink_name}: progress after "
-                    f"{moment:%Y-%m-%d %H:%M:%S}Z forgotten ({removed} entries); the next run "
-                    "fetches it again",
-                    highlight=False,
-                )
-        if not repaired:
-            out.print(f"{flow}: nothing to repair", highlight=False)
-
-
-@state_app.command("reset")
-def state_reset(
-    flow: Annotated[str, typer.Argument(help="Flow whose progress to forget.")],
-    tag: Annotated[
-        str | None, typer.Option("--tag", help="Only this tag (or alarm selection).")
-    ] = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
-    config: ConfigOption = Path(DEFAULT_CONFIG),
-) -> None:
-    """Forget a flow's (or one tag's) progress: the next run re-extracts from `start`. Data stays."""
-    with user_errors():
-        from pipelines.destinations import SinkSet
-
-        cfg = _load(config)
-        _check_flow(cfg, flow, config)
-        what = f"tag {tag!r} of flow {flow!r}" if tag else f"flow {flow!r}"
-        if not yes and not typer.confirm(
-            f"Forget the progress of {what} in {', '.join(cfg.flows[flow].sinks)}?"
-        ):
-            raise UserError("nothing reset", EXIT_FAILED)
-        removed = 0
-        with SinkSet(cfg, config.resolve().parent) as sinks:
-            for sink_name in cfg.flows[flow].sinks:
-                sink = sinks.get(sink_name)
-                with sink.lock(flow):
-                    removed += sink.reset(flow, tag)
-        out.print(f"reset {what}: {removed} progress entries removed")
 
 
 # -- check -----------------------------------------------------------------------------
@@ -619,8 +301,8 @@ def check(
         problems: list[str] = []
 
         def fail(what: str, exc: Exception) -> None:
-            problems.append(f"{what}: {one_line(exc)}")
-            err.print(f"[red]fail[/] {what}: {one_line(exc)}", highlight=False)
+            problems.append(what)
+            err.print(f"[red]fail[/] {what}: {one_line(exc)}", highlight=False, soft_wrap=True)
 
         from pipelines.nodes import NodePool
 
@@ -629,8 +311,10 @@ def check(
             _check_flows(cfg, nodes, reachable, fail)
         _check_sinks(cfg, config.resolve().parent, fail)
         if problems:
+            # Each reason is on its `fail` line above; the error line only counts them.
+            failed = len(problems)
             raise UserError(
-                problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                f"{failed} check{'s' if failed > 1 else ''} failed: " + ", ".join(problems)
             )
 
 
@@ -743,6 +427,7 @@ def simulate(
         from connectors.simulator import SimConfig, serve_forever
         from connectors.simulator.config import MAX_PERIOD_MS
         from connectors.simulator.profiles import BEHAVIOURS, PROFILES, behaviours_of
+        from connectors.simulator.server import PortInUse
 
         if profile == "list":
             for name, behaviours in PROFILES.items():
@@ -779,10 +464,19 @@ def simulate(
             + (" (bearer token required)" if token else ""),
             highlight=False,
         )
+        # `kill` stops it as cleanly as Ctrl-C: the servers close and the CA file goes.
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             serve_forever(config, http_port=port, https_port=https_port or None, host=host)
+        except PortInUse as exc:
+            option = "--port" if exc.port == port else "--https-port"
+            raise UserError(f"{option}: {exc.strerror}; choose another port") from None
         except KeyboardInterrupt:
             err.print("simulator stopped")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 @app.command()
@@ -827,6 +521,7 @@ def report(
 ) -> None:
     """Coverage and value trend per tag (alarm counts by priority and status) as one HTML page."""
     with user_errors():
+        from pipelines.cli_busy import first_open_sink
         from pipelines.coverage import RangeError
         from pipelines.destinations import SinkSet
         from pipelines.planning import parse_duration
@@ -843,13 +538,29 @@ def report(
             raise UserError(f"--bucket: {exc}", EXIT_USAGE) from None
         target = out_path or Path(f"{flow}-report.html")
         with SinkSet(cfg, config.resolve().parent) as sinks:
+            # A DuckDB file a run holds cannot be read: the flow's next sink is.
+            source, busy = first_open_sink(sinks, cfg.flows[flow].sinks)
+            for line in busy:
+                err.print(f"{line}; reading sink {source} instead", highlight=False)
             try:
                 written = write_report(
-                    cfg, flow, target, sinks=sinks, start=since, end=until, bucket=size
+                    cfg,
+                    flow,
+                    target,
+                    sinks=sinks,
+                    start=since,
+                    end=until,
+                    bucket=size,
+                    sink_name=source,
                 )
             except RangeError as exc:
                 raise UserError(f"report {flow}: {exc}", EXIT_USAGE) from None
         out.print(f"report: {written}", highlight=False)
+
+
+# Commands in modules of their own register themselves on `app` when imported (here, so
+# that `--help` lists them after the commands above).
+from pipelines import cli_flows, cli_init, cli_plan, cli_state  # noqa: E402, F401
 
 
 def main() -> None:

@@ -589,7 +589,9 @@ def load_config(path: str | Path = DEFAULT_CONFIG, env: Mapping[str, str] | None
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"{source}: no such file") from None
+        raise ConfigError(
+            f"{source}: no such file (`historian init` writes a starter one)"
+        ) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start:,})") from None
     except OSError as exc:

@@ -126,11 +126,23 @@ class HistoryEngine:
             filter_query=filter_query,
             cap=CapGuess(known=raw_cap),
         )
+        # Chunks cut down to some tags of a group (`Chunk.by_paths`) are asked by path.
+        self.path_fetcher = (
+            HistoryFetcher(
+                client,
+                node,
+                options,
+                cap=CapGuess(known=raw_cap),
+            )
+            if filter_query is not None
+            else self.fetcher
+        )
 
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
         """All rows of the chunk's tags in its window, exactly once each."""
         began = time.perf_counter()
-        fetched = self.fetcher.fetch(chunk.members, chunk.window, chunk.label)
+        fetcher = self.path_fetcher if chunk.by_paths else self.fetcher
+        fetched = fetcher.fetch(chunk.members, chunk.window, chunk.label)
         done = chunk
         if fetched.missing:
             done = self._without(chunk, fetched.missing)

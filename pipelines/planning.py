@@ -13,7 +13,7 @@ import hashlib
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from urllib.parse import quote
 
@@ -268,6 +268,9 @@ class Chunk:
     window: Window
     chunk_id: str
     label: str
+    # Fetched by path (historyMany) even in a flow that reads its group through
+    # historyFilter: the chunk holds only the tags of the group that a sink lacks.
+    by_paths: bool = False
 
 
 def _label_time(moment: datetime) -> str:
@@ -325,3 +328,30 @@ def plan_chunks(
                 )
             )
     return chunks
+
+
+def narrow_chunk(
+    chunk: Chunk,
+    lacking: Sequence[str],
+    *,
+    max_batch: int,
+    options_key: str,
+    by_paths: bool,
+) -> list[Chunk]:
+    """The chunk cut down to the members a sink lacks over its window (after `state reset
+    --tag`, only that tag is fetched again), in batches; the chunk itself when it lacks
+    them all. `by_paths`: the flow reads a group through historyFilter, which cannot ask
+    for some of its tags, so the cut chunks are asked by path."""
+    if len(lacking) >= len(chunk.members):
+        return [chunk]
+    noun = "alarm path" if chunk.kind == "alarm_history" else "tag"
+    return [
+        replace(
+            chunk,
+            members=tuple(batch),
+            chunk_id=chunk_id(chunk.flow, chunk.dataset, batch, chunk.window, options_key),
+            label=chunk_label(batch, chunk.window, noun=noun),
+            by_paths=by_paths,
+        )
+        for batch in batch_members(lacking, max_batch=max_batch)
+    ]

@@ -199,10 +199,12 @@ def flow_coverage(
     start: datetime | None = None,
     end: datetime | None = None,
     bucket: str | timedelta | None = None,
+    sink_name: str | None = None,
 ) -> tuple[TagCoverage | AlarmCoverage, str]:
-    """Coverage of a flow's dataset as held by the flow's first sink, and where that is."""
+    """Coverage of a flow's dataset as held by `sink_name` (default: the flow's first
+    sink), and where that is."""
     flow = config.flows[flow_name]
-    sink = sinks.get(flow.sinks[0])
+    sink = sinks.get(sink_name or flow.sinks[0])
     dataset = flow_dataset(flow_name, flow)
     measure = tag_coverage if flow_kind(flow) == KIND_TAG_HISTORY else alarm_coverage
     cov = measure(sink, flow_name, dataset, start=start, end=end, bucket=_as_bucket(bucket))
@@ -218,9 +220,12 @@ def write_report(
     start: datetime | None = None,
     end: datetime | None = None,
     bucket: str | timedelta | None = None,
+    sink_name: str | None = None,
 ) -> Path:
     """Write the flow's coverage page to `out` (one self-contained HTML file); return it."""
-    cov, where = flow_coverage(config, flow_name, sinks=sinks, start=start, end=end, bucket=bucket)
+    cov, where = flow_coverage(
+        config, flow_name, sinks=sinks, start=start, end=end, bucket=bucket, sink_name=sink_name
+    )
     title = f"Coverage of {flow_name}"
     if isinstance(cov, TagCoverage):
         page = render_tag_page(cov, title=title, where=f"Read from {where}")

@@ -54,12 +54,13 @@ from pipelines.planning import (
     align_down,
     batch_members,
     density_per_hour,
+    narrow_chunk,
     plan_chunks,
     short_duration,
     window_for_density,
 )
 from pipelines.selection import resolve_tags
-from pipelines.state import flow_watermark, incremental_span, pending_chunks
+from pipelines.state import flow_watermark, incremental_span, lacking_members, pending_chunks
 from sinks.base import ChunkScope, Progress, Sink, SinkError
 
 log = logging.getLogger("historian.runner")
@@ -404,8 +405,11 @@ class FlowRun:
         )
         if self.request.start is not None and not self.request.backfill:
             pending = list(chunks)
+            skipped = 0
         else:
-            pending = combined_pending(chunks, progresses, always)
+            wanted = combined_pending(chunks, progresses, always)
+            skipped = len(chunks) - len(wanted)
+            pending = self._narrowed(wanted, progresses, always)
         plan = Plan(
             self.name, self.dataset, self.kind, members, span, size, len(chunks), pending, watermark
         )
@@ -413,9 +417,33 @@ class FlowRun:
         self.summary.window = size
         self.summary.window_auto = flow.window == "auto"
         self.summary.chunks_planned = len(chunks)
-        self.summary.chunks_skipped = len(chunks) - len(pending)
+        self.summary.chunks_skipped = skipped
         self.plan_ = plan
         return plan
+
+    def _narrowed(
+        self, pending: list[Chunk], progresses: Sequence[Progress], always: Window | None
+    ) -> list[Chunk]:
+        """Pending chunks cut down to the tags a sink lacks (one tag reset: only it is
+        fetched again); chunks in the look-back span are re-read whole."""
+        if self.kind != KIND_TAG_HISTORY:
+            return pending
+        lacking = lacking_members(pending, progresses)
+        narrowed: list[Chunk] = []
+        for chunk in pending:
+            if always is not None and chunk.window.overlaps(always):
+                narrowed.append(chunk)
+                continue
+            narrowed.extend(
+                narrow_chunk(
+                    chunk,
+                    lacking[chunk.chunk_id],
+                    max_batch=self.flow.batch,
+                    options_key=options_key(self.flow),
+                    by_paths=self._filter_mode(),
+                )
+            )
+        return narrowed
 
     def _in_flight(self) -> int:
         if self._max_in_flight is not None:

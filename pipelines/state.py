@@ -95,6 +95,29 @@ def pending_chunks(
     return [chunk for chunk in chunks if wanted(chunk)]
 
 
+def lacking_members(
+    chunks: Sequence[Chunk], progresses: Sequence[Progress]
+) -> dict[str, tuple[str, ...]]:
+    """Per chunk id, the chunk's members (in its order) that some sink has not completed
+    over the chunk's window."""
+    coverage: dict[tuple[int, str], _Coverage] = {}
+
+    def covered(index: int, member: str, window: Window) -> bool:
+        found = coverage.get((index, member))
+        if found is None:
+            found = coverage[index, member] = _Coverage(progresses[index].windows_of(member))
+        return found.covers(window)
+
+    return {
+        chunk.chunk_id: tuple(
+            member
+            for member in chunk.members
+            if not all(covered(i, member, chunk.window) for i in range(len(progresses)))
+        )
+        for chunk in chunks
+    }
+
+
 def incremental_span(
     *,
     history_start: datetime,

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hmac
+import os
 import socket
 import ssl
 import sys
@@ -214,10 +216,16 @@ class ServerHandle:
         self.ca_pem_path: str | None = None
         if https_port is not None:
             self._tls, self.ca_pem_path = _tls_context(host)
-        self._http = _Server((host, http_port), node)
-        self._https = (
-            _Server((host, https_port), node, self._tls) if https_port is not None else None
-        )
+        self._https: _Server | None = None
+        try:
+            self._http = _bind(host, http_port, node)
+            if https_port is not None:
+                self._https = _bind(host, https_port, node, self._tls)
+        except BaseException:
+            if self._https is None and hasattr(self, "_http"):
+                self._http.server_close()
+            self._remove_ca()
+            raise
         self._threads: list[threading.Thread] = []
         self._start()
 
@@ -253,6 +261,18 @@ class ServerHandle:
         for thread in self._threads:
             thread.join(timeout=5)
 
+    def close(self) -> None:
+        """Stop the servers and remove the CA file written for HTTPS clients."""
+        try:
+            self.stop()
+        finally:
+            self._remove_ca()
+
+    def _remove_ca(self) -> None:
+        if self.ca_pem_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.ca_pem_path)
+
     def restart(self, down_s: float = 0.0) -> None:
         """Kill the servers and start them again on the same ports (state is kept)."""
         http_port = self._http.server_address[1]
@@ -262,6 +282,23 @@ class ServerHandle:
         self._http = _Server((self.host, http_port), self.node)
         self._https = _Server((self.host, https_port), self.node, self._tls) if https_port else None
         self._start()
+
+
+class PortInUse(OSError):
+    """The simulator's port is taken by another process."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.port = port
+        super().__init__(errno.EADDRINUSE, f"port {port} on {host} is already in use")
+
+
+def _bind(host: str, port: int, node: SimulatedNode, tls: ssl.SSLContext | None = None) -> _Server:
+    try:
+        return _Server((host, port), node, tls)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(host, port) from None
+        raise
 
 
 def _tls_context(host: str) -> tuple[ssl.SSLContext, str]:
@@ -288,7 +325,7 @@ def run_server(
     try:
         yield handle
     finally:
-        handle.stop()
+        handle.close()
 
 
 def serve_forever(

@@ -77,7 +77,8 @@ def small_flow(**extra: Any) -> dict[str, Any]:
 def test_help_lists_every_command(tmp_path: Path) -> None:
     result = historian("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for command in ("run", "backfill", "state", "check", "simulate", "serve", "report"):
+    commands = ("run", "backfill", "state", "check", "simulate", "serve", "report", "flows")
+    for command in (*commands, "plan", "init"):
         assert command in result.stdout
 
 
@@ -299,7 +300,8 @@ def test_check_resolves_each_flows_tags_shows_the_version_and_writes_nothing(
     assert "flows.stddev.method: method 'stddev' needs node version 1.21.10" in output
     assert "ok sink lake" in output
     assert "ok sink duck" in output
-    assert_clean_failure(result, 1, "flow gone", "(and 1 more)")
+    assert_clean_failure(result, 1, "2 checks failed: flow gone, flow stddev")
+    assert output.count("group '/No such group/' not found") == 1, "each failure once"
     assert sorted(p.name for p in tmp_path.rglob("*")) == before, "no folder, file or schema"
 
 

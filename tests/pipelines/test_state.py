@@ -9,11 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from connectors.timewindow import Window
-from pipelines.planning import batch_members, plan_chunks
+from pipelines.planning import batch_members, narrow_chunk, plan_chunks
 from pipelines.state import (
     flow_watermark,
     incremental_span,
     is_covered,
+    lacking_members,
     member_watermarks,
     pending_chunks,
     watermark,
@@ -244,3 +245,26 @@ def test_incremental_span_never_starts_before_history_or_after_the_watermark(
     if mark is not None:
         assert span.start <= max(m(start), m(mark))
     assert span.end == m(now - settle)
+
+
+def test_lacking_members_are_those_some_sink_has_not_completed() -> None:
+    chunks = plan_chunks(
+        "f", "d", "tag_history", [("/a", "/b", "/c")], w(0, 2), timedelta(hours=1), "k"
+    )
+    lake = Progress("f", {"/a": [w(0, 2)], "/b": [w(0, 2)], "/c": [w(0, 2)]})
+    warehouse = Progress("f", {"/a": [w(0, 2)], "/c": [w(0, 1)]})  # /b reset, /c behind
+    lacking = lacking_members(chunks, [lake, warehouse])
+    assert lacking == {chunks[0].chunk_id: ("/b",), chunks[1].chunk_id: ("/b", "/c")}
+
+
+def test_a_narrowed_chunk_holds_only_the_lacking_tags_in_batches() -> None:
+    (chunk,) = plan_chunks(
+        "f", "d", "tag_history", [("/a", "/b", "/c", "/d")], w(0, 1), timedelta(hours=1), "k"
+    )
+    assert narrow_chunk(chunk, chunk.members, max_batch=2, options_key="k", by_paths=True) == [
+        chunk
+    ], "a chunk lacking every tag stays whole"
+    narrowed = narrow_chunk(chunk, ("/b", "/c", "/d"), max_batch=2, options_key="k", by_paths=True)
+    assert [c.members for c in narrowed] == [("/b", "/c"), ("/d",)]
+    assert all(c.by_paths and c.window == chunk.window for c in narrowed)
+    assert len({c.chunk_id for c in narrowed} | {chunk.chunk_id}) == 3, "ids of their own"

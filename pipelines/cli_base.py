@@ -1,0 +1,224 @@
+"""What every `historian` command shares: the typer apps, the consoles, one-line errors,
+logging (rich or JSON lines) and reading flows.yaml.
+
+Kept apart from `pipelines.cli` so that each group of commands can live in a small module
+of its own (`cli_state`, `cli_plan`, ...) that registers itself on `app`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn
+
+import orjson
+import typer
+from rich.console import Console
+
+from connectors.errors import NodeError, one_line, quoted
+
+if TYPE_CHECKING:  # config pulls in pandas and pyarrow: imported when needed
+    from pipelines.config import Config
+    from pipelines.runner import ChunkOutcome, RunSummary
+
+app = typer.Typer(
+    name="historian",
+    help="Extract tag and alarm history from a data node into a Parquet lake or SQL warehouse.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    # click's plain help: flags read `--direct`, not `--direct <bool>`.
+    rich_markup_mode=None,
+)
+state_app = typer.Typer(
+    help="Show or reset what each flow has extracted.", no_args_is_help=False, rich_markup_mode=None
+)
+app.add_typer(state_app, name="state")
+
+out = Console(width=None if sys.stdout.isatty() else 140)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+# pipelines.config.DEFAULT_CONFIG, spelled here so that the command starts (and a Prefect
+# run starts its server) before pandas is imported; a test keeps the two equal.
+DEFAULT_CONFIG = "flows.yaml"
+
+ConfigOption = Annotated[
+    Path, typer.Option("--config", "-c", help="flows.yaml to use.", envvar="HISTORIAN_CONFIG")
+]
+VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Log progress (INFO), with times, to stderr.")
+]
+
+LOG_FORMATS = ("text", "json")
+# `--log-format`, given before the command (`historian --log-format json run f`).
+log_format = contextvars.ContextVar("historian_log_format", default="text")
+# The flow (and chunk) a log line is about, for JSON lines.
+current_flow: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "historian_flow", default=None
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        out.print(f"historian-extract {version('historian-extract')}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+    log_format_option: Annotated[
+        str,
+        typer.Option(
+            "--log-format",
+            help="text, or json: one JSON object per line (time, level, flow, chunk, "
+            "message) on stderr, for a scheduler that collects logs.",
+            envvar="HISTORIAN_LOG_FORMAT",
+        ),
+    ] = "text",
+) -> None:
+    if log_format_option not in LOG_FORMATS:
+        fail(f"--log-format: {quoted(log_format_option)} is not one of text, json", EXIT_USAGE)
+    log_format.set(log_format_option)
+    setup_logging(verbose=False)  # every command logs its warnings in the chosen format
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed as one line."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """Print `error: message` (one line on stderr) and exit with `code`."""
+    if log_format.get() == "json":
+        _json_line("ERROR", message, current_flow.get(), None)
+    else:
+        err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the project's typed errors into one line and an exit code."""
+    if os.environ.get("HISTORIAN_DEBUG") == "1":
+        yield
+        return
+    from pipelines.config import ConfigError
+    from sinks.base import SinkError
+
+    try:
+        yield
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
+    except UserError as exc:
+        fail(str(exc), exc.code)
+    except NodeError as exc:
+        fail(f"node: {one_line(exc)}", EXIT_FAILED)
+    except SinkError as exc:
+        from pipelines.cli_busy import busy_line
+
+        fail(busy_line(exc) or f"sink: {one_line(exc)}", EXIT_FAILED)
+    except KeyboardInterrupt:
+        fail("interrupted; committed chunks are kept and the next run continues", 130)
+    except OSError as exc:
+        fail(one_line(exc), EXIT_FAILED)
+
+
+def _json_line(level: str, message: str, flow: str | None, chunk: str | None) -> None:
+    line = {
+        "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "level": level,
+        "flow": flow,
+        "chunk": chunk,
+        "message": message,
+    }
+    sys.stderr.write(orjson.dumps(line).decode() + "\n")
+    sys.stderr.flush()
+
+
+class JsonLines(logging.Handler):
+    """One JSON object per line on stderr: time, level, flow, chunk, message; for a
+    scheduler that collects logs. `flow` and `chunk` come from the record's extras, else
+    from the flow the command is running."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            flow = getattr(record, "flow", None) or current_flow.get()
+            chunk = getattr(record, "chunk", None)
+            _json_line(record.levelname, record.getMessage(), flow, chunk)
+        except Exception:  # a log line must never end a run
+            self.handleError(record)
+
+
+def setup_logging(verbose: bool) -> None:
+    """INFO with -v, else WARNING, to stderr, as rich text or JSON lines."""
+    level = logging.INFO if verbose else logging.WARNING
+    handler: logging.Handler
+    if log_format.get() == "json":
+        handler = JsonLines()
+    else:
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=err, show_path=False, show_time=verbose, markup=False)
+    root = logging.getLogger("historian")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+def load(path: Path) -> Config:
+    """flows.yaml, checked (a ConfigError is one line naming the key)."""
+    from pipelines.config import load_config
+
+    return load_config(path)
+
+
+def moment(value: str | None, option: str) -> datetime | None:
+    """An option's time (ISO 8601 or relative), or a usage error naming the option."""
+    if value is None:
+        return None
+    from pipelines.config import parse_moment
+
+    try:
+        return parse_moment(value)
+    except ValueError as exc:
+        raise UserError(f"{option}: {exc}", EXIT_USAGE) from None
+
+
+def check_flow(config: Config, name: str, source: Path) -> None:
+    """A usage error naming the flows there are, when `name` is not one of them."""
+    if name not in config.flows:
+        known = ", ".join(config.flows)
+        raise UserError(f"{source.name}: no flow named {quoted(name)} (flows: {known})", EXIT_USAGE)
+
+
+_chunks_log = logging.getLogger("historian.chunks")
+
+
+def log_chunk(outcome: ChunkOutcome, summary: RunSummary) -> None:
+    """One INFO line per committed chunk (shown with -v; a JSON line with its flow and
+    chunk under --log-format json)."""
+    if _chunks_log.isEnabledFor(logging.INFO):
+        _chunks_log.info(
+            "committed %s: %d rows",
+            outcome.label,
+            outcome.rows_fetched,
+            extra={"flow": summary.flow, "chunk": outcome.chunk_id},
+        )
