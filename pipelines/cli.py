@@ -799,8 +799,17 @@ def serve(
         if not scheduled:
             raise UserError(f"{config.name}: no flow has a schedule", EXIT_USAGE)
         from pipelines.flows import serve_flows
+        from pipelines.prefect_server import ServerStartError
 
-        serve_flows(config, names=scheduled)
+        try:
+            serve_flows(
+                config,
+                names=scheduled,
+                announce=lambda line: out.print(line, highlight=False, soft_wrap=True),
+            )
+        except ServerStartError as exc:
+            raise UserError(str(exc)) from None
+        out.print("stopped", highlight=False)
 
 
 @app.command()

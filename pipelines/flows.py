@@ -767,6 +767,7 @@ def build_deployments(
     `by_module` names the flow by import path (`pipelines.flows.tag_history_flow`) instead of
     by file, so a worker of a process work pool with this package installed can load it.
     """
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.schedules import Cron, Interval
     from prefect.types.entrypoint import EntrypointType
 
@@ -788,6 +789,11 @@ def build_deployments(
                 schedules=[plan],
                 parameters={"flow_name": name, "config_path": str(config_path.resolve())},
                 tags=["historian", flow_config.kind, f"node:{flow_config.node}"],
+                # A run due while the last one still runs is cancelled (it would stop at
+                # the flow's lock anyway); the next one catches up from the watermark.
+                concurrency_limit=ConcurrencyLimitConfig(
+                    limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW
+                ),
                 description=f"historian flow {name} ({flow_config.kind}, node {flow_config.node})",
                 entrypoint_type=entrypoint,
             )
@@ -819,11 +825,39 @@ def deploy_flows(
     return cast(list[uuid.UUID], ids)
 
 
-def serve_flows(config_path: Path, *, names: list[str] | None = None) -> None:
-    """Register every scheduled flow as a deployment and run them on schedule (blocks)."""
+def serve_flows(
+    config_path: Path,
+    *,
+    names: list[str] | None = None,
+    announce: Callable[[str], None] | None = None,
+) -> None:
+    """Register every scheduled flow as a deployment and run them on schedule (blocks).
+
+    The schedules fire on the configured Prefect API, or on a local Prefect server started
+    for the command and stopped with it (`pipelines/prefect_server.py`): Prefect's ephemeral
+    server runs no scheduler. `announce` gets one line saying where the UI and API are.
+    Ctrl-C and SIGTERM stop the runner (Prefect pauses the schedules), then the server.
+    """
     from prefect import serve
+
+    from pipelines.prefect_server import api_for_schedules
 
     deployments = build_deployments(config_path, names)
     if not deployments:
         raise ConfigError(f"{config_path.name}: no flow has a schedule")
-    serve(*deployments)
+    with api_for_schedules() as (api_url, ours):
+        if announce is not None:
+            announce(serving_line(api_url, ours, [d.name for d in deployments]))
+        serve(*deployments, print_starting_message=False)
+
+
+def serving_line(api_url: str, ours: bool, names: list[str]) -> str:
+    """`historian serve`'s one line: what it serves and where the Prefect UI and API are."""
+    what = f"serving {len(names)} scheduled flows ({', '.join(names)})"
+    if not ours:
+        return f"{what} on the Prefect API at {api_url}; Ctrl-C stops"
+    ui = api_url.removesuffix("/api")
+    return (
+        f"{what} on a local Prefect server: UI {ui}, API {api_url} "
+        f"(PREFECT_API_URL={api_url} prefect flow-run ls); Ctrl-C stops both"
+    )
