@@ -627,6 +627,7 @@ def check(
         with NodePool(cfg) as nodes:
             reachable = _check_nodes(cfg, nodes, fail)
             _check_flows(cfg, nodes, reachable, fail)
+        _check_schedules(cfg, fail)
         _check_sinks(cfg, config.resolve().parent, fail)
         if problems:
             raise UserError(
@@ -687,6 +688,23 @@ def _check_flows(
             out.print(f"[green]ok[/] flow {name}: {found}", highlight=False)
         except NodeError as exc:
             fail(f"flow {name}", exc)
+
+
+def _check_schedules(cfg: Config, fail: Callable[[str, Exception], None]) -> None:
+    """Each schedule is one Prefect accepts (its cron parser), as `serve` will need it."""
+    if not any(flow.schedule for flow in cfg.flows.values()):
+        return  # no schedule: Prefect is not imported
+    from pipelines.config import ConfigError
+    from pipelines.schedules import check_schedule
+
+    for name, flow in cfg.flows.items():
+        if flow.schedule is None:
+            continue
+        try:
+            checked = check_schedule(name, flow.schedule)
+            out.print(f"[green]ok[/] schedule {name}: {checked.text}", highlight=False)
+        except ConfigError as exc:
+            fail(f"schedule {name}", exc)
 
 
 def _check_sinks(cfg: Config, base: Path, fail: Callable[[str, Exception], None]) -> None:
@@ -795,6 +813,11 @@ def serve(
         cfg = _load(config)
         for name in flow or []:
             _check_flow(cfg, name, config)
+        unscheduled = [name for name in flow or [] if cfg.flows[name].schedule is None]
+        if unscheduled:
+            raise UserError(
+                f"{config.name}: flows.{unscheduled[0]}: has no schedule to serve", EXIT_USAGE
+            )
         scheduled = [n for n, f in cfg.flows.items() if f.schedule and (not flow or n in flow)]
         if not scheduled:
             raise UserError(f"{config.name}: no flow has a schedule", EXIT_USAGE)

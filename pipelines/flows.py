@@ -768,25 +768,22 @@ def build_deployments(
     by file, so a worker of a process work pool with this package installed can load it.
     """
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
-    from prefect.schedules import Cron, Interval
     from prefect.types.entrypoint import EntrypointType
 
+    from pipelines.schedules import check_schedules, prefect_schedule
+
     config = load_config(config_path)
+    check_schedules(config, names, source=config_path.name)  # one line naming the key
     entrypoint = EntrypointType.MODULE_PATH if by_module else EntrypointType.FILE_PATH
     deployments = []
     for name, flow_config in config.flows.items():
         schedule = flow_config.schedule
         if schedule is None or (names and name not in names):
             continue
-        if schedule.cron is not None:
-            plan = Cron(schedule.cron, timezone=schedule.timezone)
-        else:
-            assert schedule.interval is not None
-            plan = Interval(schedule.interval, timezone=schedule.timezone)
         deployments.append(
             prefect_flow_for(flow_config.kind).to_deployment(
                 name=name,
-                schedules=[plan],
+                schedules=[prefect_schedule(schedule)],
                 parameters={"flow_name": name, "config_path": str(config_path.resolve())},
                 tags=["historian", flow_config.kind, f"node:{flow_config.node}"],
                 # A run due while the last one still runs is cancelled (it would stop at

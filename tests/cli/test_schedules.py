@@ -181,7 +181,8 @@ def test_serve_fires_the_schedule_on_its_own_server_and_stops_it(tmp_path: Path)
     assert [pid for pid in below if running(pid)] == [], "serve's children ended with it"
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{api}/health", timeout=2)
-    assert "Traceback" not in out.read_text()
+    output = out.read_text()
+    assert "Traceback" not in output, output
     assert assert_rows_are_the_truth(config, tags, start) > 0
 
 
@@ -209,3 +210,85 @@ def test_a_killed_serve_takes_its_server_along(tmp_path: Path) -> None:
     while time.monotonic() < deadline and any(running(pid) for pid in below):
         time.sleep(0.2)
     assert [pid for pid in below if running(pid)] == [], "SIGKILL of serve ends its server"
+
+
+# -- schedules refused before anything is served -------------------------------------------
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [HISTORIAN, *args],
+        cwd=cwd,
+        env={**prefect_env(cwd), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def one_error_line(result: subprocess.CompletedProcess[str], code: int) -> str:
+    output = result.stdout + result.stderr
+    assert result.returncode == code, output
+    assert "Traceback" not in output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    return errors[0]
+
+
+def config_with_schedule(tmp_path: Path, schedule: dict[str, Any] | None) -> Path:
+    flow: dict[str, Any] = {
+        "node": "n",
+        "tags": {"browse": "/", "include": ["."]},
+        "start": "-1h",
+    }
+    if schedule is not None:
+        flow["schedule"] = schedule
+    return write_config(
+        tmp_path, node={"simulator": {"seed": 3, "tags": 10}}, flows={"f": flow}, sinks=["lake"]
+    )
+
+
+def test_a_cron_prefect_refuses_is_named_by_check_and_serve_starts_nothing(
+    tmp_path: Path,
+) -> None:
+    config_with_schedule(tmp_path, {"cron": "61 * * * *"})
+    check = run_cli("check", cwd=tmp_path)
+    line = one_error_line(check, 1)
+    assert "flows.f.schedule.cron" in line
+    assert '"61 * * * *"' in line
+    assert "ok node" in check.stdout, "the rest is still checked"
+    serve = run_cli("serve", cwd=tmp_path)
+    line = one_error_line(serve, 2)
+    assert "flows.yaml: flows.f.schedule.cron" in line
+    assert not (tmp_path / "prefect" / "historian-server.log").exists(), "no server started"
+
+
+def test_a_good_schedule_is_shown_by_check(tmp_path: Path) -> None:
+    config_with_schedule(tmp_path, {"cron": "5 * * * *", "timezone": "Europe/Paris"})
+    check = run_cli("check", cwd=tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "ok schedule f: cron 5 * * * * (Europe/Paris)" in check.stdout
+
+
+@pytest.mark.parametrize(
+    ("schedule", "key", "why"),
+    [
+        ({"cron": "5 * * * *", "timezone": "Europe/Pariss"}, "timezone", "'Europe/Pariss'"),
+        ({"interval": "0s"}, "interval", "at least 1s"),
+        ({"interval": "15m", "cron": "5 * * * *"}, "schedule", "exactly one of"),
+    ],
+)
+def test_a_bad_schedule_fails_config_validation_in_one_line(
+    tmp_path: Path, schedule: dict[str, Any], key: str, why: str
+) -> None:
+    config_with_schedule(tmp_path, schedule)
+    for command in ("check", "serve"):
+        line = one_error_line(run_cli(command, cwd=tmp_path), 2)
+        assert f"flows.f.schedule{'' if key == 'schedule' else '.' + key}" in line
+        assert why in line
+
+
+def test_serving_a_flow_without_a_schedule_is_refused(tmp_path: Path) -> None:
+    config_with_schedule(tmp_path, None)
+    line = one_error_line(run_cli("serve", "--flow", "f", cwd=tmp_path), 2)
+    assert "flows.f: has no schedule to serve" in line
