@@ -836,6 +836,41 @@ def serve(
 
 
 @app.command()
+def deploy(
+    pool: Annotated[str, typer.Option("--pool", help="Prefect work pool whose workers run them.")],
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+    flow: Annotated[list[str] | None, typer.Option("--flow", help="Only these flows.")] = None,
+) -> None:
+    """Register every scheduled flow as a deployment of a work pool on the Prefect server
+    PREFECT_API_URL names; `prefect worker start --pool POOL` runs them on schedule."""
+    with user_errors():
+        cfg = _load(config)
+        for name in flow or []:
+            _check_flow(cfg, name, config)
+        if not os.environ.get("PREFECT_API_URL"):
+            from prefect.settings import get_current_settings
+
+            if not get_current_settings().api.url:
+                raise UserError(
+                    "deploy needs a Prefect server that outlives it: set PREFECT_API_URL "
+                    "(e.g. to a `prefect server start`)",
+                    EXIT_USAGE,
+                )
+        from pipelines.flows import deploy_flows
+
+        names = [n for n, f in cfg.flows.items() if f.schedule and (not flow or n in flow)]
+        if not names:
+            raise UserError(f"{config.name}: no flow has a schedule", EXIT_USAGE)
+        deploy_flows(config, pool, names=names)
+        out.print(
+            f"deployed {len(names)} scheduled flows ({', '.join(names)}) to work pool {pool}; "
+            f"workers run them: prefect worker start --pool {pool}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+@app.command()
 def report(
     flow: Annotated[str, typer.Argument(help="Flow whose data to draw.")],
     out_path: Annotated[Path | None, typer.Option("--out", help="HTML file to write.")] = None,

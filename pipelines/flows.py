@@ -808,10 +808,20 @@ def deploy_flows(
     flows.yaml are installed at the same path.
     """
     from prefect import deploy
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
 
     deployments = build_deployments(config_path, names, by_module=True)
     if not deployments:
         raise ConfigError(f"{config_path.name}: no flow has a schedule")
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(work_pool)
+        except ObjectNotFound:
+            raise ConfigError(
+                f"no work pool named {work_pool!r} on the Prefect server "
+                f"(prefect work-pool create {work_pool} --type process)"
+            ) from None
     ids = deploy(
         *deployments,
         work_pool_name=work_pool,

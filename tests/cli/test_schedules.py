@@ -212,6 +212,87 @@ def test_a_killed_serve_takes_its_server_along(tmp_path: Path) -> None:
     assert [pid for pid in below if running(pid)] == [], "SIGKILL of serve ends its server"
 
 
+def healthy(api: str) -> bool:
+    try:
+        return httpx.get(f"{api}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextmanager
+def prefect_server(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A real `prefect server start` on a free port; its API and the env that names it."""
+    from pipelines.children import Child
+    from pipelines.prefect_server import free_port
+
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = prefect_env(tmp_path)
+    with (
+        (tmp_path / "server.log").open("wb") as log,
+        Child(
+            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=log.fileno(),
+            stderr=log.fileno(),
+        ) as server,
+    ):
+        deadline = time.monotonic() + 120
+        while not healthy(api):
+            assert server.alive(), (tmp_path / "server.log").read_text()
+            assert time.monotonic() < deadline, "the Prefect server did not start"
+            time.sleep(0.5)
+        yield api, {**env, "PREFECT_API_URL": api}
+
+
+@pytest.mark.slow
+def test_a_work_pool_deployment_fires_on_a_prefect_server_with_a_worker(tmp_path: Path) -> None:
+    start = (datetime.now(UTC) - timedelta(minutes=30)).replace(second=0, microsecond=0)
+    config, tags = scheduled_config(tmp_path, start)
+    with prefect_server(tmp_path) as (api, env):
+        created = subprocess.run(
+            [PREFECT, "work-pool", "create", "plant", "--type", "process"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert created.returncode == 0, created.stdout + created.stderr
+        deployed = subprocess.run(
+            [HISTORIAN, "deploy", "--pool", "plant", "--config", str(config)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        assert "deployed 1 scheduled flows (f) to work pool plant" in deployed.stdout
+        out = tmp_path / "worker.out"
+        with out.open("wb") as sink:
+            worker = subprocess.Popen(
+                [PREFECT, "worker", "start", "--pool", "plant"],
+                cwd=tmp_path,
+                env=env,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        with stopped_at_exit(worker):
+            runs = wait_for_runs(api, 2, lambda: worker.poll() is None)
+            worker.send_signal(signal.SIGINT)
+            worker.wait(timeout=60)
+        assert {run["name"].split()[0] for run in runs} == {"f"}, runs
+        pools = {run["work_pool_name"] for run in runs}
+        assert pools == {"plant"}
+    assert assert_rows_are_the_truth(config, tags, start) > 0
+
+
+def test_deploy_without_a_prefect_server_is_refused(tmp_path: Path) -> None:
+    config_with_schedule(tmp_path, {"interval": "1h"})
+    line = one_error_line(run_cli("deploy", "--pool", "plant", cwd=tmp_path), 2)
+    assert "PREFECT_API_URL" in line
+
+
 # -- schedules refused before anything is served -------------------------------------------
 
 
