@@ -163,7 +163,6 @@ def _run_flows(
     direct: bool,
     config: Config | None = None,
 ) -> None:
-    _boot_prefect(direct)
     from pipelines.config import ConfigError
     from pipelines.runner import RunFailed, RunRequest
 
@@ -227,16 +226,6 @@ def _run_flows(
     _print_summaries(config, config_path, [s for s in summaries if s.chunks_done or not failed])
     if failed:
         raise UserError(failed)
-
-
-def _boot_prefect(direct: bool) -> None:
-    """Start the ephemeral Prefect server now, when the command will need it: it boots
-    (~6 s, mostly importing Prefect's server code) while this process imports pandas and
-    Prefect and reads flows.yaml, instead of after. A no-op once started."""
-    if not direct:
-        from pipelines.prefect_env import start_ephemeral_server
-
-        start_ephemeral_server()
 
 
 def _failure(config: Config, name: str, exc: BaseException, chunks_done: int) -> str:
@@ -385,7 +374,6 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run one flow (or --all) now: incremental from its state unless --start is given."""
-    _boot_prefect(direct)
     _setup_logging(verbose)
     with user_errors():
         if all_flows == (flow is not None):
@@ -415,7 +403,6 @@ def backfill(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Extract a range; chunks already in every sink are skipped, so a killed backfill resumes."""
-    _boot_prefect(direct)
     _setup_logging(verbose)
     with user_errors():
         _run_flows(
