@@ -149,7 +149,10 @@ def test_an_end_in_the_future_is_cut_at_now_minus_settle_and_later_runs_continue
 def test_state_shows_and_repairs_progress_recorded_past_now(tmp_path: Path) -> None:
     """Progress poisoned the old way (complete past what the node had when written) is
     shown by `historian state` and forgotten by `historian state repair`."""
-    real = align_down(datetime.now(UTC), timedelta(minutes=1))
+    # The node's clock is the wall clock, as on a real node: repair judges chunks by the
+    # wall-clock time they were committed at, so a node clock behind it (aligned down a
+    # minute) would hold less than a repaired chunk claims.
+    real = datetime.now(UTC).replace(microsecond=0)
     node = SimulatedNode(SimConfig(seed=21, tags=12))
     node.set_clock(ms(real))
     cli = CliRunner()
@@ -158,7 +161,7 @@ def test_state_shows_and_repairs_progress_recorded_past_now(tmp_path: Path) -> N
         flow = flow_of(
             {"paths": tags},
             window="15m",
-            settle="1m",
+            settle="5m",
             start=(real - timedelta(hours=1)).isoformat(),
         )
         path = write_config(tmp_path, node={"url": server.http_url}, flows={"f": flow})
@@ -174,7 +177,7 @@ def test_state_shows_and_repairs_progress_recorded_past_now(tmp_path: Path) -> N
         later = real + timedelta(minutes=10)
         node.set_clock(ms(later))
         run(path, "f", now=later)
-    span = Window(real - timedelta(hours=1), later - timedelta(minutes=1))
+    span = Window(real - timedelta(hours=1), later - timedelta(minutes=5))
     assert_sinks_hold(path, "f", truth_history_rows(node, tags, [span], RAW))
 
 
