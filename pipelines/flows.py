@@ -280,9 +280,8 @@ def extract(
 
     def on_plan(plan: Plan) -> None:
         plans.append(plan)
-        _say(
-            f"{flow_name}: {len(plan.pending)} chunks to fetch, {plan.chunks_planned - len(plan.pending)} already complete"
-        )
+        done = plan.chunks_planned - len(plan.pending)
+        _say(f"{flow_name}: {len(plan.pending)} chunks to fetch, {done} already complete")
         if caller.on_plan is not None:
             caller.on_plan(plan)
 
