@@ -24,7 +24,10 @@ from pathlib import Path
 
 from pipelines.children import Child
 
-STARTUP_TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+# A full server (migrations, services, the UI's files) starts slower than an ephemeral one:
+# its own bound, generous for a busy machine.
+STARTUP_TIMEOUT_ENV = "HISTORIAN_PREFECT_SERVER_STARTUP_SECONDS"
+STARTUP_TIMEOUT_S = 240.0
 LOG_NAME = "historian-server.log"
 
 
@@ -122,7 +125,7 @@ def local_server() -> Iterator[str]:
     home = prefect_home()
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / LOG_NAME
-    timeout = float(os.environ.get(STARTUP_TIMEOUT_ENV) or 120)
+    timeout = float(os.environ.get(STARTUP_TIMEOUT_ENV) or STARTUP_TIMEOUT_S)
     attempts = 3  # another process may take the free port before the server binds it
     for attempt in range(attempts):
         try:
