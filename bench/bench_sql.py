@@ -88,7 +88,7 @@ def run_once(
         sink.open()
         total = sum(len(frame) for _, frame in chunks)
         # As many chunks at once as the runner writes to this sink (PostgreSQL: 2).
-        writers = int(getattr(sink, "write_concurrency", 1))
+        writers = sink.write_concurrency
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=writers) as pool:
             list(pool.map(lambda c: sink.write(c[0], c[1], len(c[1])), chunks))

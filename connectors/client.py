@@ -2,9 +2,11 @@
 
 * One sync client (pooling, keep-alive, per-request timeouts); it is thread-safe, and the
   engine's thread pool gives concurrency, bounded by `max_connections`.
-* Retries (tenacity, exponential backoff with full jitter) only for transient failures:
-  connection errors, timeouts, 429 (at least `Retry-After`), 502, 503, 504, and 500 unless
-  `retry_server_errors` is off. A 4xx is never retried.
+* Retries (tenacity, exponential backoff with full jitter), per request, of exactly the
+  `TransientNodeError`s: connection errors, timeouts, 429 (at least `Retry-After`), 502,
+  503, 504, 500 unless `retry_server_errors` is off, and a 200 that is a proxy's page. A
+  4xx or a malformed answer from the node is never retried. This is the only retry of a
+  request; above it, only a whole chunk is re-run (`pipelines/engine.py`).
 * Errors are `connectors.errors` types naming the operation, the HTTP status and the
   start of the body. Credentials travel in headers only and never appear in logs,
   reprs or messages.
@@ -41,12 +43,14 @@ from connectors.deadline import deadline_transport, request_deadline
 from connectors.errors import (
     AuthenticationError,
     MalformedAnswer,
+    NodeBusy,
     NodeConnectionError,
     NodeError,
     NodeRequestError,
     NodeServerError,
     NodeTimeout,
     NodeUnavailable,
+    NotTheNodesAnswer,
     RateLimited,
     RetriesExhausted,
     TLSVerificationError,
@@ -65,15 +69,6 @@ M = TypeVar("M", bound=BaseModel)
 MAX_RETRY_AFTER_S = 120.0
 
 _warned_unverified: set[str] = set()
-
-
-class _ServerErrorRetryable(NodeServerError, TransientNodeError):
-    """A 500 treated as transient (settings.retry_server_errors, on by default).
-
-    The spec says nothing about 500; a node under load answers it and then succeeds on
-    the next try, so retrying it (bounded) loses less than failing the chunk. A 500 that
-    is deterministic costs only the retry budget. Other 5xx (501, 505, ...) are not retried.
-    """
 
 
 def _log_retry(operation: str, state: RetryCallState, attempts: int) -> None:
@@ -201,8 +196,8 @@ class NodeClient:
         """One operation, retried while transient; a 200 response or a typed error.
 
         `settings.retries` is the number of retries after the first attempt (0: no retry).
-        Only `TransientNodeError`s are retried (500 too, unless `retry_server_errors` is
-        off); after the last attempt the failure is wrapped in `RetriesExhausted`.
+        Exactly the `TransientNodeError`s are retried; after the last attempt the failure
+        is wrapped in `RetriesExhausted` (fatal: nothing above retries it again).
         """
         query = encode_query({"cmd": cmd, **(params or {})})
         url = f"/{resource}?{query}"
@@ -238,62 +233,46 @@ class NodeClient:
         return delay
 
     def _send(self, operation: str, method: str, url: str, content: bytes | None) -> httpx.Response:
+        """One attempt: a 200 response from the node, or the typed error of what happened."""
         headers = {"Content-Type": "application/json"} if content is not None else None
         deadline_s = self.settings.deadline_s
         try:
             with self._slots, request_deadline(deadline_s) as deadline:
                 response = self._http.request(method, url, content=content, headers=headers)
-        except httpx.TimeoutException:
-            if deadline.expired:
-                raise NodeTimeout(
-                    operation, f"no complete answer within the request deadline ({deadline_s:g} s)"
-                ) from None
-            raise NodeTimeout(operation, "no answer within the timeout") from None
-        except httpx.ConnectError as exc:
+        except (httpx.TransportError, httpx.DecodingError, httpx.InvalidURL) as exc:
+            expired = f"the request deadline ({deadline_s:g} s)" if deadline.expired else None
+            raise self._transport_error(operation, exc, expired) from None
+        if response.status_code == 200:
+            if _is_markup(response.content):
+                raise NotTheNodesAnswer(
+                    operation, "a web page, not the node's answer", body=response.content
+                )
+            return response
+        raise _status_error(operation, response, self.settings.retry_server_errors)
+
+    def _transport_error(self, operation: str, exc: Exception, deadline: str | None) -> NodeError:
+        """What a failed exchange means: a timeout, a broken connection, or a TLS failure or
+        a URL too long to send (fatal). `deadline` names the request deadline if it passed."""
+        if isinstance(exc, httpx.TimeoutException):
+            if deadline is not None:
+                return NodeTimeout(operation, f"no complete answer within {deadline}")
+            return NodeTimeout(operation, "no answer within the timeout")
+        if isinstance(exc, httpx.ConnectError):
             if _is_tls_failure(exc):
-                raise TLSVerificationError(
+                return TLSVerificationError(
                     operation,
                     "the node's TLS certificate could not be verified; set ca_bundle to the "
                     "CA that signed it",
-                ) from None
-            raise NodeConnectionError(
-                operation, f"cannot connect to {self.settings.base_url}"
-            ) from None
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise NodeConnectionError(
-                operation, f"connection broke: {type(exc).__name__}"
-            ) from None
-        except httpx.DecodingError:
+                )
+            return NodeConnectionError(operation, f"cannot connect to {self.settings.base_url}")
+        if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+            return NodeConnectionError(operation, f"connection broke: {type(exc).__name__}")
+        if isinstance(exc, httpx.DecodingError):
             # A compressed body that ends early: a network artefact, like a short read.
-            raise NodeConnectionError(operation, "answer body could not be decoded") from None
-        except httpx.TransportError as exc:
-            raise NodeConnectionError(operation, f"transport error: {type(exc).__name__}") from None
-        except httpx.InvalidURL as exc:  # a request URL past what httpx sends (65,536 chars)
-            raise NodeRequestError(operation, f"request not sent: {exc}") from None
-        status = response.status_code
-        if status == 200:
-            return response
-        body = response.content
-        if status in (401, 403):
-            raise AuthenticationError(
-                operation, "credentials refused (check the token or user)", status=status, body=body
-            )
-        if status == 429:
-            raise RateLimited(
-                operation,
-                "rate limited",
-                body=body,
-                retry_after_s=_retry_after_seconds(response.headers.get("Retry-After")),
-            )
-        if status in (502, 503, 504):
-            raise NodeUnavailable(operation, "node unavailable", status=status, body=body)
-        if status == 404 and operation.startswith("tag."):
-            raise UnknownTag(operation, "not found", status=status, body=body)
-        if 400 <= status < 500:
-            raise NodeRequestError(operation, "request refused", status=status, body=body)
-        if status == 500 and self.settings.retry_server_errors:
-            raise _ServerErrorRetryable(operation, "server error", status=status, body=body)
-        raise NodeServerError(operation, f"unexpected status {status}", status=status, body=body)
+            return NodeConnectionError(operation, "answer body could not be decoded")
+        if isinstance(exc, httpx.InvalidURL):  # a URL past what httpx sends (65,536 chars)
+            return NodeRequestError(operation, f"request not sent: {exc}")
+        return NodeConnectionError(operation, f"transport error: {type(exc).__name__}")
 
     # -- decoding --------------------------------------------------------------------------
 
@@ -513,11 +492,7 @@ class NodeClient:
     ) -> None:
         if action not in ("trust", "untrust"):
             raise ValueError(f"action {action!r} is not trust or untrust")
-        options: dict[str, Any] = {"id": cert_id, "action": action}
-        if module_name is not None:
-            options["moduleName"] = module_name
-        if cert_type is not None:
-            options["type"] = cert_type
+        options = {**_certificate(cert_id, cert_type, module_name), "action": action}
         response = self.request(
             "certificate.set", "POST", "certificate", "set", body={"options": options}
         )
@@ -526,11 +501,7 @@ class NodeClient:
     def certificate_remove(
         self, cert_id: str, cert_type: str | None = None, module_name: str | None = None
     ) -> None:
-        options: dict[str, Any] = {"id": cert_id}
-        if module_name is not None:
-            options["moduleName"] = module_name
-        if cert_type is not None:
-            options["type"] = cert_type
+        options = _certificate(cert_id, cert_type, module_name)
         response = self.request(
             "certificate.remove", "POST", "certificate", "remove", body={"options": options}
         )
@@ -919,6 +890,50 @@ def _undot(flat: Mapping[str, Any]) -> dict[str, Any]:
             target = target.setdefault(part, {})
         target[parts[-1]] = value
     return nested
+
+
+def _certificate(cert_id: str, cert_type: str | None, module_name: str | None) -> dict[str, Any]:
+    """The options naming one certificate (type and module only when given)."""
+    options: dict[str, Any] = {"id": cert_id}
+    if module_name is not None:
+        options["moduleName"] = module_name
+    if cert_type is not None:
+        options["type"] = cert_type
+    return options
+
+
+def _status_error(operation: str, response: httpx.Response, retry_server_errors: bool) -> NodeError:
+    """The error a non-200 status means: transient (429, 502-504, and 500 when
+    `retry_server_errors`) or fatal (every other 4xx and 5xx)."""
+    status = response.status_code
+    body = response.content
+    if status in (401, 403):
+        return AuthenticationError(
+            operation, "credentials refused (check the token or user)", status=status, body=body
+        )
+    if status == 429:
+        return RateLimited(
+            operation,
+            "rate limited",
+            body=body,
+            retry_after_s=_retry_after_seconds(response.headers.get("Retry-After")),
+        )
+    if status in (502, 503, 504):
+        return NodeUnavailable(operation, "node unavailable", status=status, body=body)
+    if status == 404 and operation.startswith("tag."):
+        return UnknownTag(operation, "not found", status=status, body=body)
+    if 400 <= status < 500:
+        return NodeRequestError(operation, "request refused", status=status, body=body)
+    if status == 500 and retry_server_errors:
+        return NodeBusy(operation, "server error", status=status, body=body)
+    return NodeServerError(operation, f"unexpected status {status}", status=status, body=body)
+
+
+def _is_markup(body: bytes) -> bool:
+    """Does the body start like an HTML or XML page? No answer of the node does (JSON,
+    Base64 or plain numbers), so such a 200 came from something in front of it. Only the
+    first bytes are read: the check costs nothing on a large answer."""
+    return body[:64].lstrip()[:1] == b"<"
 
 
 def _is_tls_failure(exc: BaseException) -> bool:

@@ -1,4 +1,12 @@
-"""Errors of talking to a node, split once at the HTTP boundary: transient or fatal.
+"""Errors of talking to a node, split once: every one is transient or fatal, never both.
+
+* `TransientNodeError`: the same request may succeed if asked again unchanged (the network,
+  a proxy, a node under load). The client retries it, per request, within its budget.
+* `FatalNodeError`: asking again unchanged will not help (the request, the credentials,
+  the answer, or a transient failure that already outlasted the client's retries:
+  `RetriesExhausted`). The client does not retry it; neither does anything above it.
+
+Who retries what, per layer, is written down once in docs/architecture.md ("Retries").
 
 Every error names the operation (`tag.historyMany`), the HTTP status when there is one,
 and the start of the answer body, so that a one-line message tells the user what failed.
@@ -72,7 +80,8 @@ class NodeError(Exception):
 
 
 class TransientNodeError(NodeError):
-    """Worth retrying: connection errors, timeouts, 429, 502, 503, 504."""
+    """Worth asking again, unchanged: connection errors, timeouts, 429, 502, 503, 504, a
+    500 from a node under load, a proxy's page in place of the answer."""
 
 
 class NodeConnectionError(TransientNodeError):
@@ -85,6 +94,20 @@ class NodeTimeout(TransientNodeError):
 
 class NodeUnavailable(TransientNodeError):
     """502, 503 or 504: the node or a proxy in front of it is not serving now."""
+
+
+class NodeBusy(TransientNodeError):
+    """500 from a node whose server errors are retried (`retry_server_errors`, the default).
+
+    The spec says nothing about 500; a node under load answers it and then succeeds on the
+    next try, so retrying it (bounded) loses less than failing the chunk. A deterministic
+    500 costs only the retry budget. With the setting off, a 500 is a `NodeServerError`.
+    """
+
+
+class NotTheNodesAnswer(TransientNodeError):
+    """A 200 whose body is a markup page (a proxy's or a portal's), not the node's JSON:
+    the request did not reach the node, so the next try may."""
 
 
 class RateLimited(TransientNodeError):
@@ -103,8 +126,17 @@ class RateLimited(TransientNodeError):
         super().__init__(operation, message, status=status, body=body)
 
 
-class RetriesExhausted(NodeError):
-    """A transient failure outlasted the client's retry budget; `last` is the final one."""
+class FatalNodeError(NodeError):
+    """Retrying will not help: the request, the credentials or the answer is wrong, or the
+    client's retries are spent."""
+
+
+class RetriesExhausted(FatalNodeError):
+    """A transient failure that outlasted the client's retry budget; `last` is the final one.
+
+    Fatal by design: the client already asked again with backoff, so a retry above it (a
+    chunk re-run) would multiply the attempts on a node that is down.
+    """
 
     def __init__(self, last: TransientNodeError, attempts: int) -> None:
         self.last = last
@@ -115,10 +147,6 @@ class RetriesExhausted(NodeError):
             status=last.status,
             body=last.body_start,
         )
-
-
-class FatalNodeError(NodeError):
-    """Retrying will not help: the request, the credentials or the answer is wrong."""
 
 
 class AuthenticationError(FatalNodeError):
@@ -134,11 +162,13 @@ class NodeRequestError(FatalNodeError):
 
 
 class NodeServerError(FatalNodeError):
-    """500 or another 5xx that is not known to be transient."""
+    """A 5xx not known to be transient: 501, 505, ..., and 500 when server errors are not
+    retried (`retry_server_errors: false`)."""
 
 
 class MalformedAnswer(FatalNodeError):
-    """A 200 answer whose body is not what the spec shows: not JSON, truncated, wrong shape.
+    """A 200 answer from the node whose body is not what the spec shows: not JSON, cut
+    short, wrong shape. Never asked again: the node answered, and would answer alike.
 
     `where` names the part of the answer (a tag path, a chunk) that was wrong.
     """

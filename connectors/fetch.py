@@ -21,7 +21,6 @@ paths and a `Window` of datetimes; epoch milliseconds stay here.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -31,7 +30,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.errors import MalformedAnswer
 from connectors.normalise import (
     HistoryPage,
     TagStats,
@@ -137,7 +135,6 @@ class HistoryFetcher:
         *,
         filter_query: FilterQuery | None = None,
         cap: CapGuess | None = None,
-        malformed_retries: int = 3,
         reasks: int = 3,
     ) -> None:
         self.client = client
@@ -145,7 +142,6 @@ class HistoryFetcher:
         self.options = options
         self.filter_query = filter_query
         self.cap = cap or CapGuess()
-        self.malformed_retries = malformed_retries
         self.reasks = reasks
 
     def fetch(self, members: Sequence[str], window: Window, label: str = "") -> Fetched:
@@ -206,7 +202,7 @@ class HistoryFetcher:
             pager.finish(left)
 
     def _page(self, state: _Window, ask: _Ask) -> HistoryPage:
-        """One request (asked again while the answer is malformed: `well_formed`)."""
+        """One request, its answer read (a malformed one raised: see `counted`)."""
         start, end = _from_ms(ask.start_ms), _from_ms(ask.end_ms)
 
         def request() -> bytes:
@@ -227,7 +223,7 @@ class HistoryFetcher:
                 body, self.node, operation=ask.operation, chunk_label=state.label, encoded=True
             )
 
-        return well_formed(request, parse, self.malformed_retries, state.out)
+        return counted(request, parse, state.out)
 
     # -- what a page adds ---------------------------------------------------------------
 
@@ -303,21 +299,18 @@ class AlarmFetcher:
         filt: AlarmFilter,
         *,
         max_priority_here: int | None = None,
-        malformed_retries: int = 3,
     ) -> None:
         self.client = client
         self.node = node
         self.path = path
         self.filt = filt
         self.max_priority_here = max_priority_here
-        self.malformed_retries = malformed_retries
 
     def fetch(self, window: Window, label: str = "") -> Fetched:
         out = Fetched(ALARM_HISTORY_SCHEMA.empty_table())
-        table = well_formed(
+        table = counted(
             lambda: self.client.alarm_history_bytes(self.path, window.start, window.end, self.filt),
             lambda body: parse_alarm_history_answer(body, self.node, chunk_label=label),
-            self.malformed_retries,
             out,
         )
         table = _alarm_ms(table)
@@ -340,29 +333,16 @@ class AlarmFetcher:
 T = TypeVar("T")
 
 
-def well_formed(
-    request: Callable[[], bytes],
-    parse: Callable[[bytes], T],
-    retries: int = 3,
-    out: Fetched | None = None,
-) -> T:
-    """`parse(request())`, asked again (up to `retries` times, backing off) while the answer
-    is malformed: an HTML page from a proxy or a body cut short is usually transient, and
-    nothing is kept from an incomplete answer. A malformed answer that persists is raised.
-    `out` counts the requests and bytes."""
-    for attempt in range(retries + 1):
-        body = request()
-        if out is not None:
-            out.requests += 1
-            out.bytes_received += len(body)
-        try:
-            return parse(body)
-        except MalformedAnswer as exc:
-            if attempt >= retries:
-                raise
-            log.warning("%s; asking again (%d of %d)", exc, attempt + 1, retries)
-            time.sleep(min(2.0, 0.1 * 2**attempt))
-    raise AssertionError("unreachable")  # pragma: no cover
+def counted(request: Callable[[], bytes], parse: Callable[[bytes], T], out: Fetched) -> T:
+    """`parse(request())`, the request and its bytes counted in `out`.
+
+    Never asked again here: the client retried what was transient (a proxy's page
+    included), and a malformed answer from the node is fatal (`MalformedAnswer`).
+    """
+    body = request()
+    out.requests += 1
+    out.bytes_received += len(body)
+    return parse(body)
 
 
 def _ms(moment: datetime) -> int:

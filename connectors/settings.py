@@ -1,15 +1,18 @@
-"""How to reach a node: URL, TLS, credentials by environment variable name, limits.
+"""How to reach a node: URL, TLS, credentials, limits. The one definition of a node's
+connection settings: their defaults and rules are here, and flows.yaml's `nodes.<name>`
+(`pipelines/config.py`) takes both from here.
 
-Settings hold the *names* of the variables with secrets, never the secrets; the client
-reads them when it is built, so nothing printable here ever contains a token.
+Credentials come by environment variable *name* (read by the client when it is built) or
+as a value the caller resolved (a Prefect Secret block, read in `pipelines/nodes.py`:
+nothing here depends on the orchestrator). A value is a `SecretText`, which never shows
+in a repr, a str or a log line.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import httpx
@@ -18,12 +21,73 @@ from connectors.errors import FatalNodeError, quoted
 
 DEFAULT_HTTP_PORT = 3003
 DEFAULT_HTTPS_PORT = 3443
+MAX_URL_CHARS = 2048
 _USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@")
 
 
 def url_has_credentials(url: str) -> bool:
     """`user[:password]@` before the host: a secret, so such a URL is never repeated."""
     return _USERINFO.match(url) is not None
+
+
+def check_node_url(url: str) -> None:
+    """ValueError unless `url` is an http(s) URL the client can use. The message never
+    repeats a URL with credentials in it."""
+    if url_has_credentials(url):
+        raise ValueError("credentials belong in environment variables (token_env, username_env)")
+    if len(url) > MAX_URL_CHARS:
+        raise ValueError(f"{quoted(url)} is longer than a node URL may be ({MAX_URL_CHARS:,})")
+    if not re.match(r"^https?://[^/\s]+", url) or re.search(r"[\s\x00-\x1f\x7f]", url):
+        raise ValueError(f"{quoted(url)} is not an http:// or https:// URL")
+    try:
+        urlsplit(url).port  # noqa: B018 - raises ValueError when out of range
+        httpx.URL(url)
+    except (ValueError, httpx.InvalidURL) as exc:
+        raise ValueError(f"{quoted(url)} is not a valid URL: {exc}") from None
+
+
+def check_credentials(
+    *,
+    token_env: str | None,
+    token: object | None,
+    username_env: str | None,
+    password_env: str | None,
+    password: object | None,
+) -> None:
+    """ValueError unless the credentials name one way to authenticate: a token (by
+    variable or value), or a user with a password (by variable or value), or nothing.
+    `token` and `password` are values or the names of the blocks that hold them."""
+    if token_env is not None and token is not None:
+        raise ValueError("give token_env or token_block, not both")
+    if password_env is not None and password is not None:
+        raise ValueError("give password_env or password_block, not both")
+    if (username_env is None) != (password_env is None and password is None):
+        raise ValueError("username_env and password_env (or password_block) go together")
+    if (token_env is not None or token is not None) and username_env is not None:
+        raise ValueError("give token_env or username_env/password_env, not both")
+
+
+class SecretText:
+    """A credential's value: shown nowhere (repr, str, logs), compared and hashed as itself."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "SecretText('***')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SecretText) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __reduce__(self) -> tuple[type[SecretText], tuple[str]]:
+        return SecretText, (self.value,)
 
 
 class SettingsError(FatalNodeError):
@@ -38,7 +102,8 @@ class NodeSettings:
     """One node's connection settings (frozen and hashable: a key for pooled clients).
 
     `*_env` fields name environment variables; their values are read by `NodeClient`
-    when it is built. `retries` counts retries after the first attempt.
+    when it is built. `token` and `password` are values resolved by the caller.
+    `retries` counts retries after the first attempt. These defaults are flows.yaml's.
     """
 
     url: str
@@ -48,14 +113,13 @@ class NodeSettings:
     token_env: str | None = None
     username_env: str | None = None
     password_env: str | None = None
-    # Names of Prefect Secret blocks, the alternative to environment variables.
-    token_block: str | None = None
-    password_block: str | None = None
+    token: SecretText | None = field(default=None, repr=False)
+    password: SecretText | None = field(default=None, repr=False)
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0
     # The whole request (connect, wait, read every byte); None: see `deadline_s`.
     request_deadline_s: float | None = None
-    max_connections: int = 8
+    max_connections: int = 4
     retries: int = 5
     backoff_base_s: float = 0.25
     backoff_max_s: float = 10.0
@@ -63,35 +127,19 @@ class NodeSettings:
     retry_server_errors: bool = True
 
     def __post_init__(self) -> None:
-        if url_has_credentials(self.url):
-            raise SettingsError(
-                f"node {self.name}: put credentials in environment variables, not in the URL"
-            )
         try:
-            parts = urlsplit(self.url)
-            parts.port  # noqa: B018 - raises ValueError when out of range
-            httpx.URL(self.url)
-        except (ValueError, httpx.InvalidURL) as exc:
-            raise SettingsError(
-                f"node {self.name}: {quoted(self.url)} is not a valid URL: {exc}"
-            ) from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SettingsError(f"node {self.name}: {quoted(self.url)} is not an http(s) URL")
+            check_node_url(self.url)
+            check_credentials(
+                token_env=self.token_env,
+                token=self.token,
+                username_env=self.username_env,
+                password_env=self.password_env,
+                password=self.password,
+            )
+        except ValueError as exc:
+            raise SettingsError(f"node {self.name}: {exc}") from None
         if self.max_connections < 1:
             raise SettingsError(f"node {self.name}: max_connections must be at least 1")
-        has_password = self.password_env is not None or self.password_block is not None
-        if (self.username_env is None) == has_password:
-            raise SettingsError(
-                f"node {self.name}: username_env and password_env (or password_block) go together"
-            )
-        if self.token_env and self.token_block:
-            raise SettingsError(f"node {self.name}: give token_env or token_block, not both")
-        if self.password_env and self.password_block:
-            raise SettingsError(f"node {self.name}: give password_env or password_block, not both")
-        if (self.token_env or self.token_block) and self.username_env:
-            raise SettingsError(
-                f"node {self.name}: give token_env or username_env/password_env, not both"
-            )
         if self.retries < 0:
             raise SettingsError(f"node {self.name}: retries must be 0 or more")
         if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
@@ -125,32 +173,17 @@ class NodeSettings:
             raise SettingsError(f"node {self.name}: environment variable {variable} is not set")
         return value
 
-    def _block(self, name: str) -> str:
-        """The value of a Prefect Secret block (read now, never stored here)."""
-        try:
-            from prefect.blocks.system import Secret
-
-            block: Any = Secret.load(name)  # sync here: no event loop runs in this thread
-            value = block.get()
-        except Exception as exc:
-            raise SettingsError(
-                f"node {self.name}: Prefect Secret block {quoted(name)} cannot be read "
-                f"({type(exc).__name__})"
-            ) from None
-        if not isinstance(value, str) or not value:
-            raise SettingsError(f"node {self.name}: Prefect Secret block {quoted(name)} is empty")
-        return value
-
     def bearer_token(self) -> str | None:
-        """The token from `token_env` or `token_block`, if configured (read now, never kept)."""
-        if self.token_block:
-            return self._block(self.token_block)
+        """The token given, or read from `token_env` now (never kept), if configured."""
+        if self.token is not None:
+            return self.token.value
         return self._env(self.token_env) if self.token_env else None
 
     def basic_credentials(self) -> tuple[str, str] | None:
-        """(user, password) from `username_env`/`password_env`, if configured."""
-        if self.username_env and self.password_block:
-            return self._env(self.username_env), self._block(self.password_block)
-        if self.username_env and self.password_env:
-            return self._env(self.username_env), self._env(self.password_env)
-        return None
+        """(user, password) from `username_env` and `password_env` or the password given."""
+        if self.username_env is None:
+            return None
+        if self.password is not None:
+            return self._env(self.username_env), self.password.value
+        assert self.password_env is not None  # check_credentials: they go together
+        return self._env(self.username_env), self._env(self.password_env)

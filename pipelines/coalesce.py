@@ -1,10 +1,10 @@
 """Join the small fetched chunks of one window into one write.
 
-Why: a write costs a fixed ~10 ms whatever its size (a file, its intent record, fsyncs,
+Why: a write has a fixed cost whatever its size (a file, its intent record, fsyncs,
 renames and a marker in the lake; a transaction, a scope delete and a progress merge in
 the warehouse). An hourly run on 10,000 tags is 100 chunks of ~400 rows each: written one
 by one, the fixed cost is most of the run, and the lake is left with 100 tiny files to
-compact. Joined, the same rows go in one write.
+compact. Joined, the same rows go in one write (BENCHMARKS.md).
 
 A joined write is still one atomic, idempotent write: its scope is the union of the
 chunks' members over their common window, which both sinks replace and record like any

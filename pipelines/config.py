@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
-import httpx
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -31,7 +30,7 @@ from pydantic import (
 from connectors.errors import one_line, quoted
 from connectors.options import METHODS, MODES, AlarmFilter, HistoryOptions
 from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY
-from connectors.settings import url_has_credentials
+from connectors.settings import NodeSettings, check_credentials, check_node_url
 from pipelines.config_file import DocumentError, load_document
 from pipelines.planning import parse_duration
 
@@ -45,7 +44,6 @@ _ONE_MS = timedelta(milliseconds=1)
 MAX_DURATION = timedelta(days=36_525)
 # History is stamped in epoch milliseconds: nothing is earlier than the epoch.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-MAX_URL_CHARS = 2048
 
 
 class ConfigError(Exception):
@@ -130,33 +128,47 @@ class SimulatorNode(_Strict):
         return text
 
 
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)
+
+
+def _checked(check: Callable[[str], None]) -> AfterValidator:
+    """A validator running `check` (which raises ValueError) on a text value."""
+
+    def validate(value: str) -> str:
+        check(value)
+        return value
+
+    return AfterValidator(validate)
+
+
+NodeUrl = Annotated[str, _checked(check_node_url)]
+Regex = Annotated[str, _checked(lambda text: _check_regex(text))]
+
+
 class NodeConfig(_Strict):
-    url: str | None = None
+    """`nodes.<name>`: the client's `NodeSettings` in flows.yaml's units (durations for
+    seconds, Secret block names for values), with its defaults and credential rules."""
+
+    url: NodeUrl | None = None
     simulator: SimulatorNode | None = None
-    verify: bool = True
+    verify: bool = NodeSettings.verify
     ca_bundle: str | None = None
     token_env: str | None = None
     username_env: str | None = None
     password_env: str | None = None
     token_block: str | None = None
     password_block: str | None = None
-    connect_timeout: timedelta = timedelta(seconds=5)
-    read_timeout: timedelta = timedelta(seconds=60)
+    connect_timeout: timedelta = _seconds(NodeSettings.connect_timeout_s)
+    read_timeout: timedelta = _seconds(NodeSettings.read_timeout_s)
     # The whole request; None: connect_timeout + 2 x read_timeout (NodeSettings.deadline_s).
     request_deadline: timedelta | None = None
-    max_connections: int = Field(default=4, ge=1, le=64)
-    retries: int = Field(default=5, ge=0, le=50)
+    max_connections: int = Field(default=NodeSettings.max_connections, ge=1, le=64)
+    retries: int = Field(default=NodeSettings.retries, ge=0, le=50)
 
     _durations = field_validator(
         "connect_timeout", "read_timeout", "request_deadline", mode="before"
     )(_duration)
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str | None) -> str | None:
-        if value is not None:
-            check_node_url(value)
-        return value
 
     @field_validator("connect_timeout", "read_timeout", "request_deadline")
     @classmethod
@@ -169,29 +181,14 @@ class NodeConfig(_Strict):
     def _one_target(self) -> NodeConfig:
         if (self.url is None) == (self.simulator is None):
             raise ValueError("give exactly one of url or simulator")
-        if (self.username_env is None) != (
-            self.password_env is None and self.password_block is None
-        ):
-            raise ValueError("username_env and password_env (or password_block) go together")
-        if self.token_env is not None and self.token_block is not None:
-            raise ValueError("give token_env or token_block, not both")
+        check_credentials(
+            token_env=self.token_env,
+            token=self.token_block,
+            username_env=self.username_env,
+            password_env=self.password_env,
+            password=self.password_block,
+        )
         return self
-
-
-def check_node_url(url: str) -> None:
-    """ValueError unless `url` is an http(s) URL the client can use: checked while the
-    config loads, before any sink folder or connection is made."""
-    if url_has_credentials(url):
-        raise ValueError("credentials belong in environment variables (token_env, username_env)")
-    if len(url) > MAX_URL_CHARS:
-        raise ValueError(f"{quoted(url)} is longer than a node URL may be ({MAX_URL_CHARS:,})")
-    if not re.match(r"^https?://[^/\s]+", url) or re.search(r"[\s\x00-\x1f\x7f]", url):
-        raise ValueError(f"{quoted(url)} is not an http:// or https:// URL")
-    try:
-        urlsplit(url).port  # noqa: B018 - raises ValueError when out of range
-        httpx.URL(url)
-    except (ValueError, httpx.InvalidURL) as exc:
-        raise ValueError(f"{quoted(url)} is not a valid URL: {exc}") from None
 
 
 class ParquetSinkConfig(_Strict):
@@ -226,7 +223,7 @@ class TagSelectionConfig(_Strict):
 
     paths: list[str] | None = None
     group: str | None = None
-    regex: str | None = None
+    regex: Regex | None = None
     recurrent: bool = True
     browse: str | None = None
     include: list[str] = Field(default_factory=list)
@@ -243,13 +240,6 @@ class TagSelectionConfig(_Strict):
                     raise ValueError(f"tag path {quoted(path)} does not start with /")
             if len(set(value)) != len(value):
                 raise ValueError("paths lists a tag twice")
-        return value
-
-    @field_validator("regex")
-    @classmethod
-    def _regex(cls, value: str | None) -> str | None:
-        if value is not None:
-            _check_regex(value)
         return value
 
     @field_validator("include", "exclude")
@@ -273,19 +263,12 @@ class TagSelectionConfig(_Strict):
 
 class AlarmSelectionConfig(_Strict):
     path: str = "/"
-    regex: str | None = None
+    regex: Regex | None = None
     status: int | None = Field(default=None, ge=0, le=3)
     priority: int | None = Field(default=None, ge=1, le=4)
     min_priority: int | None = Field(default=None, ge=1, le=4)
     max_priority: int | None = Field(default=None, ge=1, le=4)
     recurrent: bool | None = True
-
-    @field_validator("regex")
-    @classmethod
-    def _regex(cls, value: str | None) -> str | None:
-        if value is not None:
-            _check_regex(value)
-        return value
 
 
 class ScheduleConfig(_Strict):

@@ -2,7 +2,7 @@
 
 YAML aliases make a small file stand for a huge document: nine levels of nine aliases
 (an "alias bomb") are a few hundred bytes that expand to hundreds of millions of values
-as soon as anything copies the data (`${VAR}` resolution did, at about 1 GB per 30 s).
+as soon as anything copies the data (`${VAR}` resolution did, until memory ran out).
 So the parser's event stream is read once first, without building anything: it bounds
 the file's size, the nesting depth, the number of aliases and the number of values the
 document holds *with every alias expanded*, and finds duplicate keys (which YAML loaders
@@ -28,8 +28,8 @@ MAX_DEPTH = 64
 MAX_ALIASES = 10_000
 MAX_VALUES = 1_000_000
 
-# libyaml's parser when PyYAML has it: a flows.yaml naming 10,000 tags loads in 0.1 s instead
-# of 1.9 s with the pure-Python one (same documents, same errors with line and column).
+# libyaml's parser when PyYAML has it: far faster on a flows.yaml naming thousands of tags
+# than the pure-Python one (same documents, same errors with line and column).
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _MERGE_KEY = "<<"
 # Python refuses to build an int of more than 4,300 digits from text (CVE-2020-10735).
@@ -81,87 +81,96 @@ def check_document(text: str, top_keys: Collection[str] | None = None) -> None:
     size = len(text.encode("utf-8"))
     if size > MAX_CONFIG_BYTES:
         raise DocumentError(f"the file is {size:,} bytes; at most {MAX_CONFIG_BYTES:,} are read")
-    anchors: dict[str, int] = {}
-    stack: list[_Node] = []
-    aliases = 0
-    total = 0
+    walk = _Walk(top_keys)
+    for event in yaml.parse(text, Loader=_LOADER):
+        walk.step(event)
 
-    def add(count: int, event: Any) -> None:
-        nonlocal total
-        if stack:
-            stack[-1].size += count
-            grown = stack[-1].size
+
+class _Walk:
+    """The parser's events read once, counting what the document holds with every alias
+    expanded, without building it."""
+
+    def __init__(self, top_keys: Collection[str] | None) -> None:
+        self.top_keys = top_keys
+        self.anchors: dict[str, int] = {}
+        self.stack: list[_Node] = []
+        self.aliases = 0
+        self.total = 0
+
+    def step(self, event: Any) -> None:
+        if isinstance(event, yaml.AliasEvent):
+            self._alias(event)
+        elif isinstance(event, yaml.ScalarEvent):
+            self._scalar(event)
+        elif isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+            self._enter(event)
+            self.stack.append(_Node(isinstance(event, yaml.MappingStartEvent), event.anchor))
+            if len(self.stack) > MAX_DEPTH:
+                self._fail(f"nested more than {MAX_DEPTH} levels deep", event)
+        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+            node = self.stack.pop()
+            if node.anchor:
+                self.anchors[node.anchor] = node.size
+            self._add(node.size, event)
+
+    def _alias(self, event: Any) -> None:
+        self._enter(event)
+        self.aliases += 1
+        if self.aliases > MAX_ALIASES:
+            self._fail(f"more than {MAX_ALIASES:,} aliases", event)
+        self._add(self.anchors.get(event.anchor or "", 1), event)
+
+    def _scalar(self, event: Any) -> None:
+        self._enter(event)
+        if event.implicit[0] and _HUGE_INT.match(event.value):
+            self._fail(f"a number of {len(event.value):,} digits", event)
+        if event.anchor:
+            self.anchors[event.anchor] = 1
+        self._add(1, event)
+
+    def _fail(self, message: str, event: Any) -> None:
+        raise DocumentError(message, where=_path(self.stack), line=_line(event))
+
+    def _add(self, count: int, event: Any) -> None:
+        """`count` more values in the collection being read (or the document)."""
+        if self.stack:
+            self.stack[-1].size += count
+            grown = self.stack[-1].size
         else:
-            total += count
-            grown = total
+            self.total += count
+            grown = self.total
         if grown > MAX_VALUES:
-            raise DocumentError(
-                f"aliases expand the document past {MAX_VALUES:,} values (an alias bomb?)",
-                where=_path(stack),
-                line=_line(event),
+            self._fail(
+                f"aliases expand the document past {MAX_VALUES:,} values (an alias bomb?)", event
             )
 
-    def enter(event: Any) -> None:
+    def _enter(self, event: Any) -> None:
         """A node starts: if it is a mapping key, check it against the keys before it."""
-        if not stack:
+        if not self.stack:
             return
-        parent = stack[-1]
+        parent = self.stack[-1]
         if not parent.mapping:
             parent.index += 1
             return
         if parent.expect_key:
-            key = event.value if isinstance(event, yaml.ScalarEvent) else "?"
-            line = _line(event) or 0
-            if isinstance(event, yaml.ScalarEvent) and not (
-                key == _MERGE_KEY and event.implicit[0]
-            ):
-                if key in parent.keys:
-                    first = parent.keys[key]
-                    lines = f"lines {first} and {line}" if first != line else f"line {line} twice"
-                    raise DocumentError(
-                        f"duplicate key at {lines} (the second would silently replace the first)",
-                        where=_path(stack, key),
-                    )
-                parent.keys[key] = line
-            parent.key = key
-            if top_keys is not None and len(stack) == 1 and key not in top_keys:
-                raise DocumentError("unknown key", where=_path(stack), line=line)
+            self._key(parent, event)
         parent.expect_key = not parent.expect_key
 
-    for event in yaml.parse(text, Loader=_LOADER):
-        if isinstance(event, yaml.AliasEvent):
-            enter(event)
-            aliases += 1
-            if aliases > MAX_ALIASES:
+    def _key(self, parent: _Node, event: Any) -> None:
+        key = event.value if isinstance(event, yaml.ScalarEvent) else "?"
+        line = _line(event) or 0
+        if isinstance(event, yaml.ScalarEvent) and not (key == _MERGE_KEY and event.implicit[0]):
+            if key in parent.keys:
+                first = parent.keys[key]
+                lines = f"lines {first} and {line}" if first != line else f"line {line} twice"
                 raise DocumentError(
-                    f"more than {MAX_ALIASES:,} aliases", where=_path(stack), line=_line(event)
+                    f"duplicate key at {lines} (the second would silently replace the first)",
+                    where=_path(self.stack, key),
                 )
-            add(anchors.get(event.anchor or "", 1), event)
-        elif isinstance(event, yaml.ScalarEvent):
-            enter(event)
-            if event.implicit[0] and _HUGE_INT.match(event.value):
-                raise DocumentError(
-                    f"a number of {len(event.value):,} digits",
-                    where=_path(stack),
-                    line=_line(event),
-                )
-            if event.anchor:
-                anchors[event.anchor] = 1
-            add(1, event)
-        elif isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
-            enter(event)
-            stack.append(_Node(isinstance(event, yaml.MappingStartEvent), event.anchor))
-            if len(stack) > MAX_DEPTH:
-                raise DocumentError(
-                    f"nested more than {MAX_DEPTH} levels deep",
-                    where=_path(stack),
-                    line=_line(event),
-                )
-        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
-            node = stack.pop()
-            if node.anchor:
-                anchors[node.anchor] = node.size
-            add(node.size, event)
+            parent.keys[key] = line
+        parent.key = key
+        if self.top_keys is not None and len(self.stack) == 1 and key not in self.top_keys:
+            raise DocumentError("unknown key", where=_path(self.stack), line=line)
 
 
 def load_document(text: str, top_keys: Collection[str] | None = None) -> Any:

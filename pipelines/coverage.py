@@ -310,9 +310,9 @@ class _LakeSource:
     """A lake dataset read file by file, row group by row group (only the needed columns).
 
     One `ParquetFile` at a time rather than a pyarrow Dataset scan: the scan's memory grew
-    with the number of files (47 -> 154 MB from 4 to 16 files of 1.25 M rows, measured with
-    pyarrow 26), a file at a time stays at one row group's worth (21 MB either way).
-    Row groups whose `ts` statistics fall outside the range are not read.
+    with the number of files, a file at a time stays at one row group's worth whatever
+    their number (BENCHMARKS.md, "Figures behind design choices"). Row groups whose `ts`
+    statistics fall outside the range are not read.
     """
 
     def __init__(self, lake: Any, dataset: str, kind: str) -> None:
@@ -417,10 +417,10 @@ class _SqlSource:
     """A warehouse dataset (table or view) aggregated by the database: one GROUP BY.
 
     Buckets are computed by the database: `date_bin` on PostgreSQL 14+ (a timestamp to
-    group on, the bucket index taken after grouping: twice as fast as epoch arithmetic on
-    every row), epoch milliseconds elsewhere. On PostgreSQL the query also asks for hash
+    group on, the bucket index taken after grouping: faster than epoch arithmetic on every
+    row), epoch milliseconds elsewhere. On PostgreSQL the query also asks for hash
     aggregation: right after a load, before statistics exist, the planner would otherwise
-    sort every row to disk (2.3x slower, measured on 5 M rows).
+    sort every row to disk (BENCHMARKS.md, "Figures behind design choices").
     """
 
     def __init__(self, warehouse: Any, dataset: str, kind: str) -> None:
@@ -464,6 +464,8 @@ class _SqlSource:
             )
             return binned, index
         epoch = epoch_ms_sql("ts", self.dialect)
+        if self.dialect == "mysql":  # no CAST AS DOUBLE PRECISION / BIGINT; FLOOR is exact
+            return f"FLOOR(({epoch} - :origin) / {size})", "bucket"
         return (
             f"CAST(floor(CAST({epoch} - :origin AS DOUBLE PRECISION) / {size}) AS BIGINT)",
             "bucket",
@@ -495,7 +497,7 @@ class _SqlSource:
                     "CASE WHEN value_bool THEN 1.0 WHEN NOT value_bool THEN 0.0 END) END AS v"
                 )
                 outer = (
-                    "count(*) AS rows, sum(bad) AS bad, min(v) AS low, max(v) AS high, "
+                    'count(*) AS "rows", sum(bad) AS bad, min(v) AS low, max(v) AS high, '
                     "sum(v) AS total, count(v) AS counted"
                 )
                 types = [pa.string(), *[pa.int64()] * 3, *[pa.float64()] * 3, pa.int64()]

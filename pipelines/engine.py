@@ -10,7 +10,9 @@ means for the pipeline:
   group or browse selection resolved is left out of the chunk's scope instead, so it is
   never marked complete for that window, and recorded as missing there
   (`pipelines.state.missing_member`, shown by `historian state`);
-* rows stamped outside the query are counted (`rows_out_of_range`) for the summary.
+* rows stamped outside the query are counted (`rows_out_of_range`) for the summary;
+* whether a failed chunk is worth re-running whole (`chunk_retry_may_help`): the one
+  retry decision above the client's per request (docs/architecture.md, "Retries").
 
 Memory stays bounded: `stream` keeps at most `max_in_flight` chunks fetching and yields
 each chunk's frame as soon as it is complete.
@@ -26,11 +28,12 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from connectors.errors import UnknownTag
+from connectors.errors import TransientNodeError, UnknownTag
 from connectors.fetch import (
     HISTORY_FILTER,
     HISTORY_MANY,
     AlarmFetcher,
+    Fetched,
     FilterQuery,
     HistoryClient,
     HistoryFetcher,
@@ -42,17 +45,34 @@ from connectors.schema import frame_from_table
 from connectors.version import NodeVersion, adapt_alarm_filter
 from pipelines.planning import Chunk
 from pipelines.state import missing_member
+from sinks.base import SinkUnavailable
 
 log = logging.getLogger("historian.engine")
 
 __all__ = [
+    "CHUNK_RETRIES",
+    "CHUNK_RETRY_DELAY_S",
     "AlarmEngine",
     "ChunkResult",
     "FilterQuery",
     "HistoryClient",
     "HistoryEngine",
+    "chunk_retry_may_help",
     "stream_bounded",
 ]
+
+# A failed chunk is re-run whole at most this often (safe: writes replace their scope).
+CHUNK_RETRIES = 2
+CHUNK_RETRY_DELAY_S = 2.0
+
+
+def chunk_retry_may_help(error: BaseException) -> bool:
+    """Is re-running a failed chunk worth it? Only when its failure may pass: a transient
+    node error that reached the chunk un-retried (the client's `retries: 0`), or a sink
+    that is unreachable for now. Never a fatal node error: `RetriesExhausted` is one (the
+    client already asked again; a chunk retry would multiply the attempts), and so is a
+    malformed answer (the node would answer alike)."""
+    return isinstance(error, TransientNodeError | SinkUnavailable)
 
 
 @dataclass
@@ -91,7 +111,6 @@ class HistoryEngine:
         filter_query: FilterQuery | None = None,
         raw_cap: int | None = None,
         max_in_flight: int = 4,
-        malformed_retries: int = 3,
         missing_is_fatal: bool = True,
     ) -> None:
         self.client = client
@@ -106,7 +125,6 @@ class HistoryEngine:
             options,
             filter_query=filter_query,
             cap=CapGuess(known=raw_cap),
-            malformed_retries=malformed_retries,
         )
 
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
@@ -116,17 +134,7 @@ class HistoryEngine:
         done = chunk
         if fetched.missing:
             done = self._without(chunk, fetched.missing)
-        return ChunkResult(
-            chunk=done,
-            frame=history_frame(fetched.table),
-            rows_fetched=fetched.table.num_rows,
-            requests=fetched.requests,
-            bytes_received=fetched.bytes_received,
-            seconds=time.perf_counter() - began,
-            continuations=fetched.continuations,
-            missing=fetched.missing,
-            rows_out_of_range=fetched.rows_out_of_range,
-        )
+        return _result(done, fetched, history_frame(fetched.table), began)
 
     def _without(self, chunk: Chunk, missing: tuple[str, ...]) -> Chunk:
         """The chunk whose scope leaves `missing` out (recorded as missing there), or,
@@ -174,7 +182,6 @@ class AlarmEngine:
         *,
         node_version: NodeVersion | None = None,
         max_in_flight: int = 2,
-        malformed_retries: int = 3,
     ) -> None:
         self.client = client
         self.node = node
@@ -188,24 +195,30 @@ class AlarmEngine:
             path,
             adapted.sent,
             max_priority_here=adapted.max_priority_here,
-            malformed_retries=malformed_retries,
         )
 
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
         began = time.perf_counter()
         fetched = self.fetcher.fetch(chunk.window, chunk.label)
-        return ChunkResult(
-            chunk=chunk,
-            frame=frame_from_table(fetched.table),
-            rows_fetched=fetched.table.num_rows,
-            requests=fetched.requests,
-            bytes_received=fetched.bytes_received,
-            seconds=time.perf_counter() - began,
-            rows_out_of_range=fetched.rows_out_of_range,
-        )
+        return _result(chunk, fetched, frame_from_table(fetched.table), began)
 
     def stream(self, chunks: Iterable[Chunk]) -> Iterator[ChunkResult]:
         yield from stream_bounded(self.fetch_chunk, chunks, self.max_in_flight)
+
+
+def _result(chunk: Chunk, fetched: Fetched, frame: pd.DataFrame, began: float) -> ChunkResult:
+    """A chunk's result from what the fetcher got (`began`: perf_counter at the start)."""
+    return ChunkResult(
+        chunk=chunk,
+        frame=frame,
+        rows_fetched=fetched.table.num_rows,
+        requests=fetched.requests,
+        bytes_received=fetched.bytes_received,
+        seconds=time.perf_counter() - began,
+        continuations=fetched.continuations,
+        missing=fetched.missing,
+        rows_out_of_range=fetched.rows_out_of_range,
+    )
 
 
 def stream_bounded(

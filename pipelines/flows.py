@@ -7,10 +7,8 @@ count, watermark). Prefect only decides how the work is submitted:
 * the plan is a `plan` task, and each pending chunk a `fetch` task on the flow's task
   runner, at most the node's `max_connections` at once (`_fetch_in_tasks`); the run's
   own loop joins, writes and counts what they return, as in the direct path;
-* retries: a fetch task is retried only when its failure may pass (`TransientNodeError`
-  that reached the task un-retried, `SinkUnavailable`); never configuration, credentials,
-  TLS, malformed answers, nor `RetriesExhausted`: the client already retried that error
-  with backoff, and stacking both layers would multiply attempts (docs/architecture.md);
+* retries: a fetch task is retried when the engine says a chunk retry may help
+  (`pipelines.engine.chunk_retry_may_help`; docs/architecture.md, "Retries");
 * concurrency across runs: when a Prefect global concurrency limit named
   `historian-node-<node>` exists, every fetch holds one of its slots
   (`prefect gcl create historian-node-demo --limit 4`); without one, nothing is asked of
@@ -49,13 +47,21 @@ from prefect.futures import PrefectFuture  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
 from connectors.client import NodeClient  # noqa: E402
-from connectors.errors import NodeError, TransientNodeError, one_line  # noqa: E402
+from connectors.errors import NodeError, one_line  # noqa: E402
 from connectors.options import AlarmFilter, HistoryOptions  # noqa: E402
 from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY  # noqa: E402
 from connectors.settings import NodeSettings  # noqa: E402
 from pipelines.config import Config, ConfigError, load_config, parse_moment  # noqa: E402
 from pipelines.destinations import SinkSet  # noqa: E402
-from pipelines.engine import AlarmEngine, ChunkResult, FilterQuery, HistoryEngine  # noqa: E402
+from pipelines.engine import (  # noqa: E402
+    CHUNK_RETRIES,
+    CHUNK_RETRY_DELAY_S,
+    AlarmEngine,
+    ChunkResult,
+    FilterQuery,
+    HistoryEngine,
+    chunk_retry_may_help,
+)
 from pipelines.nodes import NodePool  # noqa: E402
 from pipelines.planning import Chunk  # noqa: E402
 from pipelines.runner import (  # noqa: E402
@@ -67,7 +73,7 @@ from pipelines.runner import (  # noqa: E402
     RunSummary,
     run_flow,
 )
-from sinks.base import SinkError, SinkUnavailable  # noqa: E402
+from sinks.base import SinkError  # noqa: E402
 
 log = logging.getLogger("historian.flows")
 
@@ -77,10 +83,8 @@ PlanCallback = Callable[[Plan], None]
 TASK_RUNNER_ENV = "HISTORIAN_TASK_RUNNER"
 DASK_ADDRESS_ENV = "HISTORIAN_DASK_ADDRESS"
 NODE_LIMIT_PREFIX = "historian-node-"
-RETRIES = 2
-RETRY_DELAY_S = 2
-# Errors a chunk retry may cure. RetriesExhausted is not one: the client retried it already.
-RETRIABLE: tuple[type[Exception], ...] = (TransientNodeError, SinkUnavailable)
+RETRIES = CHUNK_RETRIES
+RETRY_DELAY_S = CHUNK_RETRY_DELAY_S
 
 
 @dataclass(frozen=True)
@@ -130,13 +134,11 @@ def _fetch_job(run: FlowRun) -> FetchJob:
 
 
 def _retry_if_transient(task_: Any, task_run: Any, state: Any) -> bool:
-    """Retry a chunk only when its failure may pass (see the module docstring)."""
+    """Prefect's retry condition: the engine's decision, `chunk_retry_may_help`."""
     try:
         state.result()
-    except RETRIABLE:
-        return True
-    except BaseException:
-        return False
+    except BaseException as exc:
+        return chunk_retry_may_help(exc)
     return False
 
 

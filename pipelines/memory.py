@@ -1,13 +1,12 @@
 """Keep a long run's memory flat: hand freed pages back instead of hoarding them.
 
-Measured (BENCHMARKS.md): peak RSS of a run grew with its length although only a bounded
-number of chunks is alive at once. Python objects were not the cause (tracemalloc: 7 MB
-alive at the end); Arrow's jemalloc pool and glibc's per-thread malloc arenas kept the
-freed pages. Arrow buffers on the system allocator, one malloc arena and a low trim
-threshold cut a 5 M-row run's peak from 572 MB to 445 MB at the same speed. What was left
-was the end-of-run compaction (now ~half the memory, sinks/parquet.py) and heap pages freed
-below live blocks, which `release_memory` hands back between chunks: 5 M to 20 M rows in
-one run now peak at 310-325 MB.
+Why: peak RSS of a run grew with its length although only a bounded number of chunks is
+alive at once. Python objects were not the cause (few were alive at the end); Arrow's
+jemalloc pool and glibc's per-thread malloc arenas kept the freed pages. Arrow buffers on
+the system allocator, one malloc arena and a low trim threshold cut the peak at the same
+speed; heap pages freed below live blocks are handed back between chunks by
+`release_memory`, so the peak no longer grows with the run's length (the figures:
+BENCHMARKS.md, "Figures behind design choices").
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ def bound_memory() -> None:
 
 
 def release_memory() -> None:
-    """Hand the heap's free pages back to the system (between chunks: ~3 ms each, measured).
+    """Hand the heap's free pages back to the system (between chunks: cheap next to a chunk).
 
     The trim threshold only returns the top of the heap; pages freed below a live block
     stay resident until `malloc_trim`, and the next chunk's peak would stack on them.

@@ -1,7 +1,9 @@
 """Connect the nodes a config names: a real node by URL, or the built-in simulator.
 
 A `simulator:` node is started in-process on a free loopback port for as long as the
-command runs, so the embedded default needs nothing else on the machine.
+command runs, so the embedded default needs nothing else on the machine. Prefect Secret
+blocks named in flows.yaml are read here, and the client gets their values: the
+connectors do not depend on the orchestrator.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from types import TracebackType
 from typing import Any
 
 from connectors.client import NodeClient
-from connectors.errors import FatalNodeError, one_line
-from connectors.settings import NodeSettings
+from connectors.errors import FatalNodeError, RetriesExhausted, one_line, quoted
+from connectors.settings import NodeSettings, SecretText, SettingsError
 from connectors.version import NodeVersion, node_version
 from pipelines.config import Config, NodeConfig
 
@@ -34,7 +36,8 @@ class ConnectedNode:
     def version(self) -> NodeVersion | None:
         """The node's version from `system?cmd=status` (`n3.versions`), read once per
         connection (once per run). None when the node does not say or refuses to: what
-        depends on it then takes the reading every version understands."""
+        depends on it then takes the reading every version understands. A node that does
+        not answer at all (`RetriesExhausted`) stops the caller here."""
         with self._lock:
             if self._version is None:
                 self._version = (self._read_version(),)
@@ -43,6 +46,8 @@ class ConnectedNode:
     def _read_version(self) -> NodeVersion | None:
         try:
             status = self.client.system_status()
+        except RetriesExhausted:
+            raise  # the node is not answering at all: nothing else will work either
         except FatalNodeError as exc:
             log.warning("node %s: cannot read its version (%s)", self.name, one_line(exc))
             return None
@@ -54,7 +59,8 @@ class ConnectedNode:
 
 
 def node_settings(name: str, node: NodeConfig, url: str | None = None) -> NodeSettings:
-    """Client settings of a configured node (`url` overrides, for a started simulator)."""
+    """Client settings of a configured node (`url` overrides, for a started simulator),
+    with the values of its Secret blocks read now."""
     target = url or node.url
     assert target is not None
     return NodeSettings(
@@ -65,8 +71,8 @@ def node_settings(name: str, node: NodeConfig, url: str | None = None) -> NodeSe
         token_env=node.token_env,
         username_env=node.username_env,
         password_env=node.password_env,
-        token_block=node.token_block,
-        password_block=node.password_block,
+        token=secret_block(name, node.token_block) if node.token_block else None,
+        password=secret_block(name, node.password_block) if node.password_block else None,
         connect_timeout_s=node.connect_timeout.total_seconds(),
         read_timeout_s=node.read_timeout.total_seconds(),
         request_deadline_s=(
@@ -75,6 +81,24 @@ def node_settings(name: str, node: NodeConfig, url: str | None = None) -> NodeSe
         max_connections=node.max_connections,
         retries=node.retries,
     )
+
+
+def secret_block(node: str, block: str) -> SecretText:
+    """The value of a Prefect Secret block; a one-line SettingsError naming the node and
+    the block (never its value) when it cannot be read or is empty."""
+    try:
+        from prefect.blocks.system import Secret
+
+        loaded: Any = Secret.load(block)  # sync here: no event loop runs in this thread
+        value = loaded.get()
+    except Exception as exc:
+        raise SettingsError(
+            f"node {node}: Prefect Secret block {quoted(block)} cannot be read "
+            f"({type(exc).__name__})"
+        ) from None
+    if not isinstance(value, str) or not value:
+        raise SettingsError(f"node {node}: Prefect Secret block {quoted(block)} is empty")
+    return SecretText(value)
 
 
 class NodePool:

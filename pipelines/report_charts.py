@@ -2,9 +2,9 @@
 
 Why matplotlib: its date locators and `ConciseDateFormatter` label a time axis without
 overlap at any range (seconds to years), colour bars and legends come with it, and the
-output is a static SVG with the grids embedded as PNG: no script, nothing fetched, a few
-hundred kilobytes for 400 tags x 100 buckets. Plotly, the other candidate, inlines its
-4.8 MB JavaScript bundle in every page and draws nothing without running it. matplotlib is
+output is a static SVG with the grids embedded as PNG: no script, nothing fetched, a page
+of modest size (BENCHMARKS.md). Plotly, the other candidate, inlines its whole JavaScript
+bundle in every page and draws nothing without running it. matplotlib is
 imported only here, when a report is drawn, so the command line starts without it.
 
 Every label is data: mathtext is off (a `$` in a tag path stays a `$`), control

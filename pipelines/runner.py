@@ -633,7 +633,7 @@ class FlowRun:
 
     def write_depth(self) -> int:
         """Chunks written at once: what every sink of the flow allows (1 unless all say more)."""
-        return min((int(getattr(sink, "write_concurrency", 1)) for sink in self.sinks), default=1)
+        return min((max(1, sink.write_concurrency) for sink in self.sinks), default=1)
 
     def _done(self, outcome: ChunkOutcome, on_chunk: ProgressCallback | None) -> None:
         self.summary.add(outcome)
@@ -694,10 +694,9 @@ class FlowRun:
         run compacts, and reads its watermark anew.
         """
         for sink in self.sinks:
-            compact = getattr(sink, "compact", None)
-            if compact is not None and self.summary.chunks_done:
+            if self.summary.chunks_done:
                 try:
-                    compact(self.dataset)
+                    sink.compact(self.dataset)
                 except SinkError as exc:
                     log.warning("%s: every chunk is committed; not compacted: %s", self.name, exc)
         if self.plan_ is not None:

@@ -32,7 +32,7 @@ import orjson
 import pyarrow as pa
 
 from connectors.errors import MalformedAnswer, NodeRequestError, UnknownTag, quoted
-from connectors.fetch import FilterQuery, well_formed
+from connectors.fetch import FilterQuery
 from connectors.normalise import parse_tag_details, tag_details_paths
 from connectors.schema import TAG_METADATA_SCHEMA
 from pipelines.config import TagSelectionConfig
@@ -108,29 +108,18 @@ def _details(
     if regex is not None:
         params["options.filter"] = regex
     group = None if recurrent else path
-    body = b""
-
-    def request() -> bytes:
-        nonlocal body
-        body = client.request("tag.details", "GET", "tag", "details", params=params).content
-        return body
-
-    paths = well_formed(request, lambda answer: tag_details_paths(answer, group=group))
+    body = client.request("tag.details", "GET", "tag", "details", params=params).content
+    paths = tag_details_paths(body, group=group)
     return paths, _Answer(body, int(time.time() * 1000), group)
 
 
 def _browse(client: DetailsClient, params: Mapping[str, Any], where: str) -> Any:
-    """A browse answer as JSON, asked again while it is malformed."""
-
-    def parse(body: bytes) -> Any:
-        try:
-            return orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise MalformedAnswer("tag.browse", "answer is not JSON", where=where) from None
-
-    return well_formed(
-        lambda: client.request("tag.browse", "GET", "tag", "browse", params=params).content, parse
-    )
+    """A browse answer as JSON (a malformed one is fatal: MalformedAnswer)."""
+    body = client.request("tag.browse", "GET", "tag", "browse", params=params).content
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise MalformedAnswer("tag.browse", "answer is not JSON", where=where) from None
 
 
 def _parent(path: str) -> str:

@@ -86,6 +86,9 @@ class Sink(Protocol):
     """A destination the pipeline drives: open, lock, write chunks, read progress, close."""
 
     name: str
+    # How many chunk writes the runner may run at once on this sink (each its own atomic
+    # write with a disjoint scope); 1 where writes would only queue behind one another.
+    write_concurrency: int
 
     def open(self) -> None:
         """Create or migrate whatever the sink needs; fail early if it is unreachable."""
@@ -124,6 +127,13 @@ class Sink(Protocol):
     def forget_after(self, flow: str, moment: datetime) -> int:
         """Forget a flow's progress after `moment` (chunks ending after it may be forgotten
         whole); data stays, and the next run fetches it again. Returns entries removed."""
+
+    def compact(self, dataset: str) -> int:
+        """Merge a dataset's small files after a run (every chunk committed by then).
+
+        Returns how many files were merged away; 0 where there was nothing to merge or
+        the sink keeps no files (a SQL warehouse). Safe to call at any time, and again.
+        """
 
     def read(self, dataset: str, kind: str) -> pd.DataFrame:
         """Everything the sink holds for a dataset, with the kind's column types (tests, reports)."""

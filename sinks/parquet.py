@@ -152,6 +152,7 @@ from sinks.lake_layout import (
 from sinks.lake_state import LakeState, new_marker
 from sinks.lake_store import Entry, LakeStore, redacted_url, token
 from sinks.locks import LEASE_TTL_S, dataset_flock, flow_flock, flow_lease
+from sinks.scope import check_scope
 
 HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 ROW_GROUP_ROWS = 256 * 1024
@@ -289,6 +290,10 @@ def _release_unused() -> None:
 
 class ParquetLake:
     """A Parquet lake on local disk or object storage (see the module docstring)."""
+
+    # Chunk writes of one dataset take turns under its lock (`_dataset_lock`): a second
+    # write at once would only wait there.
+    write_concurrency: int = 1
 
     def __init__(
         self,
@@ -576,26 +581,6 @@ class ParquetLake:
         if table.num_columns and table.column(0).num_chunks == 1:
             return table  # one chunk per column already: no copy
         return table.combine_chunks()
-
-    def _check_scope(self, scope: ChunkScope, table: pa.Table) -> None:
-        if table.num_rows == 0:
-            return
-        bounds = pc.min_max(pc.cast(table["ts"], pa.int64()))
-        low, high = int(bounds["min"].as_py()), int(bounds["max"].as_py())
-        problems = []
-        if low < scope.window.start_ms or high >= scope.window.end_ms:
-            problems.append(f"timestamps outside {scope.window}")
-        if scope.kind == tables.KIND_TAG_HISTORY:
-            outside = tables.names_of(table["tag"]) - set(scope.members)
-            if outside:
-                example = min(outside)
-                shown = example if len(example) <= 80 else example[:77] + "..."
-                problems.append(f"{len(outside)} tag(s) not in the chunk, e.g. {shown!r}")
-        if problems:
-            raise SinkError(
-                f"lake '{self.name}': chunk {scope.chunk_id} of dataset '{scope.dataset}' has rows "
-                f"outside its scope ({'; '.join(problems)}); filter them before writing"
-            )
 
     def _scope_mask(
         self, table: pa.Table, kind: str, window: Window, members: Sequence[str]
@@ -905,7 +890,7 @@ class ParquetLake:
             raise SinkError(f"lake '{self.name}': kind {scope.kind!r} is not a history kind")
         what = f"write chunk {chunk} of dataset '{dataset}'"
         table = self._table(frame, scope.kind, what)
-        self._check_scope(scope, table)
+        check_scope(scope, table, f"lake '{self.name}'")
         if table.num_rows != rows_fetched:
             raise CountMismatch(
                 f"lake '{self.name}': chunk {chunk} of dataset '{dataset}': {table.num_rows} rows "

@@ -52,10 +52,10 @@ from connectors.schema import (
     KIND_TAG_HISTORY,
     KIND_TAG_METADATA,
     SCHEMAS,
-    SCOPE_COLUMN,
     frame_from_table,
 )
 from connectors.timewindow import Window
+from sinks import sql_mysql
 from sinks.base import (
     ChunkRecord,
     ChunkScope,
@@ -65,11 +65,12 @@ from sinks.base import (
     SinkUnavailable,
     merge_windows,
 )
+from sinks.scope import check_scope
 from sinks.sql_copy import dense_codes
+from sinks.sql_dialects import dialect_of, quote
 from sinks.sql_errors import is_database_error, is_duplicate_key, is_transient, one_line
 from sinks.sql_load import (
     copy_binary,
-    epoch_ms_sql,
     load_duckdb,
     scalar_list,
     select_arrow,
@@ -93,7 +94,6 @@ from sinks.sql_tables import (
     Layout,
     Storage,
     check_dataset_name,
-    quote,
 )
 
 log = logging.getLogger("historian.sql")
@@ -126,29 +126,15 @@ class SqlWarehouse:
             parsed = sa.engine.make_url(url)
         except sa.exc.ArgumentError:
             raise SinkError(f"sink {name}: not a database URL") from None
-        self.dialect = parsed.get_backend_name()
-        if self.dialect == "postgresql":
-            if parsed.get_driver_name() not in ("psycopg", "psycopg2"):
-                raise SinkError(
-                    f"sink {name}: PostgreSQL is reached through psycopg 3 "
-                    "(postgresql+psycopg://...)"
-                )
-            parsed = parsed.set(drivername="postgresql+psycopg")
-        elif self.dialect != "duckdb":
-            raise SinkError(f"sink {name}: {self.dialect} is not supported (postgresql or duckdb)")
+        self.sql, parsed = dialect_of(parsed, name)
+        self.dialect = self.sql.family  # "postgresql", "duckdb" or "mysql" (also MariaDB)
         self.url = parsed
         self.schema = schema
-        self.layout = Layout(self.dialect, schema)
-        args = dict(connect_args or {})
-        if self.dialect == "postgresql":
-            args.setdefault("connect_timeout", 10)
-            # Visible in pg_stat_activity: which warehouse schema a connection writes.
-            args.setdefault(
-                "application_name", f"historian {schema}"[:63] if schema else "historian"
-            )
-        self._connect_args = args
+        self.layout = Layout(self.sql, schema, self.sql.default_schema(parsed))
+        self._connect_args = {**self.sql.connect_args(schema), **dict(connect_args or {})}
         self.retry_s = max(0.0, float(RETRY_S if retry_s is None else retry_s))
-        self._locks: dict[str, AdvisoryLock] = {}  # flow -> the lock this sink holds for it
+        # flow -> the lock this sink holds for it
+        self._locks: dict[str, AdvisoryLock | sql_mysql.NamedLock] = {}
         # Masked in every message: the URL's password and libpq's PGPASSWORD.
         self._secrets = tuple(
             s for s in (parsed.password, os.environ.get("PGPASSWORD")) if isinstance(s, str) and s
@@ -159,8 +145,9 @@ class SqlWarehouse:
         self._registered: set[tuple[str, str]] = set()
         # Chunk writes the runner may run at once (each its own connection and transaction):
         # while the server inserts one chunk into the key's B-tree, the next is encoded and
-        # copied by a second backend. DuckDB has one writer.
-        self.write_concurrency = max(1, writers) if self.dialect == "postgresql" else 1
+        # copied by a second backend. DuckDB has one writer; MySQL's writes take turns
+        # (sinks/sql_dialects.py).
+        self.write_concurrency = max(1, writers) if self.sql.default_writers > 1 else 1
         self._prepare = threading.Lock()  # dataset DDL and series registration, once each
 
     def __repr__(self) -> str:
@@ -211,8 +198,8 @@ class SqlWarehouse:
         the same rows either way. Before another attempt for a flow, its lock is taken
         again if the server ended the session that held it.
         """
-        if self.dialect != "postgresql":
-            return action()  # embedded DuckDB: nothing to reconnect to
+        if self.dialect == "duckdb":
+            return action()  # embedded: nothing to reconnect to
         began = time.monotonic()
         attempt = 0
         while True:
@@ -247,7 +234,7 @@ class SqlWarehouse:
             engine = sa.create_engine(
                 self.url,
                 connect_args=self._connect_args,
-                pool_pre_ping=self.dialect == "postgresql",
+                pool_pre_ping=self.dialect != "duckdb",
             )
             try:
                 with engine.begin() as conn:
@@ -285,6 +272,14 @@ class SqlWarehouse:
                 raise SinkError(f"sink {self.name}: {existing} is not a writable directory")
             return f"does not exist yet; {existing} is writable"
         engine = sa.create_engine(self.url, connect_args=self._connect_args)
+        if self.dialect == "mysql":
+            try:
+                with self._errors("check"):
+                    return sql_mysql.probe(engine, self.layout.catalog_schema)
+            except SinkError as exc:
+                raise SinkError(f"sink {self.name}: {exc}") from None
+            finally:
+                engine.dispose()
         try:
             with self._errors("check"), engine.connect() as conn:
                 schema = self.layout.catalog_schema
@@ -340,14 +335,19 @@ class SqlWarehouse:
 
     @contextlib.contextmanager
     def lock(self, flow: str) -> Iterator[None]:
-        if self.dialect == "postgresql":
+        if self.dialect != "duckdb":
+            # MariaDB's named locks are server-wide: the database is part of the key.
+            schema = self.layout.catalog_schema if self.dialect == "mysql" else self.schema
+            key, where = advisory_key(flow, schema), self.describe()
             with contextlib.ExitStack() as stack:
                 with self._errors("lock"):
-                    held = stack.enter_context(
-                        advisory_lock(
-                            self.engine, flow, advisory_key(flow, self.schema), self.describe()
+                    held: AdvisoryLock | sql_mysql.NamedLock
+                    if self.dialect == "mysql":
+                        held = stack.enter_context(
+                            sql_mysql.named_lock(self.engine, flow, key, where)
                         )
-                    )
+                    else:
+                        held = stack.enter_context(advisory_lock(self.engine, flow, key, where))
                 self._locks[flow] = held
                 try:
                     yield
@@ -372,7 +372,7 @@ class SqlWarehouse:
         if scope.kind not in HISTORY_KINDS:
             raise SinkError(f"chunk {scope.chunk_id}: cannot write kind {scope.kind!r}")
         table = _typed_table(frame, scope.kind)
-        _check_scope(table, scope)
+        check_scope(scope, table, f"sink {self.name}")
         return self._retrying(lambda: self._write(scope, table, rows_fetched), flow=scope.flow)
 
     def _write(self, scope: ChunkScope, table: pa.Table, rows_fetched: int) -> int:
@@ -461,6 +461,9 @@ class SqlWarehouse:
         if not pairs:
             return
         series = self.layout.table(SERIES_TABLE)
+        if self.dialect == "mysql":
+            self._learn_series_mysql(series, pairs)
+            return
         given = (
             'SELECT n COLLATE "C" AS node, t COLLATE "C" AS tag '
             "FROM unnest(CAST(:n AS TEXT[]), CAST(:t AS TEXT[])) AS given (n, t)"
@@ -487,19 +490,45 @@ class SqlWarehouse:
         if missing:
             raise SinkError(f"sink {self.name}: tags not registered: {missing[0]!r}")
 
+    def _learn_series_mysql(self, series: str, pairs: list[tuple[str, str]]) -> None:
+        """`_learn_series` without arrays: an executemany upsert, then the pairs' ids read
+        back by tag (the series table is small; its key is a digest, sinks/sql_dialects.py)."""
+        ordered = sorted(set(pairs))
+        with self._errors("register tags"), self.engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {series} (node, tag) VALUES (:n, :t) "
+                    + self.sql.upsert(("node", "tag"), ())
+                ),
+                [{"n": node, "t": tag} for node, tag in ordered],
+            )
+            wanted = set(ordered)
+            found = conn.execute(
+                self.sql.text(f"SELECT series_id, node, tag FROM {series} WHERE tag IN :t", "t"),
+                {"t": sorted({tag for _, tag in ordered})},
+            ).fetchall()
+        for series_id, node, tag in found:
+            if (str(node), str(tag)) in wanted:
+                self._series[(str(node), str(tag))] = int(series_id)
+        missing = [p for p in pairs if p not in self._series]
+        if missing:
+            raise SinkError(f"sink {self.name}: tags not registered: {missing[0]!r}")
+
     def _check_attrs(self, conn: Connection, scope: ChunkScope) -> None:
         """Register the dataset's facts on first write; refuse a write whose facts differ."""
         wanted = json.loads(json.dumps(dict(scope.attrs), sort_keys=True, default=str))
         datasets = self.layout.table(DATASETS_TABLE)
-        select = sa.text(f"SELECT kind, CAST(attrs AS TEXT) FROM {datasets} WHERE dataset = :d")
+        select = sa.text(
+            f"SELECT kind, {self.sql.json_text('attrs')} FROM {datasets} WHERE dataset = :d"
+        )
         found = conn.execute(select, {"d": scope.dataset}).one_or_none()
         if found is None:
             # Only the first registration inserts; chunks (see `_register`) merely read.
             conn.execute(
                 sa.text(
                     f"INSERT INTO {datasets} (dataset, kind, attrs, created_at) "
-                    f"VALUES (:d, :k, CAST(:a AS {self.layout.json_type}), :t) "
-                    "ON CONFLICT (dataset) DO NOTHING"
+                    f"VALUES (:d, :k, {self.sql.json_param('a')}, :t) "
+                    + self.sql.upsert(("dataset",), ())
                 ),
                 {
                     "d": scope.dataset,
@@ -527,7 +556,19 @@ class SqlWarehouse:
         target = storage.target
         params: dict[str, Any] = {"s": scope.window.start, "e": scope.window.end}
         where = "ts >= :s AND ts < :e"
-        if storage.narrow:
+        if storage.narrow and self.dialect == "mysql":
+            # The series' ids first: a subquery in a DELETE is run per row in MariaDB 10,
+            # and the key of the rows leads with series_id (the window alone has no index).
+            params["ids"] = scalar_list(
+                conn,
+                f"SELECT series_id FROM {self.layout.table(SERIES_TABLE)} WHERE tag IN :t",
+                {"t": list(scope.members)},
+                self.sql.text,
+            )
+            if not params["ids"]:
+                return
+            where += " AND series_id IN :ids"
+        elif storage.narrow:
             # Every node's series of the scope's tags (the key leads with series_id).
             params["members"] = list(scope.members)
             where += (
@@ -536,14 +577,17 @@ class SqlWarehouse:
             )
         elif scope.kind == KIND_TAG_HISTORY:
             params["members"] = list(scope.members)
-            where += " AND tag = ANY(:members)"
+            where += " AND " + self.sql.in_list("tag", "members")
             if self.dialect == "postgresql":
                 # The key leads with node: name the nodes so the delete can use it.
                 params["nodes"] = scalar_list(conn, _distinct_nodes_sql(target), {})
                 if not params["nodes"]:
                     return
                 where += " AND node = ANY(:nodes)"
-        conn.execute(sa.text(f"DELETE FROM {target} WHERE {where}"), params)
+        lists = ("ids",) if "ids" in params else ()
+        if "members" in params and not storage.narrow:
+            lists = ("members",)
+        conn.execute(self.sql.text(f"DELETE FROM {target} WHERE {where}", *lists), params)
 
     def _load(self, conn: Connection, scope: ChunkScope, table: pa.Table, storage: Storage) -> int:
         target = storage.target
@@ -551,6 +595,8 @@ class SqlWarehouse:
         try:
             if self.dialect == "postgresql":
                 return copy_binary(conn, target, table) if table.num_rows else 0
+            if self.dialect == "mysql":
+                return sql_mysql.load_data(conn, target, table)
             return load_duckdb(conn, target, table, key)
         except Exception as exc:
             if is_database_error(exc) and is_duplicate_key(exc):
@@ -567,12 +613,11 @@ class SqlWarehouse:
             "flow, chunk_id, dataset, window_start, window_end, members, rows_fetched, "
             "rows_committed, committed_at"
         )
-        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns.split(", ")[2:])
+        upsert = self.sql.upsert(("flow", "chunk_id"), columns.split(", ")[2:])
         conn.execute(
             sa.text(
                 f"INSERT INTO {self.layout.table(CHUNKS_TABLE)} ({columns}) "
-                "VALUES (:f, :c, :d, :s, :e, :m, :rf, :rc, :t) "
-                f"ON CONFLICT (flow, chunk_id) DO UPDATE SET {updates}"
+                f"VALUES (:f, :c, :d, :s, :e, :m, :rf, :rc, :t) {upsert}"
             ),
             {
                 "f": scope.flow,
@@ -606,16 +651,30 @@ class SqlWarehouse:
             )
         members = list(dict.fromkeys(scope.members))
         window = scope.window
-        touching = "flow = :f AND member = ANY(:m) AND window_end >= :s AND window_start <= :e"
+        touching = (
+            f"flow = :f AND {self.sql.in_list('member', 'm')} "
+            "AND window_end >= :s AND window_start <= :e"
+        )
         params = {"f": scope.flow, "m": members, "s": window.start, "e": window.end}
         windows: dict[str, list[Window]] = {member: [window] for member in members}
         for member, start, end in conn.execute(
-            sa.text(f"SELECT member, window_start, window_end FROM {progress} WHERE {touching}"),
+            self.sql.text(
+                f"SELECT member, window_start, window_end FROM {progress} WHERE {touching}", "m"
+            ),
             params,
         ):
             windows[member].append(Window(_aware(start), _aware(end)))
-        conn.execute(sa.text(f"DELETE FROM {progress} WHERE {touching}"), params)
+        conn.execute(self.sql.text(f"DELETE FROM {progress} WHERE {touching}", "m"), params)
         rows = [(m, w) for m, found in windows.items() for w in merge_windows(found)]
+        if self.dialect == "mysql":  # no arrays to unnest: one executemany
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {progress} (flow, member, window_start, window_end) "
+                    "VALUES (:f, :m, :s, :e)"
+                ),
+                [{"f": scope.flow, "m": m, "s": w.start, "e": w.end} for m, w in rows],
+            )
+            return
         conn.execute(
             sa.text(
                 f"INSERT INTO {progress} (flow, member, window_start, window_end) "
@@ -642,6 +701,8 @@ class SqlWarehouse:
             with self._errors("write tag metadata"), self.engine.begin() as conn:
                 if self.dialect == "postgresql":
                     return upsert_postgres(conn, target, table, key)
+                if self.dialect == "mysql":
+                    return sql_mysql.upsert(conn, target, table, key)
                 return load_duckdb(conn, target, table, key)
 
         return self._retrying(upsert)
@@ -704,22 +765,25 @@ class SqlWarehouse:
         removed = 0
         with self._errors("reset"), self.engine.begin() as conn:
             for table, where in tables:
-                # RETURNING counts in both dialects (DuckDB reports no rowcount).
-                removed += len(
-                    conn.execute(
-                        sa.text(
-                            f"DELETE FROM {self.layout.table(table)} WHERE {where} RETURNING 1"
-                        ),
-                        {"f": flow, "m": member},
-                    ).fetchall()
+                removed += self._delete(
+                    conn,
+                    f"DELETE FROM {self.layout.table(table)} WHERE {where}",
+                    {"f": flow, "m": member},
                 )
         return removed
+
+    def _delete(self, conn: Connection, sql: str, params: dict[str, Any]) -> int:
+        """Run a DELETE; how many rows it removed (RETURNING where the dialect has it:
+        DuckDB reports no rowcount; MySQL has no DELETE ... RETURNING)."""
+        if not self.sql.delete_returning:
+            return int(conn.execute(sa.text(sql), params).rowcount)
+        return len(conn.execute(sa.text(sql + " RETURNING 1"), params).fetchall())
 
     def forget_after(self, flow: str, moment: datetime) -> int:
         """Cut the flow's progress at `moment` and drop the chunk records of windows ending
         after it, in one transaction; returns the chunk records dropped."""
         progress = self.layout.table(PROGRESS_TABLE)
-        params = {"f": flow, "t": moment}
+        params = {"f": flow, "t": moment.astimezone(UTC)}
         with self._errors("forget progress"), self.engine.begin() as conn:
             conn.execute(
                 sa.text(f"DELETE FROM {progress} WHERE flow = :f AND window_start >= :t"), params
@@ -731,15 +795,16 @@ class SqlWarehouse:
                 ),
                 params,
             )
-            return len(
-                conn.execute(
-                    sa.text(
-                        f"DELETE FROM {self.layout.table(CHUNKS_TABLE)} "
-                        "WHERE flow = :f AND window_end > :t RETURNING 1"
-                    ),
-                    params,
-                ).fetchall()
+            return self._delete(
+                conn,
+                f"DELETE FROM {self.layout.table(CHUNKS_TABLE)} WHERE flow = :f AND window_end > :t",
+                params,
             )
+
+    def compact(self, dataset: str) -> int:
+        """Nothing to merge: the database keeps its own storage (see `Sink.compact`)."""
+        check_dataset_name(dataset)
+        return 0
 
     def read(self, dataset: str, kind: str) -> pd.DataFrame:
         schema = SCHEMAS[kind]
@@ -750,9 +815,7 @@ class SqlWarehouse:
             if not self.layout.columns(conn, name):
                 return frame_from_table(schema.empty_table())
             columns = ", ".join(
-                epoch_ms_sql(f.name, self.dialect)
-                if pa.types.is_timestamp(f.type)
-                else quote(f.name)
+                self.sql.epoch_ms(f.name) if pa.types.is_timestamp(f.type) else quote(f.name)
                 for f in schema
             )
             order = ", ".join(quote(k) for k in KEYS[kind])
@@ -812,23 +875,6 @@ def _plain(table: pa.Table) -> pa.Table:
         if pa.types.is_dictionary(f.type):
             table = table.set_column(i, f.name, table.column(i).cast(f.type.value_type))
     return table
-
-
-def _check_scope(table: pa.Table, scope: ChunkScope) -> None:
-    """Rows outside the chunk's scope would escape its replace: refuse them."""
-    if table.num_rows == 0:
-        return
-    ts = table.column("ts").cast(pa.int64())
-    inside = pc.and_(pc.greater_equal(ts, scope.window.start_ms), pc.less(ts, scope.window.end_ms))
-    if scope.kind == KIND_TAG_HISTORY:
-        members = pa.array(list(scope.members), type=pa.string())
-        inside = pc.and_(inside, pc.is_in(table.column(SCOPE_COLUMN[scope.kind]), members))
-    outside = table.num_rows - pc.sum(pc.cast(inside, pa.int64())).as_py()
-    if outside:
-        raise SinkError(
-            f"chunk {scope.chunk_id}: {outside} row(s) outside its scope "
-            f"({'tags or ' if scope.kind == KIND_TAG_HISTORY else ''}window {scope.window})"
-        )
 
 
 def _aware(moment: Any) -> datetime:

@@ -17,7 +17,7 @@ their first row appears, rows keep their order inside a group (COPY does not car
 row order; the target's key order is unaffected). Typical warehouse chunks have a handful
 of shapes. When a table has too many shapes for that to pay (long free text of every
 length), the rows are built instead as per-field byte strings joined row by row by
-Arrow's `binary_join_element_wise` (about 4x slower, but linear whatever the data).
+Arrow's `binary_join_element_wise` (slower, but linear whatever the data).
 """
 
 from __future__ import annotations

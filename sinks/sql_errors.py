@@ -21,6 +21,10 @@ _TRANSIENT_STATES = {
     "40P01",  # deadlock_detected
 }
 _DUPLICATE_STATES = {"23505", "21000"}  # unique_violation, cardinality_violation
+# MariaDB/MySQL error numbers (PyMySQL's first argument): lost or refused connections,
+# server going away or shutting down, lock wait timeout, deadlock.
+_MYSQL_TRANSIENT = {1040, 1053, 1205, 1213, 2003, 2006, 2013, 2055}
+_MYSQL_DUPLICATE = {1062}
 _TRANSIENT_TEXT = (
     "connection refused",
     "server closed the connection",
@@ -50,8 +54,19 @@ def sqlstate(exc: BaseException) -> str | None:
     return state if isinstance(state, str) else None
 
 
+def _mysql_errno(exc: BaseException) -> int | None:
+    """The error number of a PyMySQL error, if that is what it is."""
+    driver = _driver_error(exc)
+    if type(driver).__module__.split(".")[0] != "pymysql" or not driver.args:
+        return None
+    number = driver.args[0]
+    return number if isinstance(number, int) else None
+
+
 def is_transient(exc: BaseException) -> bool:
     """Would retrying later, unchanged, plausibly succeed?"""
+    if _mysql_errno(exc) in _MYSQL_TRANSIENT:
+        return True
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     if isinstance(exc, ConnectionError | TimeoutError):
@@ -71,7 +86,7 @@ def is_transient(exc: BaseException) -> bool:
 
 def is_duplicate_key(exc: BaseException) -> bool:
     """Did an insert meet two rows with one key (in the frame itself, after the delete)?"""
-    if sqlstate(exc) in _DUPLICATE_STATES:
+    if sqlstate(exc) in _DUPLICATE_STATES or _mysql_errno(exc) in _MYSQL_DUPLICATE:
         return True
     driver = _driver_error(exc)
     text = str(driver)
@@ -85,7 +100,7 @@ def is_database_error(exc: BaseException) -> bool:
     if isinstance(exc, SQLAlchemyError):
         return True
     module = type(exc).__module__.split(".")[0]
-    return module in ("psycopg", "duckdb", "_duckdb")
+    return module in ("psycopg", "duckdb", "_duckdb", "pymysql")
 
 
 def one_line(exc: BaseException, secrets: tuple[str, ...] = (), limit: int = 300) -> str:

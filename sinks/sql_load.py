@@ -14,7 +14,7 @@ COPY; a registered Arrow view in DuckDB) read by one INSERT ... ON CONFLICT DO U
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -23,7 +23,7 @@ from psycopg.copy import QueuedLibpqWriter
 from sqlalchemy.engine import Connection
 
 from sinks.sql_copy import iter_binary_copy
-from sinks.sql_tables import quote
+from sinks.sql_dialects import DIALECTS, quote
 
 _COPY_STEP = 1 << 20
 _names = itertools.count()
@@ -99,8 +99,12 @@ def select_arrow(conn: Connection, dialect: str, sql: str, schema: pa.Schema) ->
         arrays = [fetched.column(i).combine_chunks() for i in range(len(schema))]
     else:
         rows = conn.exec_driver_sql(sql).fetchall()
+        # Drivers hand back what the column holds (MySQL: 0/1 for a boolean), so values
+        # are taken as they come and cast to the schema's type below.
         arrays = [
             pa.array([row[i] for row in rows], type=_fetch_type(field.type))
+            if not pa.types.is_boolean(field.type)
+            else pa.array([row[i] for row in rows])
             for i, field in enumerate(schema)
         ]
     return pa.Table.from_arrays(
@@ -113,12 +117,17 @@ def _fetch_type(kind: pa.DataType) -> pa.DataType:
 
 
 def epoch_ms_sql(column: str, dialect: str) -> str:
-    """SQL for a timestamptz column as BIGINT epoch milliseconds (exact, no time zone)."""
-    if dialect == "duckdb":
-        return f"epoch_ms({quote(column)})"
-    return f"CAST(floor(extract(epoch FROM {quote(column)}) * 1000) AS BIGINT)"
+    """SQL for a timestamp column as BIGINT epoch milliseconds (exact, no time zone)."""
+    return DIALECTS[dialect]().epoch_ms(column)
 
 
-def scalar_list(conn: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
-    """First column of every row of a query."""
-    return [row[0] for row in conn.execute(sa.text(sql), params)]
+def scalar_list(
+    conn: Connection,
+    sql: str,
+    params: dict[str, Any],
+    text: Callable[[str, str], sa.TextClause] | None = None,
+) -> list[Any]:
+    """First column of every row of a query (`text` makes the statement with its one list
+    parameter `t`: `Dialect.text`)."""
+    statement = sa.text(sql) if text is None else text(sql, "t")
+    return [row[0] for row in conn.execute(statement, params)]

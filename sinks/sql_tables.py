@@ -6,7 +6,8 @@ whose type cannot hold the schema's values is an error, never silently converted
 Identifiers are always quoted; nothing but validated dataset names and fixed names reach
 SQL text.
 
-Tag history in PostgreSQL (schema version 2) is stored narrow, behind a view:
+Tag history in PostgreSQL and MariaDB/MySQL (schema version 2) is stored narrow, behind a
+view:
 
 * `historian_series (series_id, node, tag)`: one row per (node, tag), `series_id` the
   primary key and `(node, tag)` UNIQUE, so the two name each other one to one. The sink
@@ -19,13 +20,16 @@ Tag history in PostgreSQL (schema version 2) is stored narrow, behind a view:
 The uniqueness users rely on is unchanged: two rows of the view with one (node, tag, ts,
 seq) would have one series_id (the bijection above) and so one (series_id, ts, seq),
 which the primary key forbids. Why: the key's B-tree is what bounds a load, and its
-tuples shrink from ~50-80 bytes (two texts and a timestamp) to 24, so the server does
-about half the work per row (bench/bench_sql.py). There is deliberately no foreign key
-from the rows to the series: its per-row check costs 4x the whole insert; the series
+tuples shrink from two texts and a timestamp to 24 bytes, so the server does less work
+per row (bench/bench_sql.py). There is deliberately no foreign key from the
+rows to the series: its per-row check costs more than the whole insert; the series
 table is append-only instead. Warehouses made by an earlier version keep their tag
 history tables (a plain table named like the dataset, keyed by `(node, tag, ts, seq)`)
 and keep being written that way; only new datasets get the narrow layout. DuckDB keeps
-the plain table (its loads are not bound by an index in the same way).
+the plain table (its loads are not bound by an index in the same way). In MariaDB/MySQL
+the rows table is clustered by its primary key, so a chunk (sorted by series and time)
+is appended in key order, and `(node, tag)` of the series table is unique through its
+digest column (sinks/sql_dialects.py: MySQL).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from connectors.schema import (
     SCHEMAS,
 )
 from sinks.base import SinkError
+from sinks.sql_dialects import Dialect, quote
 
 SCHEMA_VERSION = 2  # 2: historian_series + narrow tag history behind a view
 VERSION_TABLE = "historian_schema_version"
@@ -76,12 +81,14 @@ _ACCEPTED = {
     "smallint": {"smallint", "int2", "integer", "int4", "bigint", "int8"},
     "bigint": {"bigint", "int8"},
     "text": {"text", "varchar", "character varying"},
+    # MariaDB/MySQL spellings (sinks/sql_dialects.py: MySQL).
+    "datetime(3)": {"datetime"},
+    "longtext": {"longtext", "mediumtext", "text", "varchar"},
+    "integer": {"integer", "int", "bigint"},
 }
-
-
-def quote(name: str) -> str:
-    """A quoted SQL identifier (any text, quotes doubled)."""
-    return '"' + name.replace('"', '""') + '"'
+_ACCEPTED["double precision"] |= {"double"}
+_ACCEPTED["boolean"] |= {"tinyint"}
+_ACCEPTED["smallint"] |= {"int", "mediumint"}
 
 
 def check_dataset_name(name: str) -> None:
@@ -111,32 +118,15 @@ class Storage:
 
 
 def sql_type(field: pa.Field) -> str:
-    """The column type of an Arrow field (the only mapping between the two type systems)."""
-    kind = field.type
-    if pa.types.is_dictionary(kind):  # dictionary-encoded text is stored as its values
-        kind = kind.value_type
-    if pa.types.is_timestamp(kind):
-        return TS
-    if pa.types.is_float64(kind):
-        return "DOUBLE PRECISION"
-    if pa.types.is_boolean(kind):
-        return "BOOLEAN"
-    if pa.types.is_int16(kind):
-        return "SMALLINT"
-    if pa.types.is_int32(kind):
-        return "INTEGER"
-    if pa.types.is_int64(kind):
-        return "BIGINT"
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return "TEXT"
-    raise SinkError(f"column {field.name}: no warehouse type for {kind}")
+    """The PostgreSQL column type of an Arrow field (see `Dialect.column_type`)."""
+    return Dialect().column_type(field)
 
 
 def by_alignment(fields: list[pa.Field]) -> list[pa.Field]:
     """Fields widest fixed-width first, text last: PostgreSQL pads each column to its type's
     alignment, so this order stores a narrow tag-history row in 24 data bytes instead of 34
-    (the heap, and the WAL that carries it, a quarter smaller; measured: 107 vs 140 MB for
-    2.2 M rows). Columns are always named in COPY and in the view, never taken by position."""
+    (the heap, and the WAL that carries it, smaller: BENCHMARKS.md). Columns are always named in COPY and
+    in the view, never taken by position."""
 
     def width(field: pa.Field) -> int:
         kind = field.type
@@ -157,34 +147,52 @@ def compatible(have: str, want: str) -> bool:
 class Layout:
     """Where the warehouse's tables live and how to spell them for one dialect."""
 
-    dialect: str
+    sql: Dialect
     schema: str | None
+    default_schema: str  # where tables go without `schema` (the URL's database in MySQL)
+
+    @property
+    def dialect(self) -> str:
+        return self.sql.family
 
     @property
     def catalog_schema(self) -> str:
         """The schema name information_schema reports for our tables."""
-        return self.schema or ("public" if self.dialect == "postgresql" else "main")
+        return self.schema or self.default_schema
 
     def table(self, name: str) -> str:
         return f"{quote(self.schema)}.{quote(name)}" if self.schema else quote(name)
 
     def _text(self, key: bool = False) -> str:
-        # Key text in PostgreSQL compares bytewise: exact for any tag path and much faster
-        # to index than a linguistic collation.
-        return 'TEXT COLLATE "C"' if key and self.dialect == "postgresql" else "TEXT"
+        return self.sql.text_type(key)
 
     @property
     def json_type(self) -> str:
-        return "JSONB" if self.dialect == "postgresql" else "JSON"
+        return self.sql.json_type
 
     def column_ddl(self, field: pa.Field, key: bool) -> str:
-        kind = sql_type(field)
+        kind = self.sql.column_type(field)
         if kind == "TEXT":
             kind = self._text(key)
         return f"{quote(field.name)} {kind}{'' if field.nullable else ' NOT NULL'}"
 
+    def create_table(
+        self, name: str, columns: list[tuple[str, str]], key: tuple[str, ...], extra: str = ""
+    ) -> str:
+        """CREATE TABLE IF NOT EXISTS with (name, type-and-constraints) columns and a key
+        (the dialect makes it unique: a primary key, or a digest of long text)."""
+        elements = [f"{quote(n)} {t}" for n, t in columns]
+        typed = [(n, t.split(" NOT NULL")[0].split(" PRIMARY KEY")[0]) for n, t in columns]
+        elements += (self.sql.key_ddl(typed, key) if key else []) + ([extra] if extra else [])
+        return (
+            f"CREATE TABLE IF NOT EXISTS {self.table(name)} ({', '.join(elements)})"
+            + self.sql.table_options()
+        )
+
     def state_ddl(self) -> list[str]:
         """CREATE statements of the state tables, in order."""
+        if self.dialect == "mysql":
+            return self._portable_state_ddl()
         key_text = self._text(key=True)
         return [
             f"CREATE TABLE IF NOT EXISTS {self.table(VERSION_TABLE)} ("
@@ -208,6 +216,61 @@ class Layout:
                 ]
                 if self.dialect == "postgresql"
                 else []
+            ),
+        ]
+
+    def _portable_state_ddl(self) -> list[str]:
+        """The state tables as `create_table` spells them for the dialect (MySQL): the same
+        columns as above, keys made unique the dialect's way."""
+        ts, text, json = self.sql.timestamp_type, self._text(key=True), self.json_type
+        need = " NOT NULL"
+        return [
+            self.create_table(
+                VERSION_TABLE, [("version", "INTEGER" + need), ("migrated_at", ts + need)], ()
+            ),
+            self.create_table(
+                DATASETS_TABLE,
+                [
+                    ("dataset", text + need),
+                    ("kind", text + need),
+                    ("attrs", json + need),
+                    ("created_at", ts + need),
+                ],
+                ("dataset",),
+            ),
+            self.create_table(
+                CHUNKS_TABLE,
+                [
+                    ("flow", text + need),
+                    ("chunk_id", text + need),
+                    ("dataset", text + need),
+                    ("window_start", ts + need),
+                    ("window_end", ts + need),
+                    ("members", "INTEGER" + need),
+                    ("rows_fetched", "BIGINT" + need),
+                    ("rows_committed", "BIGINT" + need),
+                    ("committed_at", ts + need),
+                ],
+                ("flow", "chunk_id"),
+            ),
+            self.create_table(
+                PROGRESS_TABLE,
+                [
+                    ("flow", text + need),
+                    ("member", text + need),
+                    ("window_start", ts + need),
+                    ("window_end", ts + need),
+                ],
+                ("flow", "member", "window_start"),
+            ),
+            self.create_table(
+                SERIES_TABLE,
+                [
+                    ("series_id", "INTEGER NOT NULL AUTO_INCREMENT PRIMARY KEY"),
+                    ("node", text + need),
+                    ("tag", text + need),
+                ],
+                ("node", "tag"),
             ),
         ]
 
@@ -235,7 +298,7 @@ class Layout:
 
     def ensure_dataset(self, conn: Connection, dataset: str, kind: str) -> Storage:
         """Create or migrate a dataset's storage; where its rows are loaded."""
-        narrow = kind == KIND_TAG_HISTORY and self.dialect == "postgresql"
+        narrow = kind == KIND_TAG_HISTORY and self.dialect in ("postgresql", "mysql")
         if narrow and self.relation(conn, dataset) != "BASE TABLE":
             self._ensure_narrow(conn, dataset)
             return Storage(self.table(rows_table_name(dataset)), narrow=True)
@@ -251,15 +314,11 @@ class Layout:
         changed = not existing
         if not existing:
             series = pa.field("series_id", pa.int32(), nullable=False)
-            columns = ", ".join(
-                self.column_ddl(f, f.name in SERIES_KEY) for f in by_alignment([series, *fields])
-            )
-            key = ", ".join(quote(k) for k in SERIES_KEY)
-            conn.execute(
-                sa.text(
-                    f"CREATE TABLE IF NOT EXISTS {self.table(rows)} ({columns}, PRIMARY KEY ({key}))"
-                )
-            )
+            columns = [
+                (f.name, self.column_ddl(f, f.name in SERIES_KEY).split(" ", 1)[1])
+                for f in by_alignment([series, *fields])
+            ]
+            conn.execute(sa.text(self.create_table(rows, columns, SERIES_KEY)))
         else:
             changed = self._add_missing(conn, rows, fields, existing)
         if changed or self.relation(conn, dataset) is None:
@@ -282,7 +341,7 @@ class Layout:
         added = False
         for field in fields:
             have = existing.get(field.name)
-            want = sql_type(field)
+            want = self.sql.column_type(field)
             if have is None:
                 conn.execute(
                     sa.text(
@@ -303,14 +362,11 @@ class Layout:
         key = KEYS[kind]
         existing = self.columns(conn, table)
         if not existing:
-            columns = ", ".join(self.column_ddl(f, f.name in key) for f in schema)
-            keys = ", ".join(quote(k) for k in key)
-            conn.execute(
-                sa.text(
-                    f"CREATE TABLE IF NOT EXISTS {self.table(table)} "
-                    f"({columns}, PRIMARY KEY ({keys}))"
-                )
-            )
+            columns = [(f.name, self.column_ddl(f, f.name in key).split(" ", 1)[1]) for f in schema]
+            # MySQL: a chunk's scope is deleted by time (the key is a digest, see
+            # sinks/sql_dialects.py), so the time needs an index of its own.
+            extra = 'KEY ("ts")' if self.dialect == "mysql" and "ts" in key else ""
+            conn.execute(sa.text(self.create_table(table, columns, key, extra)))
             if kind == KIND_ALARM_HISTORY and self.dialect == "postgresql":
                 # Alarm scopes are replaced by time alone: the key's leading node/path
                 # columns cannot serve that delete.

@@ -1,7 +1,7 @@
-"""Shared fixtures: the real simulator on loopback and the real PostgreSQL.
+"""Shared fixtures: the real simulator on loopback, the real PostgreSQL and MariaDB.
 
-PostgreSQL tests skip with a reason when no server answers, except where
-HISTORIAN_REQUIRE_PG=1 (set by .ci/run): there a missing server is a failure.
+Server tests skip with a reason when no server answers, except where
+HISTORIAN_REQUIRE_SERVERS=1 (set by .ci/run): there a missing server is a failure.
 """
 
 from __future__ import annotations
@@ -55,6 +55,44 @@ def pg_url() -> str:
     if reason is not None:
         server_missing(reason)
     return PG_URL
+
+
+MARIADB_URL = os.environ.get(
+    "HISTORIAN_TEST_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306/test"
+)
+
+
+@pytest.fixture(scope="session")
+def mariadb_url() -> str:
+    """URL of the real MariaDB (or MySQL); skips (or fails in CI) when it does not answer."""
+    from tests.fixtures import server_missing
+
+    try:
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(MARIADB_URL, connect_args={"connect_timeout": 3})
+        with engine.connect() as conn:
+            conn.execute(sa.text("select 1"))
+        engine.dispose()
+    except Exception as exc:
+        server_missing(f"MariaDB at {MARIADB_URL.split('@')[-1]} unreachable: {type(exc).__name__}")
+    return MARIADB_URL
+
+
+@pytest.fixture
+def mariadb_schema(mariadb_url: str) -> Iterator[str]:
+    """A fresh database name in the real MariaDB (not created: the sink creates it),
+    dropped afterwards."""
+    import sqlalchemy as sa
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    try:
+        yield name
+    finally:
+        engine = sa.create_engine(mariadb_url)
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
+        engine.dispose()
 
 
 @pytest.fixture

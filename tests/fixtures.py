@@ -144,8 +144,10 @@ def truth_alarm_rows(
 
 
 def server_missing(reason: str) -> NoReturn:
-    """Skip a test whose server is missing here, but fail it where HISTORIAN_REQUIRE_PG=1
-    (CI, `.ci/run`): there a missing server is a defect, not a reason."""
-    if os.environ.get("HISTORIAN_REQUIRE_PG") == "1":
-        pytest.fail(f"{reason} (HISTORIAN_REQUIRE_PG=1)")
+    """Skip a test whose server is missing here, but fail it where HISTORIAN_REQUIRE_SERVERS=1
+    (CI, `.ci/run`; HISTORIAN_REQUIRE_PG=1 is its older name): there a missing server is a
+    defect, not a reason."""
+    for variable in ("HISTORIAN_REQUIRE_SERVERS", "HISTORIAN_REQUIRE_PG"):
+        if os.environ.get(variable) == "1":
+            pytest.fail(f"{reason} ({variable}=1)")
     pytest.skip(reason)

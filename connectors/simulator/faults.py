@@ -1,5 +1,9 @@
 """Fault switches: error statuses, 429, resets, truncated or non-JSON bodies, slow answers.
 
+`truncate` cuts the body short of its Content-Length (a broken transfer), `nonjson`
+answers a proxy's HTML page with 200, `cutjson` answers the first half of the node's
+JSON with a Content-Length that matches it (the node's own answer, malformed).
+
 Decisions come from a seeded random generator, so a test with a fixed seed sees the same
 faults in the same order of requests.
 """
@@ -11,7 +15,7 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 
-KINDS = ("500", "502", "503", "504", "429", "reset", "truncate", "nonjson", "slow")
+KINDS = ("500", "502", "503", "504", "429", "reset", "truncate", "nonjson", "cutjson", "slow")
 
 
 class Faults:

@@ -152,6 +152,8 @@ class _Handler(BaseHTTPRequestHandler):
             answer = node.handle(method, resource, cmd, params, body)
         if fault == "nonjson" and answer.status == 200:
             answer = Answer(200, b"<html><body>502 Bad Gateway</body></html>", "text/html")
+        if fault == "cutjson" and answer.status == 200:
+            answer = Answer(200, answer.body[: len(answer.body) // 2], answer.content_type)
         self._send(answer, truncate=fault == "truncate" and len(answer.body) > 1)
 
     def _inject(self, fault: str) -> bool:

@@ -23,12 +23,14 @@ from connectors.client import NodeClient
 from connectors.errors import (
     AuthenticationError,
     MalformedAnswer,
+    NodeBusy,
     NodeConnectionError,
     NodeError,
     NodeRequestError,
     NodeServerError,
     NodeTimeout,
     NodeUnavailable,
+    NotTheNodesAnswer,
     RateLimited,
     RetriesExhausted,
     TransientNodeError,
@@ -225,7 +227,6 @@ def test_unknown_fields_are_kept() -> None:
 @pytest.mark.parametrize(
     ("body", "call"),
     [
-        (b"<html><body>502 Bad Gateway</body></html>", lambda c: c.system_status()),
         (b'{"n3": {"pid": 1', lambda c: c.system_status()),
         (b'"seven"', lambda c: c.alarm_count("/")),
         (b'{"a": 1}', lambda c: c.alarm_get("/")),
@@ -235,7 +236,6 @@ def test_unknown_fields_are_kept() -> None:
         (b'{"Historian": [["2024-01-01"]]}', lambda c: c.log_browse()),
     ],
     ids=[
-        "html",
         "truncated-json",
         "string-count",
         "object-not-array",
@@ -268,7 +268,7 @@ def test_bytes_fast_path_returns_the_body_verbatim() -> None:
     ("status", "error"),
     [
         (429, RateLimited),
-        (500, NodeServerError),
+        (500, NodeBusy),
         (502, NodeUnavailable),
         (503, NodeUnavailable),
         (504, NodeUnavailable),
@@ -333,6 +333,50 @@ def test_500_is_fatal_when_server_errors_are_not_retried() -> None:
         client.system_status()
     assert len(recorder.requests) == 1
     assert not isinstance(caught.value, TransientNodeError)
+
+
+# What one request costs with `retries: 2`, per kind of failure: the client's decision.
+CLIENT_RETRY = [
+    ("503", json_answer({"error": "busy"}, 503), {}, 3, RetriesExhausted),
+    ("429", json_answer({"error": "slow"}, 429), {}, 3, RetriesExhausted),
+    ("500", json_answer({"error": "load"}, 500), {}, 3, RetriesExhausted),
+    (
+        "500-not-retried",
+        json_answer({"error": "bug"}, 500),
+        {"retry_server_errors": False},
+        1,
+        NodeServerError,
+    ),
+    (
+        "proxy-page",
+        httpx.Response(200, content=b"  <!DOCTYPE html><p>login</p>"),
+        {},
+        3,
+        RetriesExhausted,
+    ),
+    ("reset", httpx.ReadError("reset"), {}, 3, RetriesExhausted),
+    ("malformed", httpx.Response(200, content=b'{"n3": {"pid": 1'), {}, 1, MalformedAnswer),
+    ("401", json_answer({"error": "no"}, 401), {}, 1, AuthenticationError),
+    ("400", json_answer({"error": "no"}, 400), {}, 1, NodeRequestError),
+    ("501", json_answer({"error": "no"}, 501), {}, 1, NodeServerError),
+]
+
+
+@pytest.mark.parametrize(
+    ("answer", "settings", "requests", "error"),
+    [row[1:] for row in CLIENT_RETRY],
+    ids=[row[0] for row in CLIENT_RETRY],
+)
+def test_the_client_retries_exactly_the_transient_failures(
+    answer: httpx.Response | Exception,
+    settings: dict[str, Any],
+    requests: int,
+    error: type[NodeError],
+) -> None:
+    recorder = Recorder(answer)
+    with mock_client(recorder, retries=2, **settings) as client, pytest.raises(error):
+        client.system_status()
+    assert len(recorder.requests) == requests
 
 
 def test_html_error_page_is_a_typed_error_with_its_start() -> None:
@@ -456,14 +500,30 @@ def test_a_short_body_is_a_connection_error_not_data(
     assert caught.value.operation == "tag.historyMany"
 
 
-def test_nonjson_200_is_malformed(faulty: tuple[SimulatedNode, Any]) -> None:
+def test_a_web_page_in_place_of_the_answer_is_asked_again(
+    faulty: tuple[SimulatedNode, Any],
+) -> None:
     node, handle = faulty
-    node.faults.fail_next("nonjson", 1)
+    with _sim_client(handle) as client:
+        expected = client.system_error_count()
+        node.faults.fail_next("nonjson", 1)
+        try:
+            assert client.system_error_count() == expected
+        finally:
+            node.faults.clear()
+
+
+def test_a_web_page_that_persists_exhausts_the_retries_naming_it(
+    faulty: tuple[SimulatedNode, Any],
+) -> None:
+    node, handle = faulty
+    node.faults.fail_next("nonjson", 2)
     try:
-        with _sim_client(handle) as client, pytest.raises(MalformedAnswer) as caught:
+        with _sim_client(handle, retries=1) as client, pytest.raises(RetriesExhausted) as caught:
             client.system_status()
     finally:
         node.faults.clear()
+    assert isinstance(caught.value.last, NotTheNodesAnswer)
     assert "<html>" in str(caught.value)
 
 

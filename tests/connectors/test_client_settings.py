@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from connectors.client import NodeClient
 from connectors.params import encode_query, encoded_query_length, list_param
-from connectors.settings import NodeSettings, SettingsError
+from connectors.settings import NodeSettings, SecretText, SettingsError
 
 UNRESERVED = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
@@ -117,6 +117,16 @@ def test_base_url_takes_the_documented_default_ports(url: str, base: str) -> Non
             {"url": "http://n", "token_env": "T", "username_env": "U", "password_env": "P"},
             "not both",
         ),
+        ({"url": "http://n", "token_env": "T", "token": SecretText("pw")}, "not both"),
+        (
+            {
+                "url": "http://n",
+                "username_env": "U",
+                "password_env": "P",
+                "password": SecretText("pw"),
+            },
+            "not both",
+        ),
     ],
 )
 def test_settings_that_cannot_work_are_refused(kwargs: dict[str, object], message: str) -> None:
@@ -145,3 +155,35 @@ def test_an_unreadable_ca_bundle_is_a_clear_error() -> None:
     settings = NodeSettings(url="https://n", ca_bundle="/nonexistent/ca.pem")
     with pytest.raises(SettingsError, match=r"ca_bundle /nonexistent/ca\.pem"):
         NodeClient(settings)
+
+
+def test_a_given_secret_is_used_and_shown_nowhere() -> None:
+    import pickle
+
+    settings = NodeSettings(url="http://n", token=SecretText("tok-VALUE-2"))
+    assert settings.bearer_token() == "tok-VALUE-2"
+    assert "tok-VALUE-2" not in repr(settings)
+    assert "tok-VALUE-2" not in str(settings.token)
+    copied = pickle.loads(pickle.dumps(settings))  # a Dask worker gets the job pickled
+    assert copied == settings
+    assert copied.bearer_token() == "tok-VALUE-2"
+
+
+def test_a_user_with_a_given_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_U", "operator")
+    settings = NodeSettings(url="http://n", username_env="NODE_U", password=SecretText("pw-3"))
+    assert settings.basic_credentials() == ("operator", "pw-3")
+    assert "pw-3" not in repr(settings)
+
+
+def test_the_connectors_do_not_import_prefect() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, connectors.client, connectors.fetch, connectors.settings, "
+        "connectors.version; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -1,8 +1,87 @@
-"""Error messages quote user values cut to a readable length, with the length said."""
+"""Node errors: each one transient or fatal, never both; messages quote user values cut to
+a readable length, with the length said."""
 
 from __future__ import annotations
 
-from connectors.errors import QUOTED_CHARS, quoted
+import pytest
+
+from connectors.errors import (
+    QUOTED_CHARS,
+    AuthenticationError,
+    FatalNodeError,
+    MalformedAnswer,
+    NodeBusy,
+    NodeConnectionError,
+    NodeError,
+    NodeRequestError,
+    NodeServerError,
+    NodeTimeout,
+    NodeUnavailable,
+    NotTheNodesAnswer,
+    RateLimited,
+    RetriesExhausted,
+    TLSVerificationError,
+    TransientNodeError,
+    UnknownTag,
+    quoted,
+)
+from connectors.pager import ContinuationStuck
+from connectors.settings import SettingsError
+from connectors.version import UnsupportedByNode
+
+# Every node error there is, and whether asking again unchanged may help.
+SPLIT = [
+    (NodeConnectionError, True),
+    (NodeTimeout, True),
+    (NodeUnavailable, True),
+    (NodeBusy, True),
+    (NotTheNodesAnswer, True),
+    (RateLimited, True),
+    (RetriesExhausted, False),
+    (AuthenticationError, False),
+    (TLSVerificationError, False),
+    (NodeRequestError, False),
+    (NodeServerError, False),
+    (MalformedAnswer, False),
+    (ContinuationStuck, False),
+    (UnknownTag, False),
+    (SettingsError, False),
+    (UnsupportedByNode, False),
+]
+
+
+def _descendants(root: type) -> set[type]:
+    found: set[type] = set()
+    stack = [root]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            if sub not in found:
+                found.add(sub)
+                stack.append(sub)
+    return found
+
+
+@pytest.mark.parametrize(("error", "transient"), SPLIT, ids=[e.__name__ for e, _ in SPLIT])
+def test_each_error_is_on_one_side_of_the_split(error: type[NodeError], transient: bool) -> None:
+    assert issubclass(error, TransientNodeError) is transient
+    assert issubclass(error, FatalNodeError) is not transient
+
+
+def test_every_node_error_is_in_the_table_and_none_is_both() -> None:
+    leaves = _descendants(NodeError) - {TransientNodeError, FatalNodeError}
+    assert leaves == {error for error, _ in SPLIT}
+    for error in leaves:
+        assert issubclass(error, TransientNodeError) != issubclass(error, FatalNodeError), error
+
+
+def test_spent_retries_are_fatal_and_keep_the_last_failure() -> None:
+    last = NodeUnavailable("tag.historyMany", "node unavailable", status=503, body="busy")
+    spent = RetriesExhausted(last, 4)
+    assert spent.last is last
+    assert (
+        str(spent)
+        == "tag.historyMany: HTTP 503: gave up after 4 attempts: node unavailable: body: busy"
+    )
 
 
 def test_a_short_value_is_its_repr() -> None:

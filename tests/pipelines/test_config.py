@@ -336,6 +336,39 @@ def test_the_request_deadline_reaches_the_client_settings() -> None:
     assert node_settings("plant", default).deadline_s == 125
 
 
+def test_a_node_by_default_is_the_clients_default_settings() -> None:
+    """One source: what flows.yaml leaves out, the client's settings leave out too."""
+    import dataclasses
+
+    from connectors.settings import NodeSettings
+    from pipelines.nodes import node_settings
+
+    node = parse_config(BASE, env={}).nodes["plant"]
+    assert set(BASE["nodes"]["plant"]) == {"url", "token_env"}
+    derived = node_settings("plant", node)
+    client = NodeSettings(url=derived.url, name="plant", token_env="NODE_TOKEN")
+    assert dataclasses.asdict(derived) == dataclasses.asdict(client)
+    assert derived.max_connections == 4
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        ({"token_env": "T", "username_env": "U", "password_env": "P"}, "not both"),
+        ({"token_env": "T", "token_block": "b"}, "not both"),
+        ({"password_env": "P", "password_block": "b", "username_env": "U"}, "not both"),
+        ({"username_env": "U"}, "go together"),
+        ({"password_block": "b"}, "go together"),
+    ],
+)
+def test_credentials_follow_the_clients_rules_when_the_file_loads(
+    node: dict[str, str], message: str
+) -> None:
+    data = copy.deepcopy(BASE)
+    data["nodes"]["plant"] = {"url": "https://node.example:3443", **node}
+    assert message in error_of(data)
+
+
 def test_a_huge_integer_in_the_file_is_named_with_its_line(tmp_path: Path) -> None:
     file = tmp_path / "flows.yaml"
     document = yaml.safe_dump(BASE, sort_keys=False)

@@ -12,12 +12,22 @@ import pyarrow as pa
 import pytest
 
 from connectors.client import NodeClient
+from connectors.errors import (
+    AuthenticationError,
+    MalformedAnswer,
+    NodeBusy,
+    NodeTimeout,
+    NotTheNodesAnswer,
+    RetriesExhausted,
+    UnknownTag,
+)
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.settings import NodeSettings
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from connectors.timewindow import Window
-from pipelines.engine import AlarmEngine, FilterQuery, HistoryEngine
+from pipelines.engine import AlarmEngine, FilterQuery, HistoryEngine, chunk_retry_may_help
 from pipelines.planning import Chunk, plan_chunks
+from sinks.base import CountMismatch, SinkError, SinkUnavailable
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 NODE = "sim"
@@ -299,3 +309,28 @@ def test_rows_of_tags_the_chunk_did_not_ask_for_are_dropped() -> None:
     result = engine.fetch_chunk(chunk)
     assert list(zip(result.frame["tag"], result.frame["value"], strict=True)) == [("/a", 1.0)]
     assert result.rows_fetched == 1
+
+
+# What a chunk re-run is for: only failures that may pass and that no layer below retried.
+CHUNK_RETRY = [
+    (NodeTimeout("tag.historyMany", "no answer"), True),  # client `retries: 0`
+    (NotTheNodesAnswer("tag.historyMany", "a web page"), True),
+    (NodeBusy("tag.historyMany", "server error", status=500), True),
+    (SinkUnavailable("the server is starting up"), True),
+    (RetriesExhausted(NodeTimeout("tag.historyMany", "no answer"), 6), False),
+    (MalformedAnswer("tag.historyMany", "answer is not JSON"), False),
+    (UnknownTag("tag.historyMany", "tag '/a' left out"), False),
+    (AuthenticationError("tag.historyMany", "credentials refused", status=401), False),
+    (SinkError("the sink's own retries are spent"), False),
+    (CountMismatch("3 rows committed, 4 fetched"), False),
+    (ValueError("a bug"), False),
+]
+
+
+@pytest.mark.parametrize(
+    ("error", "re_run"), CHUNK_RETRY, ids=[type(e).__name__ for e, _ in CHUNK_RETRY]
+)
+def test_a_chunk_is_re_run_only_when_its_failure_may_pass(
+    error: BaseException, re_run: bool
+) -> None:
+    assert chunk_retry_may_help(error) is re_run

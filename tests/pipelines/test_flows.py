@@ -161,8 +161,8 @@ def test_a_transient_failure_is_retried_by_the_task(
 @pytest.mark.parametrize(
     ("fault", "client_retries", "error", "requests"),
     [
-        # Malformed answers: the engine asks 3 more times, then the chunk fails for good.
-        ("nonjson", 0, MalformedAnswer, 4),
+        # The node's own answer malformed: fatal, asked once, by no layer again.
+        ("cutjson", 3, MalformedAnswer, 1),
         # The client already retried (1 + 1 attempts): the task must not multiply them.
         ("503", 1, RetriesExhausted, 2),
     ],

@@ -1,4 +1,5 @@
-"""The whole pipeline, direct (no Prefect), simulator -> engine -> lake, DuckDB, PostgreSQL.
+"""The whole pipeline, direct (no Prefect), simulator -> engine -> lake, DuckDB, PostgreSQL,
+MariaDB.
 
 Exactly once: a re-run, a different window size and a late sample inside the look-back
 all leave each sample once in every sink, equal to the node's ground truth.
@@ -91,12 +92,21 @@ def as_ms_keys(frame: Any) -> list[Any]:
     return sorted(out)
 
 
-@pytest.fixture(params=["lake+duckdb", "postgres"])
+@pytest.fixture(
+    params=[
+        "lake+duckdb",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+    ]
+)
 def sink_setup(request: pytest.FixtureRequest) -> tuple[str, str] | None:
+    """The sinks of a flow: the lake and DuckDB, or a server warehouse (url, schema)."""
     if request.param == "postgres":
         pg_url = request.getfixturevalue("pg_url")
         schema = request.getfixturevalue("pg_schema")
         return (pg_url, schema)
+    if request.param == "mariadb":
+        return request.getfixturevalue("mariadb_url"), request.getfixturevalue("mariadb_schema")
     return None
 
 

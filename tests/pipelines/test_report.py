@@ -106,16 +106,25 @@ def history_rows() -> list[tuple[str, datetime, Any, int | None]]:
     return rows
 
 
-SINKS = ["lake", "duck", pytest.param("pg", marks=pytest.mark.postgres)]
+SINKS = [
+    "lake",
+    "duck",
+    pytest.param("pg", marks=pytest.mark.postgres),
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+]
 
 
 @pytest.fixture(params=SINKS)
 def project(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, Any]:
-    """flows.yaml with flows `f` (tags) and `al` (alarms) whose first sink is the one under test."""
+    """flows.yaml with flows `f` (tags) and `al` (alarms) whose first sink is the one under test
+    (a server warehouse, PostgreSQL or MariaDB, is the sink named `pg`)."""
     sink = request.param
     pg = None
     if sink == "pg":
         pg = (request.getfixturevalue("pg_url"), request.getfixturevalue("pg_schema"))
+    if sink == "mariadb":
+        sink = "pg"
+        pg = (request.getfixturevalue("mariadb_url"), request.getfixturevalue("mariadb_schema"))
     return two_flows(tmp_path, sink, pg), sink
 
 

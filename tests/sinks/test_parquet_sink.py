@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from connectors import schema
-from sinks.base import CountMismatch, FlowLocked, Sink, SinkError, SinkUnavailable
+from sinks.base import FlowLocked, Sink, SinkError, SinkUnavailable
 from sinks.lake_layout import is_data_file
 from sinks.lake_store import LakeStore
 from sinks.parquet import ParquetLake
@@ -182,43 +182,6 @@ def test_a_chunk_split_over_target_rows_replaces_its_pieces(tmp_lake: Path) -> N
     )
 
 
-def test_alarm_history_scope_is_every_path_in_the_window(lake: ParquetLake) -> None:
-    paths = ("/alarms/pump", "/alarms/tank ' level")
-    first = alarm_frame(paths, window(0, 4))
-    second = alarm_frame(paths[:1], window(2, 6))
-    kw: dict[str, Any] = {
-        "kind": "alarm_history",
-        "dataset": "alarms",
-        "attrs": {"kind": "alarm_history"},
-    }
-    lake.write(scope(("/alarms/",), window(0, 4), "al1", **kw), first, len(first))
-    lake.write(scope(("/alarms/",), window(2, 6), "al2", **kw), second, len(second))
-    got = lake.read("alarms", "alarm_history")
-    assert str(got["ack_ts"].dtype) == "timestamp[ms, tz=UTC][pyarrow]"
-    before = first[(first["ts"] < window(2, 3).start).to_numpy(dtype=bool)]
-    assert rows_of(got) == rows_of(concat([before, second]))
-    assert lake.progress("f").windows_of("/alarms/") == [window(0, 6)]
-
-
-def test_count_mismatch_commits_nothing(lake: ParquetLake, tmp_lake: Path) -> None:
-    win = window(0, 2)
-    frame = history_frame(TAGS, win)
-    with pytest.raises(CountMismatch, match="fetched"):
-        lake.write(scope(TAGS, win, "c1"), frame, len(frame) + 1)
-    assert not (tmp_lake / "hist").exists()
-    assert lake.progress("f").completed == {}
-    assert lake.chunk_log("f") == []
-
-
-def test_rows_outside_the_scope_are_refused(lake: ParquetLake, tmp_lake: Path) -> None:
-    frame = history_frame(TAGS, window(0, 3))
-    with pytest.raises(SinkError, match=r"outside its scope.*timestamps outside"):
-        lake.write(scope(TAGS, window(0, 2), "c1"), frame, len(frame))
-    with pytest.raises(SinkError, match=r"1 tag\(s\) not in the chunk, e.g. '/plant/d'"):
-        lake.write(scope(TAGS[:3], window(0, 3), "c1"), frame, len(frame))
-    assert not (tmp_lake / "hist").exists()
-
-
 def _encoded(frame: pd.DataFrame, extra_names: tuple[str, ...] = ()) -> pd.DataFrame:
     """`frame` with `node` and `tag` dictionary-encoded as the engine hands them over: the
     dictionary in reverse order, with `extra_names` that no row uses."""
@@ -285,38 +248,6 @@ def test_dataset_attrs_must_not_change(lake: ParquetLake, tmp_lake: Path) -> Non
     with pytest.raises(SinkError, match="partitioned by date, not month"):
         write(monthly, TAGS, window(1, 2), "c2")
     assert data_files(tmp_lake) == ["date=2024-03-01/part-c1.parquet"]
-
-
-def test_progress_merges_and_reset_forgets_but_keeps_data(lake: ParquetLake) -> None:
-    write(lake, TAGS[:2], window(0, 2), "c1")
-    write(lake, TAGS[:2], window(2, 4), "c2")
-    write(lake, TAGS[:2], window(6, 8), "c3")
-    write(lake, TAGS[2:], window(0, 1), "c4", flow="g", dataset="other")
-    progress = lake.progress("f")
-    assert progress.windows_of(TAGS[0]) == [window(0, 4), window(6, 8)]
-    assert progress.windows_of(TAGS[3]) == []
-    assert lake.flows() == ["f", "g"]
-    log = lake.chunk_log("f")
-    assert [r.chunk_id for r in log] == ["c3", "c2", "c1"]
-    assert (log[0].members, log[0].rows_fetched, log[0].rows_committed) == (2, 24, 24)
-    assert log[0].window == window(6, 8)
-    assert log[0].committed_at.tzinfo is not None
-    assert [r.chunk_id for r in lake.chunk_log("f", limit=1)] == ["c3"]
-
-    assert lake.reset("f", TAGS[0]) == 2
-    assert lake.progress("f").windows_of(TAGS[0]) == []
-    assert lake.progress("f").windows_of(TAGS[1]) == [window(0, 4), window(6, 8)]
-    fresh = ParquetLake(lake.url)  # the reset holds for other processes too
-    assert fresh.progress("f").windows_of(TAGS[0]) == []
-    write(lake, TAGS[:2], window(2, 4), "c2")
-    assert lake.progress("f").windows_of(TAGS[0]) == [window(2, 4)]
-
-    rows = len(lake.read("hist", "tag_history"))
-    assert lake.reset("f") == 3
-    assert lake.progress("f").completed == {}
-    assert lake.chunk_log("f") == []
-    assert lake.flows() == ["g"]
-    assert len(lake.read("hist", "tag_history")) == rows
 
 
 def test_progress_reads_each_marker_once_with_ten_thousand_markers(
