@@ -647,7 +647,7 @@ class FlowRun:
         return outcome
 
     def _write_overlapped(
-        self, depth: int, on_chunk: ProgressCallback | None, fetch: Fetcher | None
+        self, depth: int, on_chunk: ProgressCallback | None, fetch: Fetcher | None = None
     ) -> None:
         """Write up to `depth` chunks at once, each still its own atomic, idempotent write.
 
