@@ -89,7 +89,6 @@ def _run_flows(
     direct: bool,
     config: Config | None = None,
 ) -> None:
-    _boot_prefect(direct)
     from pipelines.config import ConfigError
     from pipelines.runner import RunFailed, RunRequest
 
@@ -165,16 +164,6 @@ def _run_flows(
         )
 
 
-def _boot_prefect(direct: bool) -> None:
-    """Start the ephemeral Prefect server now, when the command will need it: it boots
-    (~6 s, mostly importing Prefect's server code) while this process imports pandas and
-    Prefect and reads flows.yaml, instead of after. A no-op once started."""
-    if not direct:
-        from pipelines.prefect_env import start_ephemeral_server
-
-        start_ephemeral_server()
-
-
 def _failure(config: Config, name: str, exc: BaseException, chunks_done: int) -> str:
     """One line: which flow, which part (node or sink), what, and what was kept."""
     from pipelines.cli_busy import busy_line
@@ -241,7 +230,6 @@ def run(
     verbose: VerboseOption = False,
 ) -> None:
     """Run one flow (or --all) now: incremental from its state unless --start is given."""
-    _boot_prefect(direct)
     _setup_logging(verbose)
     with user_errors():
         if all_flows == (flow is not None):
@@ -269,7 +257,6 @@ def backfill(
     verbose: VerboseOption = False,
 ) -> None:
     """Extract a range; chunks already in every sink are skipped, so a killed backfill resumes."""
-    _boot_prefect(direct)
     _setup_logging(verbose)
     with user_errors():
         _run_flows(
@@ -309,6 +296,7 @@ def check(
         with NodePool(cfg) as nodes:
             reachable = _check_nodes(cfg, nodes, fail)
             _check_flows(cfg, nodes, reachable, fail)
+        _check_schedules(cfg, fail)
         _check_sinks(cfg, config.resolve().parent, fail)
         if problems:
             # Each reason is on its `fail` line above; the error line only counts them.
@@ -371,6 +359,23 @@ def _check_flows(
             out.print(f"[green]ok[/] flow {name}: {found}", highlight=False)
         except NodeError as exc:
             fail(f"flow {name}", exc)
+
+
+def _check_schedules(cfg: Config, fail: Callable[[str, Exception], None]) -> None:
+    """Each schedule is one Prefect accepts (its cron parser), as `serve` will need it."""
+    if not any(flow.schedule for flow in cfg.flows.values()):
+        return  # no schedule: Prefect is not imported
+    from pipelines.config import ConfigError
+    from pipelines.schedules import check_schedule
+
+    for name, flow in cfg.flows.items():
+        if flow.schedule is None:
+            continue
+        try:
+            checked = check_schedule(name, flow.schedule)
+            out.print(f"[green]ok[/] schedule {name}: {checked.text}", highlight=False)
+        except ConfigError as exc:
+            fail(f"schedule {name}", exc)
 
 
 def _check_sinks(cfg: Config, base: Path, fail: Callable[[str, Exception], None]) -> None:
@@ -489,12 +494,61 @@ def serve(
         cfg = _load(config)
         for name in flow or []:
             _check_flow(cfg, name, config)
+        unscheduled = [name for name in flow or [] if cfg.flows[name].schedule is None]
+        if unscheduled:
+            raise UserError(
+                f"{config.name}: flows.{unscheduled[0]}: has no schedule to serve", EXIT_USAGE
+            )
         scheduled = [n for n, f in cfg.flows.items() if f.schedule and (not flow or n in flow)]
         if not scheduled:
             raise UserError(f"{config.name}: no flow has a schedule", EXIT_USAGE)
         from pipelines.flows import serve_flows
+        from pipelines.prefect_server import ServerStartError
 
-        serve_flows(config, names=scheduled)
+        try:
+            serve_flows(
+                config,
+                names=scheduled,
+                announce=lambda line: out.print(line, highlight=False, soft_wrap=True),
+            )
+        except ServerStartError as exc:
+            raise UserError(str(exc)) from None
+        out.print("stopped", highlight=False)
+
+
+@app.command()
+def deploy(
+    pool: Annotated[str, typer.Option("--pool", help="Prefect work pool whose workers run them.")],
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+    flow: Annotated[list[str] | None, typer.Option("--flow", help="Only these flows.")] = None,
+) -> None:
+    """Register every scheduled flow as a deployment of a work pool on the Prefect server
+    PREFECT_API_URL names; `prefect worker start --pool POOL` runs them on schedule."""
+    with user_errors():
+        cfg = _load(config)
+        for name in flow or []:
+            _check_flow(cfg, name, config)
+        if not os.environ.get("PREFECT_API_URL"):
+            from prefect.settings import get_current_settings
+
+            if not get_current_settings().api.url:
+                raise UserError(
+                    "deploy needs a Prefect server that outlives it: set PREFECT_API_URL "
+                    "(e.g. to a `prefect server start`)",
+                    EXIT_USAGE,
+                )
+        from pipelines.flows import deploy_flows
+
+        names = [n for n, f in cfg.flows.items() if f.schedule and (not flow or n in flow)]
+        if not names:
+            raise UserError(f"{config.name}: no flow has a schedule", EXIT_USAGE)
+        deploy_flows(config, pool, names=names)
+        out.print(
+            f"deployed {len(names)} scheduled flows ({', '.join(names)}) to work pool {pool}; "
+            f"workers run them: prefect worker start --pool {pool}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @app.command()

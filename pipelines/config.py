@@ -309,11 +309,31 @@ class AlarmSelectionConfig(_Strict):
 
 
 class ScheduleConfig(_Strict):
+    """When `historian serve` runs the flow. The time zone is checked here (the IANA
+    database); the cron expression by Prefect's own parser in `historian check` and before
+    `serve` starts (pipelines/schedules.py), so that loading a config never imports Prefect."""
+
     cron: str | None = None
     interval: timedelta | None = None
     timezone: str = "UTC"
 
     _durations = field_validator("interval", mode="before")(_duration)
+
+    @field_validator("interval")
+    @classmethod
+    def _positive(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value < timedelta(seconds=1):
+            raise ValueError("must be at least 1s")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        if not _is_time_zone(value):
+            raise ValueError(
+                f"{quoted(value)} is not a time zone of the IANA database (like Europe/Paris)"
+            )
+        return value
 
     @field_validator("cron")
     @classmethod
@@ -327,6 +347,18 @@ class ScheduleConfig(_Strict):
         if (self.cron is None) == (self.interval is None):
             raise ValueError("give exactly one of cron or interval")
         return self
+
+
+def _is_time_zone(name: str) -> bool:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    if not name or name != name.strip() or name.startswith("/") or ".." in name:
+        return False  # ZoneInfo would read a file by that path
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
 
 
 class FlowConfig(_Strict):

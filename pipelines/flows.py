@@ -1,36 +1,25 @@
-"""Prefect flows: one per kind, thin wrappers around the runner (`pipelines/runner.py`).
+"""Prefect flows: one per kind, around the one execution core (`runner.run_flow`).
 
-A flow run reads top to bottom: load flows.yaml, open the node and the sinks, take the
-flow's lock (`FlowRun`), a `plan` task, then **chunks** tasks on the task runner, each
-fetching a group of pending chunks and writing them to every sink, then a summary artifact.
+A flow run reads top to bottom (`extract`): load flows.yaml, open the node and the sinks,
+and call `run_flow`, the same loop the direct path runs (lock, plan, fetch, join, write,
+count, watermark). Prefect only decides how the work is submitted:
 
-* Few task runs: each costs Prefect's engine ~10 ms of CPU in the flow's process (its
-  states become events sent to the API), which was +20-30 % of a fast backfill with one
-  task per chunk. The first task takes one chunk; later ones as many as make about a
-  second of work (`_GroupSizer`), and the small chunks of a window in a group are joined
-  into one write, as in the direct path (`FlowRun.joined`). A task writes in one of the
-  run's write slots, so the sinks see as many writers as in the direct path (one; two when
-  every sink is PostgreSQL, each write its own transaction); fetches go on meanwhile. Each
-  write is counted as it commits, once (`_Tally`), so a group that fails half-way reports
-  what it committed.
-* Concurrency per node: at most `max_connections` chunks tasks at once, each holding at
-  most one chunk's rows (fetching, waiting for a write slot, or writing), so memory stays
-  bounded whatever the number of chunks. Why not one more, as the direct path holds: the
-  Prefect process starts ~90 MB larger, and a third chunk in flight took its peak past
-  400 MB on 82 M rows (401 -> 374 MB with two, CPU and throughput unchanged within noise).
-  When a Prefect global concurrency limit named `historian-node-<node>` exists,
-  every fetch also holds one of its slots, which bounds the node's load across concurrent
-  runs, deployments and machines (`prefect gcl create historian-node-demo --limit 4`).
-  Without one, nothing is asked of the API per chunk.
-* Retries: a task re-runs its whole group, which is safe because writes replace their scope
-  and are idempotent, when the engine says a chunk retry may help
-  (`pipelines.engine.chunk_retry_may_help`; docs/architecture.md, "Retries").
-* Task runners: threads by default; `HISTORIAN_TASK_RUNNER=dask` runs fetches on a Dask
-  cluster (`pip install -e '.[dask]'`, docs/scaling.md). The sinks live in the flow's
-  process, so there a chunk is a **fetch** task on the cluster and a **write** task in the
-  flow's thread. Fetch tasks take only picklable inputs, so a Dask worker rebuilds the
-  engine from them; in the flow's own process they use the run's engine, which shares its
-  connection pool and what it learned about the node's raw-answer cap.
+* the plan is a `plan` task, and each pending chunk a `fetch` task on the flow's task
+  runner, at most the node's `max_connections` at once (`_fetch_in_tasks`); the run's
+  own loop joins, writes and counts what they return, as in the direct path;
+* retries: a fetch task is retried when the engine says a chunk retry may help
+  (`pipelines.engine.chunk_retry_may_help`; docs/architecture.md, "Retries");
+* concurrency across runs: when a Prefect global concurrency limit named
+  `historian-node-<node>` exists, every fetch holds one of its slots
+  (`prefect gcl create historian-node-demo --limit 4`); without one, nothing is asked of
+  the API per chunk;
+* a markdown artifact summarises the run; `historian serve` and `historian deploy` make
+  deployments of the flows (schedules, work pools).
+
+Task runners: threads by default; `HISTORIAN_TASK_RUNNER=dask` runs fetch tasks on a Dask
+cluster (`pip install -e '.[dask]'`, docs/scaling.md). On threads a fetch task gets the
+run itself (its engine, connection pool and what it learned about the node's raw-answer
+cap); on Dask it gets a picklable `FetchJob` and builds a client for the chunk.
 """
 
 from __future__ import annotations
@@ -38,11 +27,9 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -75,7 +62,6 @@ from pipelines.engine import (  # noqa: E402
     HistoryEngine,
     chunk_retry_may_help,
 )
-from pipelines.memory import release_memory  # noqa: E402
 from pipelines.nodes import NodePool  # noqa: E402
 from pipelines.planning import Chunk  # noqa: E402
 from pipelines.runner import (  # noqa: E402
@@ -85,6 +71,7 @@ from pipelines.runner import (  # noqa: E402
     RunFailed,
     RunRequest,
     RunSummary,
+    run_flow,
 )
 from sinks.base import SinkError  # noqa: E402
 
@@ -100,14 +87,10 @@ RETRIES = CHUNK_RETRIES
 RETRY_DELAY_S = CHUNK_RETRY_DELAY_S
 
 
-# -- what tasks get ------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class FetchJob:
-    """Everything a fetch task needs, picklable, so it runs on threads or Dask workers."""
+    """What a fetch task on another process (Dask) needs to fetch a chunk: picklable."""
 
-    run_id: str
     settings: NodeSettings
     node: str
     kind: str
@@ -115,82 +98,39 @@ class FetchJob:
     filter_query: FilterQuery | None = None
     alarm_path: str | None = None
     alarm_filter: AlarmFilter | None = None
-    node_limit: str | None = None
+
+    def fetch(self, chunk: Chunk) -> ChunkResult:
+        """The chunk, through a client of this process, closed after it."""
+        client = NodeClient(self.settings)
+        try:
+            engine: HistoryEngine | AlarmEngine
+            if self.kind == KIND_ALARM_HISTORY:
+                assert self.alarm_path is not None
+                assert self.alarm_filter is not None
+                engine = AlarmEngine(client, self.node, self.alarm_path, self.alarm_filter)
+            else:
+                assert self.options is not None
+                engine = HistoryEngine(
+                    client, self.node, self.options, filter_query=self.filter_query
+                )
+            return engine.fetch_chunk(chunk)
+        finally:
+            client.close()
 
 
-# Runs in progress in this process, by run id. Tasks get the id, not the run: a run holds
-# open connections and locks, which must not be copied into task parameters.
-_LIVE: dict[str, FlowRun] = {}
-
-
-@dataclass(frozen=True)
-class _Gates:
-    """What keeps a run's chunk tasks in step: fetch slots and write slots (as many as every
-    sink of the flow takes at once: `FlowRun.write_depth`, 1 unless all are PostgreSQL), and
-    `record`, which counts each write as it commits (`_Tally`)."""
-
-    fetching: threading.BoundedSemaphore
-    writing: threading.BoundedSemaphore = field(
-        default_factory=lambda: threading.BoundedSemaphore(1)
+def _fetch_job(run: FlowRun) -> FetchJob:
+    node, engine = run.node, run.engine
+    if isinstance(engine, AlarmEngine):
+        return FetchJob(
+            node.settings, node.name, run.kind, alarm_path=engine.path, alarm_filter=engine.filt
+        )
+    return FetchJob(
+        node.settings,
+        node.name,
+        run.kind,
+        options=engine.options,
+        filter_query=engine.filter_query,
     )
-    record: Callable[[ChunkOutcome], None] = field(default=lambda outcome: None)
-
-
-class _Tally:
-    """Counts committed writes into the run's summary once each, from any task's thread.
-
-    A group task counts each write as it commits, so a group that fails half-way still
-    counts what it committed. A retried group writes its chunks again (idempotent); a
-    write whose chunks were all counted already is not counted again (a retry that joins
-    them differently with new ones is, so the summary may then count a chunk twice; the
-    data never holds it twice).
-    """
-
-    def __init__(self, run: FlowRun, caller: _Caller) -> None:
-        self._run = run
-        self._caller = caller
-        self._lock = threading.Lock()
-        self._counted: set[str] = set()
-
-    def __call__(self, outcome: ChunkOutcome) -> None:
-        with self._lock:
-            parts = outcome.part_ids
-            if self._counted.issuperset(parts):
-                return
-            self._counted.update(parts)
-            _count(self._run, outcome, self._caller)
-
-
-_GATES: dict[str, _Gates] = {}
-# Engines rebuilt in processes without the run (Dask workers), one per run and process.
-_REMOTE: dict[str, tuple[HistoryEngine | AlarmEngine, NodeClient]] = {}
-_REMOTE_LOCK = threading.Lock()
-
-
-def _fetch_engine(job: FetchJob) -> HistoryEngine | AlarmEngine | FlowRun:
-    """The run itself when it lives in this process, else an engine built from the job."""
-    run = _LIVE.get(job.run_id)
-    if run is not None:
-        return run
-    with _REMOTE_LOCK:
-        known = _REMOTE.get(job.run_id)
-        if known is not None:
-            return known[0]
-        if len(_REMOTE) >= 8:  # a long-lived worker serves many runs; keep a few
-            for _, stale in _REMOTE.values():
-                stale.close()
-            _REMOTE.clear()
-        client = NodeClient(job.settings)
-        engine: HistoryEngine | AlarmEngine
-        if job.kind == KIND_ALARM_HISTORY:
-            assert job.alarm_path is not None
-            assert job.alarm_filter is not None
-            engine = AlarmEngine(client, job.node, job.alarm_path, job.alarm_filter)
-        else:
-            assert job.options is not None
-            engine = HistoryEngine(client, job.node, job.options, filter_query=job.filter_query)
-        _REMOTE[job.run_id] = (engine, client)
-        return engine
 
 
 def _retry_if_transient(task_: Any, task_run: Any, state: Any) -> bool:
@@ -202,26 +142,12 @@ def _retry_if_transient(task_: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-def _chunks_name(parameters: dict[str, Any]) -> str:
-    """`chunk <label>` for one chunk, `3 chunks <first label> ...` for a group."""
-    chunks = parameters["chunks"]
-    if len(chunks) == 1:
-        return f"chunk {chunks[0].label}"
-    return f"{len(chunks)} chunks {chunks[0].label} ..."
-
-
 def _fetch_name(parameters: dict[str, Any]) -> str:
     return f"fetch {parameters['chunk'].label}"
 
 
-def _write_name(parameters: dict[str, Any]) -> str:
-    return f"write {parameters['result'].chunk.label}"
-
-
 # Prefect calls a run-name function with the task's parameters when it takes `parameters`.
-_CHUNKS_NAME = cast(Any, _chunks_name)
 _FETCH_NAME = cast(Any, _fetch_name)
-_WRITE_NAME = cast(Any, _write_name)
 
 
 def _flow_run_name() -> str:
@@ -236,9 +162,9 @@ def _flow_run_name() -> str:
 
 
 @task(name="plan", cache_policy=NO_CACHE)
-def plan_run(run_id: str) -> Plan:
+def plan_run(run: FlowRun) -> Plan:
     """Resolve the tags, write metadata and list the chunks still to fetch."""
-    return _LIVE[run_id].plan()
+    return run.plan()
 
 
 @task(
@@ -249,68 +175,61 @@ def plan_run(run_id: str) -> Plan:
     retry_delay_seconds=RETRY_DELAY_S,
     retry_condition_fn=_retry_if_transient,
 )
-def fetch_chunk(job: FetchJob, chunk: Chunk) -> ChunkResult:
-    """One chunk's rows from the node (network only; runs on the task runner)."""
-    return _fetch(job, chunk)
+def fetch_chunk(source: FlowRun | FetchJob, chunk: Chunk, node_limit: str | None) -> ChunkResult:
+    """One chunk's rows from the node (network and parsing only; writes stay in the run)."""
+    holding: Any = nullcontext()
+    if node_limit is not None:
+        from prefect.concurrency.sync import concurrency
+
+        holding = concurrency(node_limit, occupy=1, strict=False)
+    with holding:
+        return source.fetch(chunk)
 
 
-def _fetch(job: FetchJob, chunk: Chunk) -> ChunkResult:
-    source = _fetch_engine(job)
-    if job.node_limit is None:
-        return source.fetch(chunk) if isinstance(source, FlowRun) else source.fetch_chunk(chunk)
-    from prefect.concurrency.sync import concurrency
-
-    with concurrency(job.node_limit, occupy=1, strict=False):
-        return source.fetch(chunk) if isinstance(source, FlowRun) else source.fetch_chunk(chunk)
-
-
-@task(
-    name="chunks",
-    task_run_name=_CHUNKS_NAME,
-    cache_policy=NO_CACHE,
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAY_S,
-    retry_condition_fn=_retry_if_transient,
-)
-def extract_chunks(job: FetchJob, chunks: tuple[Chunk, ...]) -> None:
-    """Fetch a group of chunks one after another and write them to every sink, the small
-    ones of a window joined into one write, as the direct path does.
-
-    Runs on a thread of the flow's process (the run and its sinks live there). Fetches
-    take one of the run's fetch slots, writes one of its write slots: as many of each as
-    in the direct path. Each write is counted as it commits.
-    """
-    gates = _GATES[job.run_id]
-    run = _LIVE[job.run_id]
-
-    def fetched() -> Iterator[ChunkResult]:
-        for chunk in chunks:
-            with gates.fetching:
-                result = _fetch(job, chunk)
-            yield result
-
-    for result in run.joined(fetched(), chunks):
-        with gates.writing:
-            outcome = run.write(result)
-        del result  # written: its pages go back to the system, as in the direct path
-        release_memory()
-        gates.record(outcome)
+def _fetch_in_tasks(run: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResult]:
+    """The run's chunks as `fetch` tasks, at most `max_connections` under way, yielded as
+    they finish (the core's `Fetcher`). After a failure, or when the run stops reading,
+    tasks not started are cancelled and running ones end before the node closes."""
+    source: FlowRun | FetchJob = run if _runs_in_process() else _fetch_job(run)
+    limit = _node_limit(run.node.name)
+    bound = run.config.nodes[run.flow.node].max_connections
+    done: queue.SimpleQueue[PrefectFuture[ChunkResult]] = queue.SimpleQueue()
+    outstanding: set[PrefectFuture[ChunkResult]] = set()
+    todo = iter(chunks)
+    try:
+        while True:
+            while len(outstanding) < bound and (chunk := next(todo, None)) is not None:
+                future = fetch_chunk.submit(source, chunk, limit)
+                future.add_done_callback(done.put)
+                outstanding.add(future)
+            if not outstanding:
+                return
+            finished = done.get()
+            outstanding.discard(finished)
+            yield finished.result()  # the task's own exception once its retries are spent
+    finally:
+        _abandon(outstanding)
 
 
-@task(
-    name="write",
-    task_run_name=_WRITE_NAME,
-    cache_policy=NO_CACHE,
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAY_S,
-    retry_condition_fn=_retry_if_transient,
-)
-def write_chunk(run_id: str, result: ChunkResult) -> ChunkOutcome:
-    """Replace the chunk's scope in every sink and record it complete (idempotent)."""
-    outcome = _LIVE[run_id].write(result)
-    del result
-    release_memory()
-    return outcome
+def _runs_in_process() -> bool:
+    """Whether this flow run's tasks run on threads of this process (the run lives here)."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    return context is not None and isinstance(context.task_runner, ThreadPoolTaskRunner)
+
+
+def _abandon(futures: set[PrefectFuture[ChunkResult]]) -> None:
+    """Cancel fetches not started; wait for running ones (their rows are dropped and
+    fetched again by the next run)."""
+    for future in futures:
+        wrapped = getattr(future, "wrapped_future", None)
+        if wrapped is not None:
+            wrapped.cancel()
+    for future in futures:
+        wrapped = getattr(future, "wrapped_future", None)
+        if wrapped is None or not wrapped.cancelled():
+            future.wait()
 
 
 # -- the flow body -----------------------------------------------------------------------
@@ -329,6 +248,7 @@ class _Caller:
     config: Config | None = None
 
 
+# The caller of a flow run in this process (none for runs of a deployment).
 _CALLER: ContextVar[_Caller | None] = ContextVar("historian_prefect_caller", default=None)
 
 
@@ -352,13 +272,47 @@ def extract(
     kind: str,
     report_dir: str | None = None,
 ) -> RunSummary:
-    """The body of both flows: plan, fetch as tasks, write as tasks, summarise."""
-    path = Path(config_path)
+    """The body of both flows: the core's `run_flow` with tasks for the plan and fetches,
+    then the report (when asked) and the summary artifact."""
     caller = _CALLER.get() or _Caller()
-    if caller.config is not None and caller.config_path == config_path:
-        config = caller.config
-    else:
-        config = load_config(path)
+    config = caller.config if caller.config_path == config_path else None
+    config = config or load_config(Path(config_path))
+    _check_kind(config, flow_name, kind, Path(config_path))
+    plans: list[Plan] = []
+
+    def on_plan(plan: Plan) -> None:
+        plans.append(plan)
+        done = plan.chunks_planned - len(plan.pending)
+        _say(f"{flow_name}: {len(plan.pending)} chunks to fetch, {done} already complete")
+        if caller.on_plan is not None:
+            caller.on_plan(plan)
+
+    request = RunRequest(start=_moment(start), end=_moment(end), backfill=backfill)
+    with NodePool(config) as nodes, SinkSet(config, Path(config_path).parent) as sinks:
+        try:
+            summary = run_flow(
+                config,
+                flow_name,
+                nodes=nodes,
+                sinks=sinks,
+                request=request,
+                on_plan=on_plan,
+                on_chunk=caller.on_chunk,
+                fetch=_fetch_in_tasks,
+                plan=plan_run,
+            )
+        except RunFailed as failed:
+            caller.summary = failed.summary
+            raise
+        caller.summary = summary
+        if report_dir:
+            caller.report = _write_report(config, flow_name, Path(report_dir), sinks)
+    _summary_artifact(summary, plans[0] if plans else None, caller.report)
+    _say(f"{flow_name}: {summary.rows:,} rows in {summary.seconds:.1f} s")
+    return summary
+
+
+def _check_kind(config: Config, flow_name: str, kind: str, path: Path) -> None:
     flow_config = config.flows.get(flow_name)
     if flow_config is None:
         raise ConfigError(
@@ -368,175 +322,6 @@ def extract(
         raise ConfigError(
             f"{path.name}: flows.{flow_name}: is a {flow_config.kind} flow, not {kind}"
         )
-    request = RunRequest(start=_moment(start), end=_moment(end), backfill=backfill)
-    workers = config.nodes[flow_config.node].max_connections
-    run_id = uuid.uuid4().hex
-    with NodePool(config) as nodes, SinkSet(config, path.resolve().parent) as sinks:
-        run = FlowRun(config, flow_name, nodes=nodes, sinks=sinks, request=request)
-        caller.summary = run.summary
-        _LIVE[run_id] = run
-        _GATES[run_id] = _Gates(
-            threading.BoundedSemaphore(workers),
-            threading.BoundedSemaphore(run.write_depth()),
-            _Tally(run, caller),
-        )
-        began = time.perf_counter()
-        try:
-            with run:
-                plan = plan_run(run_id)
-                _say(
-                    f"{flow_name}: {len(plan.pending)} chunks to fetch, "
-                    f"{plan.chunks_planned - len(plan.pending)} already complete"
-                )
-                if caller.on_plan is not None:
-                    caller.on_plan(plan)
-                _fetch_and_write(run, run_id, plan, workers, caller)
-                run.finish()
-        except Exception as exc:
-            run.summary.error = one_line(exc)
-            raise
-        finally:
-            run.summary.seconds = time.perf_counter() - began
-            _LIVE.pop(run_id, None)
-            _GATES.pop(run_id, None)
-        summary = run.summary
-        report = None
-        if report_dir:
-            report = _write_report(config, flow_name, Path(report_dir), sinks)
-            caller.report = report
-    _summary_artifact(summary, plan, report)
-    _say(f"{flow_name}: {summary.rows:,} rows in {summary.seconds:.1f} s")
-    return summary
-
-
-def _fetch_and_write(run: FlowRun, run_id: str, plan: Plan, workers: int, caller: _Caller) -> None:
-    """Submit the pending chunks, a bounded number of tasks at a time, until all have ended.
-
-    On the thread pool a task takes a group of chunks (fetch and write each; `_GroupSizer`
-    says how many) and counts its writes itself. On another task runner (Dask) a chunk is
-    a fetch task there and a write task here, in the flow's thread, as fetches complete.
-    """
-    job = _fetch_job(run, run_id)
-    in_process = _runs_in_process()
-    done: queue.SimpleQueue[PrefectFuture[Any]] = queue.SimpleQueue()
-    # In process: `workers` tasks, each holding one chunk's rows at most (module doc).
-    # On Dask, twice the fetches (the writes are here).
-    bound = workers if in_process else 2 * workers
-    pending = plan.pending
-    taken = 0  # pending[:taken] are submitted
-    sizer = _GroupSizer()
-    outstanding: dict[PrefectFuture[Any], tuple[float, int]] = {}
-    try:
-        while True:
-            while len(outstanding) < bound and taken < len(pending):
-                future: PrefectFuture[Any]
-                size = sizer.next_size(len(pending) - taken, bound) if in_process else 1
-                group = tuple(pending[taken : taken + size])
-                taken += size
-                if in_process:
-                    future = extract_chunks.submit(job, group)
-                else:
-                    future = fetch_chunk.submit(job, group[0])
-                outstanding[future] = (time.perf_counter(), len(group))
-                future.add_done_callback(done.put)
-            if not outstanding:
-                return
-            finished = done.get()
-            submitted, chunks = outstanding.pop(finished)
-            # Raises the task's own exception once its retries are spent.
-            if in_process:
-                finished.result()  # its writes were counted as they committed
-                sizer.observe(time.perf_counter() - submitted, chunks)
-            else:
-                outcome = write_chunk(run_id, cast(ChunkResult, finished.result()))
-                _count(run, outcome, caller)
-    except BaseException:
-        # Tasks under way end first; in process, they count what they commit meanwhile.
-        _abandon(set(outstanding))
-        raise
-
-
-class _GroupSizer:
-    """How many chunks the next task takes, so that Prefect's cost per task run (~10 ms of
-    the flow process's CPU, and the events it sends) stays a small share of the work.
-
-    Why: with one task per chunk that cost was +20-30 % on a backfill of 240 chunks of
-    ~340k rows (each ~0.1 s of work) and most of an hourly run of 100 small chunks. A task
-    takes enough chunks for about `target_s` of work, measured on the tasks that ended
-    (one chunk each until the first ends), never more than `most`, and never so many that
-    the last chunks cannot spread over every slot.
-    """
-
-    def __init__(self, target_s: float = 1.0, most: int = 32) -> None:
-        self.target_s = target_s
-        self.most = most
-        self._seconds = 0.0
-        self._chunks = 0
-
-    def observe(self, seconds: float, chunks: int) -> None:
-        self._seconds += seconds
-        self._chunks += chunks
-
-    def next_size(self, remaining: int, slots: int) -> int:
-        if not self._chunks:
-            return 1
-        per_chunk = max(self._seconds / self._chunks, 1e-3)
-        size = max(1, min(self.most, int(self.target_s / per_chunk)))
-        return max(1, min(size, -(-remaining // max(1, slots))))
-
-
-def _runs_in_process() -> bool:
-    """Whether this flow run's tasks run on threads of this process (the run lives here)."""
-    from prefect.context import FlowRunContext
-
-    context = FlowRunContext.get()
-    return context is not None and isinstance(context.task_runner, ThreadPoolTaskRunner)
-
-
-def _count(run: FlowRun, outcome: ChunkOutcome, caller: _Caller) -> None:
-    run.summary.add(outcome)
-    if caller.on_chunk is not None:
-        caller.on_chunk(outcome, run.summary)
-
-
-def _abandon(futures: set[PrefectFuture[Any]]) -> None:
-    """After a failure: cancel chunks not started, let running ones end before the node
-    connection and the sinks close (a fetch whose write never started is fetched again by
-    the next run)."""
-    for future in futures:
-        wrapped = getattr(future, "wrapped_future", None)
-        if wrapped is not None:
-            wrapped.cancel()
-    for future in futures:
-        wrapped = getattr(future, "wrapped_future", None)
-        if wrapped is None or not wrapped.cancelled():
-            future.wait()
-
-
-def _fetch_job(run: FlowRun, run_id: str) -> FetchJob:
-    node = run.node
-    engine = run._engine  # set by plan(); read only to describe the work to remote workers
-    limit = _node_limit(node.name)
-    if isinstance(engine, AlarmEngine):
-        return FetchJob(
-            run_id,
-            node.settings,
-            node.name,
-            run.kind,
-            alarm_path=engine.path,
-            alarm_filter=engine.filt,
-            node_limit=limit,
-        )
-    assert isinstance(engine, HistoryEngine)
-    return FetchJob(
-        run_id,
-        node.settings,
-        node.name,
-        run.kind,
-        options=engine.options,
-        filter_query=engine.filter_query,
-        node_limit=limit,
-    )
 
 
 def _node_limit(node: str) -> str | None:
@@ -559,10 +344,10 @@ def _write_report(config: Config, flow_name: str, directory: Path, sinks: SinkSe
     return write_report(config, flow_name, directory / f"{flow_name}-coverage.html", sinks=sinks)
 
 
-def _summary_artifact(summary: RunSummary, plan: Plan, report: Path | None) -> None:
+def _summary_artifact(summary: RunSummary, plan: Plan | None, report: Path | None) -> None:
     """A markdown artifact: totals, span, watermarks, and rows per tag with the gaps."""
     create_markdown_artifact(
-        markdown=summary_markdown(summary, plan.members, report),
+        markdown=summary_markdown(summary, plan.members if plan else (), report),
         key=artifact_key(summary.flow),
         description=f"{summary.flow}: what this run extracted",
     )
@@ -616,12 +401,12 @@ def summary_markdown(
 def task_runner(workers: int) -> Any:
     """Threads (default) or Dask (`HISTORIAN_TASK_RUNNER=dask`) for `workers` fetches.
 
-    Threads: `workers` + 1 chunk tasks, fetching, holding fetched rows for a writer, or
-    writing (one, or two into PostgreSQL).
+    Threads: `workers` fetch tasks at once (`_fetch_in_tasks` submits no more), and the
+    plan task.
     """
     choice = os.environ.get(TASK_RUNNER_ENV, "threads").strip().lower()
     if choice in ("", "threads", "thread"):
-        return ThreadPoolTaskRunner(max_workers=workers + 1)
+        return ThreadPoolTaskRunner(max_workers=workers)
     if choice != "dask":
         raise ConfigError(f"{TASK_RUNNER_ENV}={choice!r}: use threads or dask")
     try:
@@ -695,20 +480,6 @@ def _calling(caller: _Caller) -> Iterator[None]:
         _CALLER.reset(token)
 
 
-# Flows with their task runner, by kind and width. `with_options` builds the flow's
-# parameter schema again; each run gets its own copy of the task runner anyway.
-_CONFIGURED: dict[tuple[str, int, str, str], Flow[..., dict[str, object]]] = {}
-
-
-def _configured_flow(kind: str, workers: int) -> Flow[..., dict[str, object]]:
-    key = (kind, workers, os.environ.get(TASK_RUNNER_ENV, ""), os.environ.get(DASK_ADDRESS_ENV, ""))
-    chosen = _CONFIGURED.get(key)
-    if chosen is None:
-        chosen = prefect_flow_for(kind).with_options(task_runner=task_runner(workers))
-        _CONFIGURED[key] = chosen
-    return chosen
-
-
 def run_prefect(
     config_path: Path,
     flow_name: str,
@@ -723,9 +494,9 @@ def run_prefect(
 
     Like `run_flow`: node and sink errors come out as `RunFailed` carrying the partial
     summary, with the original error (its own type, not a Prefect wrapper) as `__cause__`;
-    configuration errors come out as they are. `on_chunk(outcome, summary)` is called in
-    this thread after each chunk is written. `config`: flows.yaml as the caller read it
-    (read here when None).
+    configuration errors come out as they are. `on_chunk(outcome, summary)` is called
+    after each chunk is written. `config`: flows.yaml as the caller read it (read here
+    when None).
     """
     if config is None:
         config = load_config(config_path)
@@ -735,7 +506,7 @@ def run_prefect(
         )
     flow_config = config.flows[flow_name]
     workers = config.nodes[flow_config.node].max_connections
-    chosen = _configured_flow(flow_config.kind, workers)
+    chosen = prefect_flow_for(flow_config.kind).with_options(task_runner=task_runner(workers))
     resolved = str(config_path.resolve())
     caller = _Caller(on_chunk=on_chunk, on_plan=on_plan, config_path=resolved, config=config)
     try:
@@ -748,6 +519,8 @@ def run_prefect(
                 backfill=request.backfill,
                 report_dir=str(report_dir.resolve()) if report_dir else None,
             )
+    except RunFailed:
+        raise
     except (NodeError, SinkError) as exc:
         summary = caller.summary or RunSummary(
             flow_name, flow_name, flow_config.kind, flow_config.node
@@ -769,27 +542,30 @@ def build_deployments(
     `by_module` names the flow by import path (`pipelines.flows.tag_history_flow`) instead of
     by file, so a worker of a process work pool with this package installed can load it.
     """
-    from prefect.schedules import Cron, Interval
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.types.entrypoint import EntrypointType
 
+    from pipelines.schedules import check_schedules, prefect_schedule
+
     config = load_config(config_path)
+    check_schedules(config, names, source=config_path.name)  # one line naming the key
     entrypoint = EntrypointType.MODULE_PATH if by_module else EntrypointType.FILE_PATH
     deployments = []
     for name, flow_config in config.flows.items():
         schedule = flow_config.schedule
         if schedule is None or (names and name not in names):
             continue
-        if schedule.cron is not None:
-            plan = Cron(schedule.cron, timezone=schedule.timezone)
-        else:
-            assert schedule.interval is not None
-            plan = Interval(schedule.interval, timezone=schedule.timezone)
         deployments.append(
             prefect_flow_for(flow_config.kind).to_deployment(
                 name=name,
-                schedules=[plan],
+                schedules=[prefect_schedule(schedule)],
                 parameters={"flow_name": name, "config_path": str(config_path.resolve())},
                 tags=["historian", flow_config.kind, f"node:{flow_config.node}"],
+                # A run due while the last one still runs is cancelled (it would stop at
+                # the flow's lock anyway); the next one catches up from the watermark.
+                concurrency_limit=ConcurrencyLimitConfig(
+                    limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW
+                ),
                 description=f"historian flow {name} ({flow_config.kind}, node {flow_config.node})",
                 entrypoint_type=entrypoint,
             )
@@ -807,10 +583,20 @@ def deploy_flows(
     flows.yaml are installed at the same path.
     """
     from prefect import deploy
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
 
     deployments = build_deployments(config_path, names, by_module=True)
     if not deployments:
         raise ConfigError(f"{config_path.name}: no flow has a schedule")
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(work_pool)
+        except ObjectNotFound:
+            raise ConfigError(
+                f"no work pool named {work_pool!r} on the Prefect server "
+                f"(prefect work-pool create {work_pool} --type process)"
+            ) from None
     ids = deploy(
         *deployments,
         work_pool_name=work_pool,
@@ -821,11 +607,39 @@ def deploy_flows(
     return cast(list[uuid.UUID], ids)
 
 
-def serve_flows(config_path: Path, *, names: list[str] | None = None) -> None:
-    """Register every scheduled flow as a deployment and run them on schedule (blocks)."""
+def serve_flows(
+    config_path: Path,
+    *,
+    names: list[str] | None = None,
+    announce: Callable[[str], None] | None = None,
+) -> None:
+    """Register every scheduled flow as a deployment and run them on schedule (blocks).
+
+    The schedules fire on the configured Prefect API, or on a local Prefect server started
+    for the command and stopped with it (`pipelines/prefect_server.py`): Prefect's ephemeral
+    server runs no scheduler. `announce` gets one line saying where the UI and API are.
+    Ctrl-C and SIGTERM stop the runner (Prefect pauses the schedules), then the server.
+    """
     from prefect import serve
+
+    from pipelines.prefect_server import api_for_schedules
 
     deployments = build_deployments(config_path, names)
     if not deployments:
         raise ConfigError(f"{config_path.name}: no flow has a schedule")
-    serve(*deployments)
+    with api_for_schedules() as (api_url, ours):
+        if announce is not None:
+            announce(serving_line(api_url, ours, [d.name for d in deployments]))
+        serve(*deployments, print_starting_message=False)
+
+
+def serving_line(api_url: str, ours: bool, names: list[str]) -> str:
+    """`historian serve`'s one line: what it serves and where the Prefect UI and API are."""
+    what = f"serving {len(names)} scheduled flows ({', '.join(names)})"
+    if not ours:
+        return f"{what} on the Prefect API at {api_url}; Ctrl-C stops"
+    ui = api_url.removesuffix("/api")
+    return (
+        f"{what} on a local Prefect server: UI {ui}, API {api_url} "
+        f"(PREFECT_API_URL={api_url} prefect flow-run ls); Ctrl-C stops both"
+    )

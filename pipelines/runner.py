@@ -1,7 +1,8 @@
 """Drive one flow: resolve tags, plan what is left, fetch, write every sink, summarise.
 
-The runner is the whole pipeline without Prefect: the CLI's `--direct` path, the Prefect
-tasks (`pipelines/flows.py`) and the benchmarks all call it. A run:
+The runner is the whole pipeline, with or without Prefect: the CLI's `--direct` path, the
+Prefect flows (`pipelines/flows.py`, which only make its fetches tasks) and the benchmarks
+all call `run_flow`. A run:
 
 1. takes the flow's lock in every sink (a second run of the same flow stops at once);
 2. resolves the tag selection on the node and upserts the tag dimension;
@@ -234,6 +235,10 @@ class RunSummary:
 
 
 ProgressCallback = Callable[[ChunkOutcome, "RunSummary"], None]
+# How a run's pending chunks are fetched: the run and its chunks in, results out as they
+# finish. Direct: the engine's bounded thread pool. Prefect: one task per chunk on the
+# flow's task runner (pipelines/flows.py). Writing, joining and counting stay in FlowRun.
+Fetcher = Callable[["FlowRun", Sequence[Chunk]], Iterator[ChunkResult]]
 
 
 def options_key(flow: FlowConfig) -> str:
@@ -602,12 +607,22 @@ class FlowRun:
             rows_out_of_range=result.rows_out_of_range,
         )
 
-    def results(self) -> Iterator[ChunkResult]:
+    def results(self, fetch: Fetcher | None = None) -> Iterator[ChunkResult]:
         """Fetched chunks, concurrently and bounded, in completion order; the small ones
-        of a window joined into one write (pipelines/coalesce.py)."""
+        of a window joined into one write (pipelines/coalesce.py). `fetch`: how chunks
+        are fetched (the engine's own thread pool when None)."""
         if self._engine is None or self.plan_ is None:
             raise RuntimeError("plan() first")
-        yield from self.joined(self._engine.stream(self.plan_.pending), self.plan_.pending)
+        pending = self.plan_.pending
+        fetched = fetch(self, pending) if fetch is not None else self._engine.stream(pending)
+        yield from self.joined(fetched, pending)
+
+    @property
+    def engine(self) -> HistoryEngine | AlarmEngine:
+        """What fetches this run's chunks (set by `plan()`)."""
+        if self._engine is None:
+            raise RuntimeError("plan() first")
+        return self._engine
 
     def joined(
         self, fetched: Iterable[ChunkResult], chunks: Sequence[Chunk]
@@ -619,7 +634,9 @@ class FlowRun:
             return
         yield from coalesce(fetched, Counter(chunk.window for chunk in chunks))
 
-    def execute(self, on_chunk: ProgressCallback | None = None) -> RunSummary:
+    def execute(
+        self, on_chunk: ProgressCallback | None = None, fetch: Fetcher | None = None
+    ) -> RunSummary:
         """Plan (unless done), fetch and write every pending chunk; return the summary."""
         began = time.perf_counter()
         try:
@@ -627,9 +644,9 @@ class FlowRun:
                 self.plan()
             depth = self.write_depth()
             if depth > 1:
-                self._write_overlapped(depth, on_chunk)
+                self._write_overlapped(depth, on_chunk, fetch)
             else:
-                for result in self.results():
+                for result in self.results(fetch):
                     outcome = self.write(result)
                     del result  # written: its buffers go now, and their pages back to the system
                     release_memory()
@@ -657,7 +674,9 @@ class FlowRun:
         release_memory()
         return outcome
 
-    def _write_overlapped(self, depth: int, on_chunk: ProgressCallback | None) -> None:
+    def _write_overlapped(
+        self, depth: int, on_chunk: ProgressCallback | None, fetch: Fetcher | None = None
+    ) -> None:
         """Write up to `depth` chunks at once, each still its own atomic, idempotent write.
 
         Why: a chunk's write is mostly the database inserting into its key; with a second
@@ -683,7 +702,7 @@ class FlowRun:
                         raise failed[0]
 
             try:
-                for result in self.results():
+                for result in self.results(fetch):
                     pending.add(pool.submit(self._write_and_release, result))
                     del result
                     settle(depth - 1)
@@ -729,11 +748,14 @@ def run_flow(
     on_chunk: ProgressCallback | None = None,
     on_plan: Callable[[Plan], None] | None = None,
     now: datetime | None = None,
+    fetch: Fetcher | None = None,
+    plan: Callable[[FlowRun], Plan] | None = None,
 ) -> RunSummary:
-    """Run one flow start to end (the direct path, without Prefect).
+    """Run one flow start to end: the one loop of the direct path and of Prefect's flows.
 
-    Node and sink failures come out as `RunFailed` carrying the partial summary; the
-    original error is its `__cause__`.
+    `fetch` and `plan` say how the work is submitted (the Prefect flow makes them tasks;
+    by default the engine's threads and a plain call). Node and sink failures come out as
+    `RunFailed` carrying the partial summary; the original error is its `__cause__`.
     """
     from connectors.errors import NodeError
     from sinks.base import SinkError
@@ -741,10 +763,10 @@ def run_flow(
     run = FlowRun(config, name, nodes=nodes, sinks=sinks, request=request, now=now)
     try:
         with run:
-            plan = run.plan()
+            planned = plan(run) if plan is not None else run.plan()
             if on_plan is not None:
-                on_plan(plan)
-            return run.execute(on_chunk)
+                on_plan(planned)
+            return run.execute(on_chunk, fetch)
     except (NodeError, SinkError) as exc:
         run.summary.error = one_line(exc)
         raise RunFailed(one_line(exc), run.summary) from exc

@@ -327,13 +327,11 @@ def test_a_prefect_run_from_the_cli_is_quiet(tmp_path: Path, token_server: Any) 
 def test_a_prefect_run_uses_the_server_prefect_api_url_names(
     tmp_path: Path, token_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipelines.prefect_env import EphemeralServer
+    from pipelines.prefect_server import local_server
 
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    long_lived = EphemeralServer()  # stands for a `prefect server start` left running
-    try:
-        api = long_lived.wait()
+    with local_server() as api:  # a `prefect server start` left running
         write_config(
             tmp_path,
             flows={"f": small_flow()},
@@ -348,20 +346,6 @@ def test_a_prefect_run_uses_the_server_prefect_api_url_names(
             assert result.stderr.strip() == "", result.stderr
         runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=30).json()
         assert [run["state_type"] for run in runs] == ["COMPLETED", "COMPLETED"]
-    finally:
-        long_lived.stop()
-
-
-def test_no_server_is_started_when_prefect_api_url_names_one(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from pipelines import prefect_env
-
-    server = prefect_env.EphemeralServer()
-    monkeypatch.setattr(prefect_env, "_SERVER", server)
-    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
-    prefect_env.start_ephemeral_server()
-    assert server.process is None
 
 
 def test_an_unknown_tag_path_is_named(tmp_path: Path, token_server: Any) -> None:

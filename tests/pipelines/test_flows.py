@@ -12,8 +12,7 @@ import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -23,12 +22,8 @@ configure_prefect()
 
 from connectors.errors import MalformedAnswer, RetriesExhausted  # noqa: E402
 from connectors.simulator import SimConfig, SimulatedNode, run_server  # noqa: E402
-from connectors.timewindow import Window  # noqa: E402
 from pipelines.destinations import SinkSet  # noqa: E402
 from pipelines.flows import (  # noqa: E402
-    _Caller,
-    _GroupSizer,
-    _Tally,
     artifact_key,
     build_deployments,
     deploy_flows,
@@ -36,11 +31,8 @@ from pipelines.flows import (  # noqa: E402
 )
 from pipelines.nodes import NodePool  # noqa: E402
 from pipelines.runner import (  # noqa: E402
-    ChunkOutcome,
-    FlowRun,
     RunFailed,
     RunRequest,
-    RunSummary,
     run_flow,
 )
 from tests.fixtures import canonical, load, write_config  # noqa: E402
@@ -243,14 +235,13 @@ def test_a_run_is_named_summarised_reported_and_holds_the_node_limit(
         )
     assert limit.active_slots == 0, "every slot is given back"
     assert any(re.fullmatch(r"f \d{4}-\d\d-\d\dT\d\d:\d\dZ", run.name) for run in runs)
-    # Chunk task runs, named by their chunks, cover every chunk once (the server records
-    # them as events arrive): the first task takes one chunk, later ones as many as
-    # make about a second of work.
+    # Fetch task runs, named by their chunks, cover every chunk once (the server records
+    # them as events arrive).
     latest = max(runs, key=lambda run: run.created or NOW)
-    task_name = re.compile(r"(?:chunk|(\d+) chunks) \d tags? /.+ \[20\S+Z, \+15m\)(?: \.\.\.)?")
+    task_name = re.compile(r"fetch \d tags? /.+ \[20\S+Z, \+15m\)")
 
     def chunks_named(names: list[str]) -> int:
-        return sum(int(m.group(1) or 1) for n in names if (m := task_name.fullmatch(n)))
+        return sum(1 for n in names if task_name.fullmatch(n))
 
     names = recorded_task_runs(
         latest.id, lambda names: chunks_named(names) >= summary.chunks_planned
@@ -377,37 +368,3 @@ def test_the_token_can_come_from_a_prefect_secret_block(tmp_path: Path) -> None:
     for file in tmp_path.rglob("*"):
         if file.is_file():
             assert secret.encode() not in file.read_bytes(), file
-
-
-def test_a_task_takes_one_chunk_until_one_ends_then_about_a_second_of_them() -> None:
-    sizer = _GroupSizer(target_s=1.0, most=32)
-    assert sizer.next_size(remaining=500, slots=3) == 1
-    sizer.observe(0.1, 1)
-    sizer.observe(0.3, 3)  # 0.1 s a chunk
-    assert sizer.next_size(remaining=500, slots=3) == 10
-    assert sizer.next_size(remaining=12, slots=3) == 4, "the last chunks spread over every slot"
-    sizer.observe(0.0, 96)  # tiny chunks: never more than `most`
-    assert sizer.next_size(remaining=500, slots=3) == 32
-    slow = _GroupSizer(target_s=1.0)
-    slow.observe(5.0, 1)
-    assert slow.next_size(remaining=500, slots=3) == 1
-
-
-def test_writes_are_counted_once_each_even_when_a_retried_group_writes_them_again() -> None:
-    window = Window(START, NOW)
-    run = cast(FlowRun, SimpleNamespace(summary=RunSummary("f", "f", "tag_history", "n")))
-    seen: list[str] = []
-    tally = _Tally(run, _Caller(on_chunk=lambda outcome, summary: seen.append(outcome.chunk_id)))
-
-    def outcome(chunk_id: str, parts: tuple[str, ...], rows: int) -> ChunkOutcome:
-        return ChunkOutcome(
-            chunk_id, chunk_id, window, 1, rows, {"lake": rows}, 1, 0, 0.0,
-            parts=parts,
-        )  # fmt: skip
-
-    tally(outcome("a", (), 5))
-    tally(outcome("joined", ("b", "c"), 7))
-    tally(outcome("a", (), 5))  # the group failed after "a" and ran again
-    tally(outcome("joined", ("b", "c"), 7))
-    assert seen == ["a", "joined"]
-    assert (run.summary.chunks_done, run.summary.rows) == (3, 12)

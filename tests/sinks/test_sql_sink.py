@@ -836,7 +836,7 @@ class _OverlappedRun(FlowRun):
         self._script = write
         self.submitted: list[str] = []
 
-    def results(self) -> Iterator[Any]:
+    def results(self, fetch: Any = None) -> Iterator[Any]:
         for label in self._given:
             self.submitted.append(label)
             yield label

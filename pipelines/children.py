@@ -1,0 +1,94 @@
+"""Child processes that end with the command that started them.
+
+`historian serve` starts a Prefect server; the guide's rule is that whatever a command
+starts ends with it, even when the command is killed. A normal exit, Ctrl-C and SIGTERM
+stop the child through `Child.stop()` (the caller's `with` block). A SIGKILL leaves no
+chance to run any code, so on Linux the child asks the kernel to send it SIGTERM when its
+parent dies (`prctl(PR_SET_PDEATHSIG)`), set between fork and exec.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A pre-exec hook that makes the child receive SIGTERM when its parent dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return hook
+
+
+class Child:
+    """One child process, stopped (SIGTERM, then SIGKILL after `grace` s) on `stop()`,
+    on leaving its `with` block, and by the kernel when this process dies."""
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        grace: float = 10.0,
+        stdout: int | None = None,
+        stderr: int | None = None,
+    ) -> None:
+        self.args = list(args)
+        self.grace = grace
+        # A session of its own: Ctrl-C in the terminal reaches this process only, which
+        # then stops the child in order (the child does not die first, mid-run).
+        self.process = subprocess.Popen(
+            self.args,
+            env=dict(env) if env is not None else None,
+            stdout=stdout,
+            stderr=stderr,
+            preexec_fn=_die_with_parent(),
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> int | None:
+        """Terminate the child and wait for it; its exit code (None if it was not ours)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=self.grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
