@@ -9,6 +9,7 @@ be written, a flow already running) end with one line on stderr and a non-zero e
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Callable
