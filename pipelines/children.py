@@ -92,3 +92,52 @@ class Child:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+# The watchdog's program: on SIGTERM (the kernel's, when the command dies) it ends the
+# watched process, if that pid is still the process it was given (same start time).
+_WATCHDOG = """
+import os, signal, sys
+pid, started, parent = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+def same():
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19] == started
+    except (OSError, IndexError):
+        return False
+def end(*_):
+    if same():
+        os.kill(pid, signal.SIGTERM)
+    os._exit(0)
+signal.signal(signal.SIGTERM, end)
+if os.getppid() != parent:
+    end()
+while True:
+    signal.pause()
+"""
+
+
+def start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot), which tells a process
+    from a later one given the same pid; None when there is no such process (or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def end_with_this_process(pid: int) -> Child | None:
+    """Make a process this one did not start itself (Prefect's ephemeral server, started by
+    Prefect's client) end when this process dies, even by SIGKILL: a small watchdog child
+    gets the kernel's SIGTERM at our death and passes it on. The watchdog is left running
+    (a normal exit ends it the same way, after the watched process has stopped). None where
+    /proc is missing (not Linux)."""
+    started = start_time(pid)
+    if started is None:
+        return None
+    return Child(
+        [sys.executable, "-S", "-c", _WATCHDOG, str(pid), started, str(os.getpid())],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )

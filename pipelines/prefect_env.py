@@ -91,10 +91,28 @@ def cli_run() -> Iterator[None]:
         if _on_ephemeral_server():
             from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
+            _ephemeral_server_ends_with_us()
+
             stack.enter_context(
                 temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
             )
         yield
+
+
+def _ephemeral_server_ends_with_us() -> None:
+    """Start Prefect's ephemeral server now, as its client would on first use (the same
+    instance: Prefect keeps one per process), and make it end with this process even on
+    SIGKILL, which leaves Prefect's own `atexit` no chance to stop it."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from pipelines.children import end_with_this_process
+
+    server = SubprocessASGIServer()
+    server.start()
+    process = server.server_process
+    if process is None or getattr(server, "_historian_watchdog", None) is not None:
+        return
+    server._historian_watchdog = end_with_this_process(process.pid)  # type: ignore[attr-defined]
 
 
 def _on_ephemeral_server() -> bool:

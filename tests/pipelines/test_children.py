@@ -73,3 +73,30 @@ def test_a_killed_parent_takes_its_child_along() -> None:
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_process_started_by_a_library_ends_when_the_command_is_killed() -> None:
+    """Prefect's ephemeral server is started by Prefect's client, not through `Child`: the
+    watchdog of `end_with_this_process` ends it when the command dies by SIGKILL."""
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; from pipelines.children import end_with_this_process; "
+            f"p = subprocess.Popen({SLEEPER!r}, start_new_session=True); "
+            "end_with_this_process(p.pid); print(p.pid, flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        assert not gone(pid, within_s=0.5), "the process runs while the command does"
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        assert gone(pid), "the watchdog ended the process with the command"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
