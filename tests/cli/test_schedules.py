@@ -334,9 +334,14 @@ def test_a_cron_prefect_refuses_is_named_by_check_and_serve_starts_nothing(
 ) -> None:
     config_with_schedule(tmp_path, {"cron": "61 * * * *"})
     check = run_cli("check", cwd=tmp_path)
-    line = one_error_line(check, 1)
-    assert "flows.f.schedule.cron" in line
-    assert '"61 * * * *"' in line
+    assert one_error_line(check, 1) == "error: 1 check failed: schedule f"
+    failures = [
+        line
+        for line in (check.stdout + check.stderr).splitlines()
+        if "flows.f.schedule.cron" in line
+    ]
+    assert len(failures) == 1, "the failure is printed once"
+    assert '"61 * * * *"' in failures[0]
     assert "ok node" in check.stdout, "the rest is still checked"
     serve = run_cli("serve", cwd=tmp_path)
     line = one_error_line(serve, 2)
