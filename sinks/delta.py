@@ -323,7 +323,7 @@ class DeltaLake:
     # -- writes ---------------------------------------------------------------------------
 
     def _typed(self, frame: pd.DataFrame, kind: str, what: str) -> pa.Table:
-        return plain(typed_table(frame, kind, "delta '{self.name}': {what}"))
+        return plain(typed_table(frame, kind, f"delta '{self.name}': {what}"))
 
     def _check_facts(self, scope: ChunkScope, table: Any | None) -> str | None:
         """The facts a new table is created with (its description), or None when the

@@ -375,7 +375,7 @@ class IcebergLake:
     # -- writes ---------------------------------------------------------------------------
 
     def _typed(self, frame: pd.DataFrame, kind: str, what: str) -> pa.Table:
-        return plain(typed_table(frame, kind, "iceberg '{self.name}': {what}"))
+        return plain(typed_table(frame, kind, f"iceberg '{self.name}': {what}"))
 
     def _facts(self, scope: ChunkScope) -> str:
         attrs = {k: json_value(v) for k, v in sorted(scope.attrs.items())}
