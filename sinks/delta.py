@@ -37,7 +37,6 @@ import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +46,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors import schema as tables
-from connectors.timewindow import to_ms
 from sinks.base import (
-    ChunkRecord,
     ChunkScope,
-    Progress,
     SinkError,
     SinkUnavailable,
 )
 from sinks.lake_layout import LOCKS_DIR, METADATA_DATASET, STATE_DIR, check_dataset, check_flow
 from sinks.lake_store import LakeStore, redacted_url, token
 from sinks.locks import dataset_flock, flow_flock, flow_lease
+from sinks.progress_methods import ProgressMethods
 from sinks.table_progress import RECORD_KEY, TableProgress, check_record, chunk_record
 from sinks.table_rows import chunk_rows, json_value, plain, reason, transient, typed_table
 
@@ -122,7 +119,7 @@ def fsspec_options(storage_options: Mapping[str, str]) -> dict[str, Any]:
     return options
 
 
-class DeltaLake:
+class DeltaLake(ProgressMethods):
     """A Delta Lake sink on local disk or object storage (see the module docstring)."""
 
     write_concurrency = 1
@@ -297,28 +294,6 @@ class DeltaLake:
             if record is not None:
                 records.append(record)
         return latest, records
-
-    # -- progress -------------------------------------------------------------------------
-
-    def progress(self, flow: str) -> Progress:
-        with self._errors(f"read progress of flow '{check_flow(flow)}'"):
-            return self.state.progress(flow)
-
-    def chunk_log(self, flow: str, limit: int = 100) -> list[ChunkRecord]:
-        with self._errors(f"read the chunk log of flow '{check_flow(flow)}'"):
-            return self.state.chunk_log(flow, limit)
-
-    def flows(self) -> list[str]:
-        with self._errors("list flows"):
-            return self.state.flows()
-
-    def reset(self, flow: str, member: str | None = None) -> int:
-        with self._errors(f"reset flow '{check_flow(flow)}'"):
-            return self.state.reset(flow, member)
-
-    def forget_after(self, flow: str, moment: datetime) -> int:
-        with self._errors(f"forget progress of flow '{check_flow(flow)}'"):
-            return self.state.forget_after(flow, to_ms(moment))
 
     # -- writes ---------------------------------------------------------------------------
 

@@ -44,11 +44,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from connectors import schema as tables
-from connectors.timewindow import to_ms
-from sinks.base import ChunkRecord, ChunkScope, Progress, SinkError, SinkUnavailable
+from sinks.base import ChunkScope, SinkError, SinkUnavailable
 from sinks.lake_layout import LOCKS_DIR, METADATA_DATASET, STATE_DIR, check_dataset, check_flow
 from sinks.lake_store import LakeStore, redacted_url, token
 from sinks.locks import dataset_flock, flow_flock, flow_lease
+from sinks.progress_methods import ProgressMethods
 from sinks.table_progress import RECORD_KEY, TableProgress, check_record, chunk_record
 from sinks.table_rows import chunk_rows, json_value, plain, reason, transient, typed_table
 
@@ -111,7 +111,7 @@ def scope_filter(scope: ChunkScope) -> Any:
     return expression
 
 
-class IcebergLake:
+class IcebergLake(ProgressMethods):
     """An Iceberg sink with a SQL catalog (see the module docstring)."""
 
     write_concurrency = 1
@@ -349,28 +349,6 @@ class IcebergLake:
                 record["members"] = self._load_members(record["members"])
             records.append(record)
         return latest, records
-
-    # -- progress -------------------------------------------------------------------------
-
-    def progress(self, flow: str) -> Progress:
-        with self._errors(f"read progress of flow '{check_flow(flow)}'"):
-            return self.state.progress(flow)
-
-    def chunk_log(self, flow: str, limit: int = 100) -> list[ChunkRecord]:
-        with self._errors(f"read the chunk log of flow '{check_flow(flow)}'"):
-            return self.state.chunk_log(flow, limit)
-
-    def flows(self) -> list[str]:
-        with self._errors("list flows"):
-            return self.state.flows()
-
-    def reset(self, flow: str, member: str | None = None) -> int:
-        with self._errors(f"reset flow '{check_flow(flow)}'"):
-            return self.state.reset(flow, member)
-
-    def forget_after(self, flow: str, moment: datetime) -> int:
-        with self._errors(f"forget progress of flow '{check_flow(flow)}'"):
-            return self.state.forget_after(flow, to_ms(moment))
 
     # -- writes ---------------------------------------------------------------------------
 

@@ -79,7 +79,6 @@ import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
-from datetime import datetime
 from pathlib import Path
 
 import orjson
@@ -88,12 +87,9 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from connectors import schema as tables
-from connectors.timewindow import to_ms
 from sinks.base import (
-    ChunkRecord,
     ChunkScope,
     CountMismatch,
-    Progress,
     SinkError,
     SinkUnavailable,
 )
@@ -119,6 +115,7 @@ from sinks.lake_rows import HISTORY_KINDS, reason, sorted_rows, table_of
 from sinks.lake_state import LakeState
 from sinks.lake_store import LakeStore, redacted_url, token
 from sinks.locks import dataset_flock, flow_flock, flow_lease
+from sinks.progress_methods import ProgressMethods
 from sinks.scope import check_scope
 
 # Emptied files stay (0 rows) this long before a write or a compaction of their partition
@@ -170,7 +167,7 @@ class LakeParts:
         )
 
 
-class ParquetLake:
+class ParquetLake(ProgressMethods):
     """A Parquet lake on local disk or object storage (see the module docstring)."""
 
     # Chunk writes of one dataset take turns under its lock (`_dataset_lock`): a second
@@ -313,28 +310,6 @@ class ParquetLake:
         if store.local:
             return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{flow}.lock"), flow)
         return flow_lease(store, store.path(STATE_DIR, LOCKS_DIR, f"{flow}.lease.json"), flow)
-
-    # -- progress -------------------------------------------------------------------------
-
-    def progress(self, flow: str) -> Progress:
-        with self._errors(f"read progress of flow '{check_flow(flow)}'"):
-            return self.state.progress(flow)
-
-    def chunk_log(self, flow: str, limit: int = 100) -> list[ChunkRecord]:
-        with self._errors(f"read the chunk log of flow '{check_flow(flow)}'"):
-            return self.state.chunk_log(flow, limit)
-
-    def flows(self) -> list[str]:
-        with self._errors("list flows"):
-            return self.state.flows()
-
-    def reset(self, flow: str, member: str | None = None) -> int:
-        with self._errors(f"reset flow '{check_flow(flow)}'"):
-            return self.state.reset(flow, member)
-
-    def forget_after(self, flow: str, moment: datetime) -> int:
-        with self._errors(f"forget progress of flow '{check_flow(flow)}'"):
-            return self.state.forget_after(flow, to_ms(moment))
 
     # -- writing --------------------------------------------------------------------------
 
