@@ -22,6 +22,7 @@ configure_prefect()
 
 from connectors.errors import MalformedAnswer, RetriesExhausted  # noqa: E402
 from connectors.simulator import SimConfig, SimulatedNode, run_server  # noqa: E402
+from connectors.timewindow import Window  # noqa: E402
 from pipelines.destinations import SinkSet  # noqa: E402
 from pipelines.flows import (  # noqa: E402
     artifact_key,
@@ -31,6 +32,8 @@ from pipelines.flows import (  # noqa: E402
 )
 from pipelines.nodes import NodePool  # noqa: E402
 from pipelines.runner import (  # noqa: E402
+    ChunkOutcome,
+    Plan,
     RunFailed,
     RunRequest,
     run_flow,
@@ -106,8 +109,16 @@ def test_a_prefect_run_writes_what_the_direct_run_writes(
         tmp_path / "direct", node={"url": server.http_url}, flows=flows(), sinks=["lake", "duck"]
     )
     config = load(direct)
+    direct_writes: list[ChunkOutcome] = []
     with NodePool(config) as nodes, SinkSet(config, direct.parent) as sinks:
-        run_flow(config, "f", nodes=nodes, sinks=sinks, request=request)
+        run_flow(
+            config,
+            "f",
+            nodes=nodes,
+            sinks=sinks,
+            request=request,
+            on_chunk=lambda o, s: direct_writes.append(o),
+        )
     expected = contents(direct, "f", "tag_history")["lake"]
     assert expected
 
@@ -119,13 +130,19 @@ def test_a_prefect_run_writes_what_the_direct_run_writes(
         pg=(pg_url, pg_schema),
         sinks=["lake", "duck", "pg"],
     )
-    seen: list[tuple[int, int]] = []  # (rows, chunks) of each write, as it commits
+    plans: list[Plan] = []
+    writes: list[ChunkOutcome] = []  # each write as it commits, in whatever order
     summary = run_prefect(
-        via_prefect, "f", request, on_chunk=lambda o, s: seen.append((o.rows_fetched, o.chunks))
+        via_prefect, "f", request, on_plan=plans.append, on_chunk=lambda o, s: writes.append(o)
     )
-    assert summary.chunks_done == summary.chunks_planned == sum(c for _, c in seen)
-    assert len(seen) < summary.chunks_planned, "small chunks of a window are written together"
-    assert summary.rows == len(expected) == sum(rows for rows, _ in seen)
+    planned = {chunk.chunk_id: chunk.window for chunk in plans[0].pending}
+    assert summary.chunks_done == summary.chunks_planned == len(planned)
+    assert sorted(p for o in writes for p in o.part_ids) == sorted(planned), "each chunk once"
+    assert summary.rows == len(expected) == sum(o.rows_fetched for o in writes)
+    # Every chunk here is small, so each window's chunks go as one write once its last one
+    # is in, whatever order the tasks finish in: the writes the direct run made.
+    assert joined_writes(writes) == joined_writes(direct_writes)
+    assert len(writes) == len(set(planned.values())) < len(planned)
     for name, rows in contents(via_prefect, "f", "tag_history").items():
         assert rows == expected, name
 
@@ -140,6 +157,11 @@ def test_a_prefect_run_writes_what_the_direct_run_writes(
     assert {len(rows) for rows in contents(via_prefect, "alarms", "alarm_history").values()} == {
         alarms.rows
     }
+
+
+def joined_writes(writes: list[ChunkOutcome]) -> list[tuple[Window, list[str]]]:
+    """Each write's window and the planned chunks it completed, in a fixed order."""
+    return sorted((o.window, sorted(o.part_ids)) for o in writes)
 
 
 def test_a_transient_failure_is_retried_by_the_task(

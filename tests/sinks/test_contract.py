@@ -152,10 +152,16 @@ def test_rows_outside_the_scope_are_refused_and_nothing_is_written(
     assert sink.progress("f1").completed == {}
 
 
-def test_an_empty_chunk_is_recorded_complete(sink: Sink) -> None:
+def test_an_empty_chunk_is_recorded_complete_and_empties_its_scope(sink: Sink) -> None:
     assert sink.write(scope(["a"], hours(0, 1)), schema.empty_frame(HIST), 0) == 0
     assert sink.progress("f1").windows_of("a") == [hours(0, 1)]
     assert sink.chunk_log("f1")[0].rows_fetched == 0
+    # Written again empty over rows it held: the node has none there now, nor has the sink.
+    earlier = written(sink, ["a", "b"], hours(1, 3))
+    assert sink.write(scope(["a"], hours(1, 2)), schema.empty_frame(HIST), 0) == 0
+    kept = earlier[~((earlier["tag"] == "a") & (earlier["ts"] < hours(2, 3).start))]
+    assert_holds(sink, "hist", HIST, kept)
+    assert sink.progress("f1").windows_of("a") == [hours(0, 3)]
 
 
 def test_hostile_names_are_data_only(sink: Sink, place: SinkUnderTest) -> None:
@@ -215,6 +221,7 @@ def test_tag_metadata_is_upserted_by_node_and_tag(sink: Sink) -> None:
     expected = [r for r in first if r["tag"] != "a/b c.d,e"] + newer
     assert_holds(sink, "tag_metadata", META, meta(expected))
     assert len(back) == len(HOSTILE) + 1
+    assert sink.flows() == [], "metadata is no flow's progress"
 
 
 def test_progress_merges_and_reset_forgets_it_but_keeps_the_data(sink: Sink) -> None:

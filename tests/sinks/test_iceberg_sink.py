@@ -16,18 +16,15 @@ import boto3
 import polars as pl
 import pytest
 
-from connectors import schema
 from pipelines.config import ConfigError, parse_config
 from pipelines.destinations import make_sink
 from sinks.base import CountMismatch, FlowLocked, SinkError
 from sinks.iceberg import IcebergLake
 from tests.sinks.lake_frames import (
     HOSTILE_TAGS,
-    alarm_frame,
     concat,
     history_frame,
     in_scope,
-    metadata_frame,
     rows_of,
     scope,
     window,
@@ -74,28 +71,6 @@ def test_a_chunk_lands_partitioned_by_day_with_utc_timestamps(
     assert (tmp_path / "ice" / "catalog.db").is_file()
 
 
-def test_a_rewrite_replaces_only_its_scope_and_repeats_are_idempotent(sink: IcebergLake) -> None:
-    first = history_frame(TAGS, window(0, 6))
-    write(sink, TAGS, window(0, 6), "c1", frame=first)
-    newer = history_frame(TAGS[:2], window(2, 4), step_s=300)
-    for _ in range(2):
-        write(sink, TAGS[:2], window(2, 4), "c2", frame=newer)
-    kept = concat(
-        [
-            in_scope(first, TAGS[2:], window(0, 6)),
-            in_scope(first, TAGS[:2], window(0, 2)),
-            in_scope(first, TAGS[:2], window(4, 6)),
-            newer,
-        ]
-    )
-    assert rows_of(sink.read("hist", "tag_history")) == rows_of(kept)
-    emptied = history_frame(TAGS[:1], window(2, 4)).iloc[0:0]
-    write(sink, TAGS[:1], window(2, 4), "c3", frame=emptied)
-    expected = kept.drop(in_scope(kept, TAGS[:1], window(2, 4)).index)
-    assert rows_of(sink.read("hist", "tag_history")) == rows_of(expected)
-    assert sink.progress("f").windows_of(TAGS[0]) == [window(0, 6)]
-
-
 def test_hostile_tag_paths_survive_the_filter(sink: IcebergLake) -> None:
     tags = [*HOSTILE_TAGS, "back\\'slash'", "x' OR '1'='1"]
     frame = history_frame(tags, window(0, 2), step_s=1800)
@@ -106,20 +81,6 @@ def test_hostile_tag_paths_survive_the_filter(sink: IcebergLake) -> None:
     expected = concat([frame[frame["tag"] != victim[0]], newer])
     assert rows_of(sink.read("hist", "tag_history")) == rows_of(expected)
     assert sink.progress("f").windows_of(HOSTILE_TAGS[-1]) == [window(0, 2)]
-
-
-def test_alarms_replace_every_path_in_the_window(sink: IcebergLake) -> None:
-    kind = schema.KIND_ALARM_HISTORY
-    paths = ["/alarms/a", "/alarms/b"]
-    first = alarm_frame(paths, window(0, 4))
-    sink.write(scope(["/"], window(0, 4), "a1", kind=kind), first, len(first))
-    newer = alarm_frame(paths[:1], window(1, 2), step_s=600)
-    sink.write(scope(["/"], window(1, 2), "a2", kind=kind), newer, len(newer))
-    start, end = window(1, 2).start_ms, window(1, 2).end_ms
-    kept = [row for row in rows_of(first) if not start <= row[2] < end]
-    got = sink.read("hist", kind)
-    assert str(got["ack_ts"].dtype) == "timestamp[ms, tz=UTC][pyarrow]"
-    assert rows_of(got) == sorted(kept + rows_of(newer), key=repr)
 
 
 def test_a_count_mismatch_or_rows_outside_the_scope_commit_nothing(sink: IcebergLake) -> None:
@@ -163,22 +124,6 @@ def test_progress_chunk_log_reset_and_forget_come_from_the_snapshots(
     assert sink.reset("f") == 3
     assert sink.progress("f").completed == {}
     assert sink.progress("g").windows_of(TAGS[0]) == [window(0, 3)]
-
-
-def test_a_dataset_keeps_its_settings(sink: IcebergLake) -> None:
-    write(sink, TAGS, window(0, 1), "c1")
-    other = {**dict(scope(TAGS, window(0, 1), "x").attrs), "mode": "aggregated"}
-    with pytest.raises(SinkError, match=r"was written with other settings .*mode: stored 'raw'"):
-        write(sink, TAGS, window(1, 2), "c2", attrs=other)
-
-
-def test_metadata_is_upserted_by_node_and_tag(sink: IcebergLake) -> None:
-    assert sink.write_metadata(metadata_frame(["/a", "/b"], "old")) == 2
-    assert sink.write_metadata(metadata_frame(["/b", "/c"], "new")) == 2
-    got = sink.read("tag_metadata", schema.KIND_TAG_METADATA)
-    assert list(got["tag"]) == ["/a", "/b", "/c"]
-    assert [d.split()[0] for d in got["description"]] == ["old", "new", "new"]
-    assert sink.flows() == []
 
 
 def test_compact_merges_a_days_small_files_and_keeps_progress(sink: IcebergLake) -> None:
