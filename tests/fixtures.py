@@ -82,7 +82,8 @@ def history_rows(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
     if frame.empty:
         return []
     table = pa.Table.from_pandas(frame, preserve_index=False)
-    columns = {name: table.column(name).to_pylist() for name in table.column_names}
+    wanted = ("tag", "seq", "value", "value_bool", "value_str", "quality", "extra")
+    columns = {name: table.column(name).to_pylist() for name in wanted}  # not ts as datetimes
     stamps = table.column("ts").cast(pa.int64()).to_pylist()
     rows = [
         (str(tag), ts, int(seq), _value(number, flag, text), quality, extra)

@@ -1,10 +1,11 @@
 """SIGKILL a backfill at random points, resume it, and get exactly the uninterrupted output.
 
 The kill comes from outside (a real SIGKILL of the `historian backfill` process), once a
-number of chunks drawn from a fixed seed is committed, plus a few milliseconds so it
-lands inside a later chunk's fetch or write: progress, not time, picks the moment, so a
-faster sink does not finish before the kill. `bench/soak_kill.py` runs many
-more kill points; CI runs these few.
+given number of writes is committed (early, middle or late in the run), plus a few
+milliseconds drawn from a fixed seed so it lands inside a later write's fetch or commit:
+progress, not time, picks the moment, so a faster sink does not finish before the kill.
+The uninterrupted output is made once and compared with every configuration's.
+`bench/soak_kill.py` runs many more kill points; CI runs these few.
 """
 
 from __future__ import annotations
@@ -67,11 +68,14 @@ def contents(path: Path) -> dict[str, list[Any]]:
         }
 
 
-CHUNKS = 18 * 5  # 6 h in 20-minute windows x 40 tags in batches of 8
+# 6 h in 20-minute windows x 40 tags in batches of 8: 90 chunks, which the direct run
+# joins into one write (one marker) per window (pipelines/coalesce.py).
+WRITES = 18
+NODE = {"simulator": {"seed": 21, "tags": 40}}
 
 
 def committed_chunks(work: Path) -> int:
-    """Chunks whose marker the lake holds (both configurations write the lake)."""
+    """Writes whose marker the lake holds (every configuration writes the lake)."""
     markers = work / "lake" / "_historian" / "_flows" / "f" / "markers"
     return sum(1 for _ in markers.iterdir()) if markers.exists() else 0
 
@@ -97,66 +101,43 @@ def visible_temp_files(root: Path) -> list[Path]:
     return [p for p in lake.rglob("*") if p.is_file() and not p.name.endswith(".parquet")]
 
 
-@pytest.fixture(params=["lake+duckdb", "postgres", "delta+iceberg"])
-def pg(request: pytest.FixtureRequest) -> tuple[str, str] | str | None:
-    if request.param == "postgres":
-        return (request.getfixturevalue("pg_url"), request.getfixturevalue("pg_schema"))
-    if request.param == "delta+iceberg":
-        return "tables"
-    return None
-
-
-@pytest.mark.slow
-def test_sigkill_then_resume_gives_the_uninterrupted_output(
-    tmp_path: Path, pg: tuple[str, str] | str | None
-) -> None:
-    tables = pg == "tables"  # the table formats beside the lake, instead of DuckDB
-    if isinstance(pg, str):
-        pg = None
-    node = {"simulator": {"seed": 21, "tags": 40}}
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    write_config(reference, node=node, flows=flows(), sinks=["lake", "duck"])
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    """The uninterrupted output, once for every configuration (the same node and flow)."""
+    reference = tmp_path_factory.mktemp("reference")
+    write_config(reference, node=NODE, flows=flows(), sinks=["lake"])
     finish(backfill(reference))
-    expected = contents(reference / "flows.yaml")["lake"]
-    assert expected, "the reference run wrote rows"
+    rows = contents(reference / "flows.yaml")["lake"]
+    assert rows, "the reference run wrote rows"
+    return rows
 
-    rng = random.Random(1234)
-    kills = 0
-    # The table formats commit each chunk in ~0.1 s more than the lake: one kill there.
-    for attempt in range(1 if tables else 3 if pg is None else 2):
-        work = tmp_path / f"killed{attempt}"
-        work.mkdir()
-        sinks = ["lake", "duck"] if pg is None else ["lake", "pg"]
-        if tables:
-            sinks = ["lake", "delta", "ice"]
-        schema_pg = None if pg is None else (pg[0], f"{pg[1]}")
-        write_config(work, node=node, flows=flows(), sinks=sinks, pg=schema_pg)
-        if pg is not None and attempt:
-            # One schema per attempt: the fixture's schema is reused after a reset.
-            from sinks.sql import SqlWarehouse
 
-            warehouse = SqlWarehouse(pg[0], schema=pg[1])
-            warehouse.open()
-            warehouse.reset("f")
-            warehouse.close()
-            import sqlalchemy as sa
-
-            engine = sa.create_engine(pg[0])
-            with engine.begin() as conn:
-                # The dataset is a view over its narrow rows table (sinks/sql_tables.py).
-                conn.execute(sa.text(f'drop view if exists "{pg[1]}"."f"'))
-                conn.execute(sa.text(f'drop table if exists "{pg[1]}"."historian_rows_f"'))
-            engine.dispose()
-        process = backfill(work)
-        # The direct run joins a window's batches into one write (pipelines/coalesce.py):
-        # the table formats' run is one of 18 markers, so its kill comes within them.
-        upper = 15 if tables else CHUNKS * 2 // 3
-        kills += kill_after(process, work, rng.randint(3, upper), rng.uniform(0, 0.05))
-        process.communicate(timeout=60)
-        assert not visible_temp_files(work), "no half-written file visible to readers"
-        finish(backfill(work))
-        got = contents(work / "flows.yaml")
-        for name, rows in got.items():
-            assert rows == expected, f"{name} after kill {attempt}"
-    assert kills >= 1, "at least one run was killed mid-way"
+# Each configuration is killed once, at its own point of the run (early, middle, late),
+# a few milliseconds drawn from a fixed seed after that many of the WRITES committed.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sinks", "kill_after_writes"),
+    [(["lake", "duck"], 3), (["lake", "pg"], 9), (["lake", "delta", "ice"], 14)],
+    ids=["lake+duckdb", "postgres", "delta+iceberg"],
+)
+def test_sigkill_then_resume_gives_the_uninterrupted_output(
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    expected: list[Any],
+    sinks: list[str],
+    kill_after_writes: int,
+) -> None:
+    pg = None
+    if "pg" in sinks:
+        pg = (request.getfixturevalue("pg_url"), request.getfixturevalue("pg_schema"))
+    write_config(tmp_path, node=NODE, flows=flows(), sinks=sinks, pg=pg)
+    process = backfill(tmp_path)
+    delay_s = random.Random(1234 + kill_after_writes).uniform(0, 0.05)
+    assert kill_after(process, tmp_path, kill_after_writes, delay_s), "the run was killed mid-way"
+    process.communicate(timeout=60)
+    assert not visible_temp_files(tmp_path), "no half-written file visible to readers"
+    finish(backfill(tmp_path))
+    got = contents(tmp_path / "flows.yaml")
+    assert set(got) == set(sinks)
+    for name, rows in got.items():
+        assert rows == expected, name
