@@ -49,7 +49,7 @@ def prefect_server() -> Iterator[None]:
     """One throwaway Prefect server with its own database for the whole module."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=60):
+    with prefect_test_harness(server_startup_timeout=180):
         yield
 
 
