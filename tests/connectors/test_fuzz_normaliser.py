@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from typing import Any
 
 from hypothesis import HealthCheck, event, given, settings
@@ -17,6 +18,13 @@ from connectors.normalise import (
     parse_history_answer_careful,
     parse_tag_details,
 )
+
+
+def examples(per_run: int) -> int:
+    """Examples per test: most of the time goes to drawing them, so CI draws this many (a
+    new set each run); HISTORIAN_FUZZ_EXAMPLES=N searches deeper."""
+    return int(os.environ.get("HISTORIAN_FUZZ_EXAMPLES", per_run))
+
 
 scalars = (
     st.none()
@@ -51,13 +59,13 @@ def _check(parse: Any, body: bytes) -> None:
         assert "\n" not in str(error)
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(json_values)
 def test_arbitrary_json_history_answers(value: Any) -> None:
     _check(lambda b: parse_history_answer(b, "n", chunk_label="fuzz"), json.dumps(value).encode())
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(history_like)
 def test_history_shaped_answers(value: Any) -> None:
     body = json.dumps(value).encode()
@@ -72,7 +80,7 @@ def test_history_shaped_answers(value: Any) -> None:
     assert page.table.num_rows == expected
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(120), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(json_values)
 def test_arbitrary_json_alarm_answers(value: Any) -> None:
     _check(
@@ -80,13 +88,13 @@ def test_arbitrary_json_alarm_answers(value: Any) -> None:
     )
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(120), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(json_values)
 def test_arbitrary_json_tag_details(value: Any) -> None:
     _check(lambda b: parse_tag_details(b, "n", 0), json.dumps(value).encode())
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.binary(max_size=64))
 def test_arbitrary_bytes(body: bytes) -> None:
     _check(lambda b: parse_history_answer(b, "n"), body)
@@ -154,7 +162,7 @@ def _outcome(parse: Any, body: bytes) -> tuple[Any, ...]:
     return ("page", page.table.to_pylist(), signs, page.tags, page.table.schema)
 
 
-@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(200), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(answers_as_text, st.data())
 def test_the_byte_reading_always_agrees_with_the_careful_one(text: str, data: Any) -> None:
     body = text.encode()
@@ -194,7 +202,7 @@ node_answers = st.dictionaries(
 )
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(120), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(node_answers)
 def test_the_byte_reading_of_answers_shaped_like_the_nodes(text: str) -> None:
     body = text.encode()
