@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -230,13 +231,22 @@ def pg_bindir() -> Path:
     return found
 
 
-@pytest.fixture
-def own_pg(pg_bindir: Path) -> Iterator[Any]:
-    """A PostgreSQL of this test's own, to kill and restart; removed whatever happens."""
+@pytest.fixture(scope="module")
+def pg_cluster(pg_bindir: Path) -> Iterator[Any]:
+    """A PostgreSQL of this module's own (one initdb), removed whatever happens."""
     from tests.pg_server import throwaway_postgres
 
     with throwaway_postgres(pg_bindir) as pg:
         yield pg
+
+
+@pytest.fixture
+def own_pg(pg_cluster: Any) -> Any:
+    """The module's PostgreSQL, running (a test before may have left it killed), for this
+    test to kill and restart; each test writes a schema of its own in it."""
+    if pg_cluster.process is None:
+        pg_cluster.start()
+    return pg_cluster
 
 
 @pytest.fixture
@@ -252,7 +262,7 @@ def pg_flow_config(tmp_path: Path, server: Any, own_pg: Any) -> Path:
         tmp_path,
         node=node_config(server.http_url),
         flows={"f": flow()},
-        pg=(own_pg.url, "h"),
+        pg=(own_pg.url, f"h_{uuid.uuid4().hex[:12]}"),
         sinks=["pg"],
     )
 
