@@ -29,6 +29,7 @@ from pydantic import (
 
 from connectors.errors import one_line, quoted
 from connectors.options import METHODS, MODES, AlarmFilter, HistoryOptions
+from connectors.proxy import check_proxy_setting
 from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY
 from connectors.settings import NodeSettings, check_credentials, check_node_url
 from pipelines.config_file import DocumentError, load_document
@@ -165,6 +166,8 @@ class NodeConfig(_Strict):
     request_deadline: timedelta | None = None
     max_connections: int = Field(default=NodeSettings.max_connections, ge=1, le=64)
     retries: int = Field(default=NodeSettings.retries, ge=0, le=50)
+    # Unset: the environment's proxy variables; `direct`; or a proxy URL (connectors/proxy.py).
+    proxy: Annotated[str, _checked(check_proxy_setting)] | None = None
 
     _durations = field_validator(
         "connect_timeout", "read_timeout", "request_deadline", mode="before"
@@ -181,6 +184,8 @@ class NodeConfig(_Strict):
     def _one_target(self) -> NodeConfig:
         if (self.url is None) == (self.simulator is None):
             raise ValueError("give exactly one of url or simulator")
+        if self.simulator is not None and self.proxy is not None:
+            raise ValueError("proxy is for a node given by url (the simulator is on loopback)")
         check_credentials(
             token_env=self.token_env,
             token=self.token_block,
