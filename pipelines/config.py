@@ -209,8 +209,18 @@ class SqlSinkConfig(_Strict):
     type: Literal["sql"]
     url: str
     schema_: str | None = Field(default=None, alias="schema")
+    # DuckDB: how long a run waits for another process writing the same file.
+    busy_wait: timedelta = timedelta(0)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    _durations = field_validator("busy_wait", mode="before")(_duration)
+
+    @model_validator(mode="after")
+    def _busy_wait_is_for_duckdb(self) -> SqlSinkConfig:
+        if self.busy_wait > timedelta(0) and not self.url.startswith("duckdb:"):
+            raise ValueError("busy_wait is for DuckDB files (a server takes many writers)")
+        return self
 
     @field_validator("schema_")
     @classmethod
