@@ -249,13 +249,14 @@ def options_key(flow: FlowConfig) -> str:
     return orjson.dumps(flow.history_options().query_params(), option=orjson.OPT_SORT_KEYS).decode()
 
 
-def dataset_attrs(name: str, flow: FlowConfig, node: str) -> dict[str, object]:
+def dataset_attrs(name: str, flow: FlowConfig) -> dict[str, object]:
+    """The dataset's identity (`sinks.identity`): how its rows were extracted. Not the
+    node: a dataset holds many nodes' rows, each scope names its own."""
     if flow.kind == "alarm_history":
-        return {"kind": KIND_ALARM_HISTORY, "node": node}
+        return {"kind": KIND_ALARM_HISTORY}
     options = flow.history_options()
     return {
         "kind": KIND_TAG_HISTORY,
-        "node": node,
         "mode": options.mode,
         "method": options.method,
         "interval_ms": options.interval_ms,
@@ -575,7 +576,8 @@ class FlowRun:
             members=chunk.members,
             window=chunk.window,
             chunk_id=chunk.chunk_id,
-            attrs=dataset_attrs(self.name, self.flow, self.node.name),
+            attrs=dataset_attrs(self.name, self.flow),
+            node=self.node.name,
             window_size=self.plan_.window_size if self.plan_ is not None else None,
         )
 

@@ -109,12 +109,13 @@ from sinks.lake_layout import (
     check_partition,
     is_data_file,
     join,
+    key_name,
 )
 from sinks.lake_overlap import WritePlanner
 from sinks.lake_rows import HISTORY_KINDS, reason, sorted_rows, table_of
 from sinks.lake_state import LakeState
 from sinks.lake_store import LakeStore, redacted_url, token
-from sinks.locks import dataset_flock, flow_flock, flow_lease
+from sinks.locks import dataset_flock, dataset_lease, flow_flock, flow_lease
 from sinks.progress_methods import ProgressMethods
 from sinks.scope import check_scope
 
@@ -234,10 +235,10 @@ class ParquetLake(ProgressMethods):
 
     @contextlib.contextmanager
     def _dataset_lock(self, dataset: str) -> Iterator[None]:
-        """One writer per dataset at a time: threads here, processes by flock on local disk.
-
-        Object stores have no such lock: there the flow's lease keeps writers apart.
-        """
+        """One writer per dataset at a time, whatever its flow key or node: threads here,
+        processes by flock on local disk, by a lease object on object storage
+        (`sinks.locks.dataset_lease`). Held for one chunk's staging and commit only; the
+        fetches of every writer stay parallel."""
         with self._threads_lock:
             lock = self._thread_locks.setdefault(dataset, threading.Lock())
         with lock:
@@ -245,7 +246,8 @@ class ParquetLake(ProgressMethods):
                 with dataset_flock(self.store.path(STATE_DIR, dataset, "write.lock")):
                     yield
             else:
-                yield
+                with dataset_lease(self.store, self.store.path(STATE_DIR, dataset, "write.lease")):
+                    yield
 
     def _bucket_reachable(self, store: LakeStore) -> str:
         """The bucket of an object-storage lake, SinkError when it does not exist."""
@@ -308,8 +310,10 @@ class ParquetLake(ProgressMethods):
         check_flow(flow)
         store = self.store
         if store.local:
-            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{flow}.lock"), flow)
-        return flow_lease(store, store.path(STATE_DIR, LOCKS_DIR, f"{flow}.lease.json"), flow)
+            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lock"), flow)
+        return flow_lease(
+            store, store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lease.json"), flow
+        )
 
     # -- writing --------------------------------------------------------------------------
 
