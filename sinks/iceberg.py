@@ -56,7 +56,7 @@ from sinks.lake_layout import (
     key_name,
 )
 from sinks.lake_store import LakeStore, redacted_url, token
-from sinks.locks import dataset_flock, flow_flock, flow_lease
+from sinks.locks import dataset_flock, dataset_lease, flow_flock, flow_lease
 from sinks.progress_methods import ProgressMethods
 from sinks.table_progress import RECORD_KEY, TableProgress, check_record, chunk_record
 from sinks.table_rows import chunk_rows, plain, reason, transient, typed_table
@@ -236,7 +236,11 @@ class IcebergLake(ProgressMethods):
                 with dataset_flock(self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lock")):
                     yield
             else:
-                yield
+                # Conditional commits alone let a merge and a write (or two writes that
+                # rewrite one file) both land, each keeping the rows the other rewrote.
+                lease = self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lease")
+                with dataset_lease(self.store, lease):
+                    yield
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -95,9 +95,10 @@ class LakeStore:
             if self.local:
                 with open(path, "rb") as handle:
                     return handle.read()
-            with self.fs.open(path, "rb") as handle:
-                data: bytes = handle.read()
-                return data
+            # One GET: a file replaced between a HEAD and the GET (a lease, a marker
+            # rewritten by another process) reads as its newer version, not as an error.
+            data: bytes = self.fs.cat_file(path)
+            return data
         except FileNotFoundError:
             return None
 

@@ -538,7 +538,12 @@ class SqlWarehouse:
                     "t": datetime.now(UTC),
                 },
             )
-            found = conn.execute(select, {"d": scope.dataset}).one()
+            # Another process may have registered it first (the insert then did nothing):
+            # MariaDB's snapshot predates that row, a locking read sees it.
+            latest = sa.text(
+                select.text + (" LOCK IN SHARE MODE" if self.dialect == "mysql" else "")
+            )
+            found = conn.execute(latest, {"d": scope.dataset}).one()
         kind, raw = found
         problems = differences(kind, json.loads(raw), scope.kind, scope.attrs)
         if problems:
@@ -635,7 +640,9 @@ class SqlWarehouse:
         would collide. A transaction-scoped advisory lock per flow makes the merges take
         turns, each reading what the previous one committed (READ COMMITTED: a new snapshot
         per statement). It is taken after the bulk load, so only the short merge and the
-        commit are serialised.
+        commit are serialised. The lock's key is the progress key, so shards of one key in
+        other processes take turns too; MariaDB has no such lock inside a transaction, and
+        reads the touching windows with a locking read instead.
         """
         progress = self.layout.table(PROGRESS_TABLE)
         if self.dialect == "postgresql":
@@ -653,7 +660,11 @@ class SqlWarehouse:
         windows: dict[str, list[Window]] = {member: [window] for member in members}
         for member, start, end in conn.execute(
             self.sql.text(
-                f"SELECT member, window_start, window_end FROM {progress} WHERE {touching}", "m"
+                f"SELECT member, window_start, window_end FROM {progress} WHERE {touching}"
+                # MariaDB: a locking read, so that merges of one key in other processes
+                # (shards) take turns and each reads what the previous one committed.
+                + (" FOR UPDATE" if self.dialect == "mysql" else ""),
+                "m",
             ),
             params,
         ):
