@@ -22,12 +22,16 @@ this sink skips the log clean-up: the log carries the progress, so it is never e
 retention (`delta.deletedFileRetentionDuration`, 7 days unless the table says otherwise),
 so a reader of an older version keeps its files for that long.
 
-Writers: one at a time per dataset in a process, and on local disk across processes (a
-flock); the flow lock is the lake's (`sinks.locks`: a flock on local disk, a best-effort
-lease object on object storage). delta-rs 1.x commits to S3 with a conditional write
-(put-if-absent of the next log entry), so concurrent writers there lose no commit
-without a lock service: the store must support conditional writes (AWS S3 does since
-2024; moto does, in the tests).
+A dataset holds many nodes: a chunk's predicate names its node, so it replaces that
+node's rows only. Writers: one at a time per dataset for the commit step, whatever their
+flow key or node - threads here, processes by a flock on local disk and by the lake's
+conditional-PUT lease on object storage (`sinks.locks.dataset_lease`): delta-rs's
+conflict check let a compaction and a write that rewrote the same file both commit
+(tests/sinks/test_writers_on_s3.py doubled rows without it). Flow locks are the lake's
+(`sinks.locks`). delta-rs 1.x commits to S3 with a conditional write (put-if-absent of
+the next log entry), so no lock service is needed: the store must support conditional
+writes (AWS S3 does since 2024; moto does, in the tests). A commit that loses a race
+anyway (another tool writing the table) is planned again (`sinks.commit_retry`).
 """
 
 from __future__ import annotations

@@ -18,6 +18,12 @@ the hash of a content-addressed file (`_historian/members/<hash>.json`, written 
 the commit and never changed): Iceberg rewrites its metadata file, with every snapshot's
 summary, at each commit, so summaries are kept small.
 
+A dataset holds many nodes: a chunk's filter names its node, so it replaces that node's
+rows only. Writers take turns per dataset for the commit step (threads; a flock on local
+disk; on object storage the lake's conditional-PUT lease, `sinks.locks.dataset_lease`),
+and a commit the catalog refuses because another writer committed first is planned
+again on the new snapshot (`sinks.commit_retry`).
+
 `compact(dataset)` rewrites each day holding several small files as one file (the same
 rows, one overwrite of that day). Snapshots are never expired by the sink: their
 summaries carry the progress (expire them only after resetting the flows concerned).
