@@ -110,7 +110,9 @@ class Sink(Protocol):
         reason when the sink could not be written; else say what was found, in a line."""
 
     def lock(self, flow: str) -> AbstractContextManager[None]:
-        """Hold the flow's lock for the duration of a run; FlowLocked if someone else has it."""
+        """Hold a lock key (`flow`, `flow@node`, a shard's `flow@node#2-of-4`: any text) for
+        the duration of a run; FlowLocked if someone else has it. Other keys' writers may
+        write other scopes of the same dataset at the same time."""
 
     def write(self, scope: ChunkScope, frame: pd.DataFrame, rows_fetched: int) -> int:
         """Replace the scope's rows by `frame` and record the chunk complete, atomically.
@@ -122,7 +124,7 @@ class Sink(Protocol):
         """Upsert tag metadata (the tag dimension) keyed by (node, tag)."""
 
     def progress(self, flow: str) -> Progress:
-        """Merged completed windows per member for a flow."""
+        """Merged completed windows per member for a progress key (`ChunkScope.flow`)."""
 
     def chunk_log(self, flow: str, limit: int = 100) -> list[ChunkRecord]:
         """The most recent committed chunks of a flow, newest first."""
