@@ -138,7 +138,7 @@ def test_written_rows_read_back_with_exact_values_and_types(sink: SqlWarehouse) 
             },
         ],
     )
-    assert sink.write(scope(["a", "b"], window), frame, 4) == 4
+    assert sink.write(scope(["a", "b"], window, node="n"), frame, 4) == 4
     back = sink.read("hist", HIST)
     expected = frame.copy()
     if sink.dialect == "mysql":  # DOUBLE holds no NaN or infinity: stored as NULL
@@ -678,14 +678,15 @@ def test_state_tables_of_an_earlier_version_are_migrated(tmp_path: Path) -> None
 @pytest.mark.postgres
 def test_pg_narrow_history_keeps_node_tag_ts_seq_unique(pg_sink: SqlWarehouse) -> None:
     """The view's (node, tag, ts, seq) is unique: series <-> (node, tag) one to one, and the
-    rows table's key; the same tag on two nodes stays two series, replaced together."""
+    rows table's key; the same tag on two nodes stays two series, each node's replaced alone."""
     window = hours(0, 1)
     first = history(["a", "b"], window)
     other_node = history(["a"], window, node="node2")
+    assert pg_sink.write(scope(["a", "b"], window), first, 12) == 12
+    assert pg_sink.write(scope(["a"], window, flow="f2", node="node2"), other_node, 6) == 6
+    assert pg_sink.write(scope(["a", "b"], window), first, 12) == 12  # node2's "a" stays
     both = pd.concat([first, other_node], ignore_index=True)
-    assert pg_sink.write(scope(["a", "b"], window), both, 18) == 18
-    assert pg_sink.write(scope(["a", "b"], window), first, 12) == 12  # node2's "a" replaced
-    assert_same(pg_sink.read("hist", HIST), first, HIST)
+    assert_same(pg_sink.read("hist", HIST), both, HIST)
     series = pg_sink.layout.table("historian_series")
     rows_table = pg_sink.layout.table("historian_rows_hist")
     with pg_sink.engine.connect() as conn:
