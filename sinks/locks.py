@@ -10,6 +10,19 @@ killed meanwhile leaves it until it expires (`DATASET_LEASE_TTL_S`, renewed whil
 then the next writer takes it over.
 
 Object storage has no such primitive. There a flow lock is a *lease*: an object naming
+its owner and an expiry, created with a conditional PUT (If-None-Match: of two runs
+starting at once, exactly one creates it), renewed by a background thread while held and
+deleted on exit. A killed holder's lease lapses after its time to live; the next run
+then takes it over (that takeover is the one best-effort step: two runs taking over the
+same lapsed lease at one instant may both delete and recreate it).
+
+A dataset's write lock on object storage (`dataset_lease`) is an object created with a
+conditional PUT (If-None-Match: only one creator wins), held for one chunk's commit and
+deleted after it; writers of other flow keys and nodes wait their turn, polling. A holder
+killed meanwhile leaves it until it expires (`DATASET_LEASE_TTL_S`, renewed while held);
+then the next writer takes it over.
+
+Object storage has no such primitive. There a flow lock is a *lease*: an object naming
 its owner and an expiry, renewed by a background thread while held and deleted on exit.
 A killed holder's lease lapses after its time to live. This is best effort: two runs
 starting within the same instant can both believe they won (there is no conditional PUT
@@ -93,7 +106,7 @@ def dataset_flock(path: str) -> Iterator[None]:
 
 
 class Lease:
-    """A best-effort lease object on object storage (see the module docstring)."""
+    """A flow's lease object on object storage (see the module docstring)."""
 
     def __init__(self, store: LakeStore, path: str, flow: str, ttl_s: float = LEASE_TTL_S) -> None:
         self.store = store
@@ -125,15 +138,12 @@ class Lease:
         )
 
     def acquire(self) -> None:
-        current = self._current()
-        expires = current.get("expires") if current else None
-        if current and isinstance(expires, int | float) and expires > time.time():
-            raise self._refuse(current)
-        self.store.write_bytes(self.path, self._body())
-        time.sleep(0.05)  # let a simultaneous writer's PUT land, then check who won
-        current = self._current()
-        if not current or current.get("owner") != self.owner:
-            raise self._refuse(current or {})
+        while not self.store.create_new(self.path, self._body()):
+            current = self._current()
+            expires = current.get("expires") if current else None
+            if current and isinstance(expires, int | float) and expires > time.time():
+                raise self._refuse(current)
+            self.store.remove(self.path)  # lapsed (its holder died) or torn: take it over
         self._thread = threading.Thread(target=self._renew, name="lake-lease", daemon=True)
         self._thread.start()
 
