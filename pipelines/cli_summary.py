@@ -127,7 +127,10 @@ def read_hints(config: Config, base: Path, summaries: Sequence[RunSummary]) -> l
                 root = _relative(_local_path(sink.url, base))
                 hints.append(
                     python_command(
-                        f"import pandas as pd; print(pd.read_parquet({_literal(root + '/' + dataset)}))"
+                        # partitioning=None: pandas' Hive columns (categories) would clash
+                        # with the files' own `node` column (sinks/parquet.py).
+                        "import pandas as pd; print(pd.read_parquet("
+                        f"{_literal(root + '/' + dataset)}, partitioning=None))"
                     )
                 )
             elif isinstance(sink, SqlSinkConfig) and sink.url.startswith("duckdb:///"):
