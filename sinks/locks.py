@@ -1,13 +1,8 @@
-"""Locks of the Parquet lake: one run per flow key, one writer per dataset at a time.
+"""Locks of the lake (and of Delta and Iceberg): one run per lock key, one writer per
+dataset at a time.
 
 Local disk: `fcntl.flock` on a file under `_historian/locks/`. The kernel releases it when
 the holder's process dies (even by SIGKILL), so a crash never leaves a stale lock.
-
-A dataset's write lock on object storage (`dataset_lease`) is an object created with a
-conditional PUT (If-None-Match: only one creator wins), held for one chunk's commit and
-deleted after it; writers of other flow keys and nodes wait their turn, polling. A holder
-killed meanwhile leaves it until it expires (`DATASET_LEASE_TTL_S`, renewed while held);
-then the next writer takes it over.
 
 Object storage has no such primitive. There a flow lock is a *lease*: an object naming
 its owner and an expiry, created with a conditional PUT (If-None-Match: of two runs
@@ -16,18 +11,10 @@ deleted on exit. A killed holder's lease lapses after its time to live; the next
 then takes it over (that takeover is the one best-effort step: two runs taking over the
 same lapsed lease at one instant may both delete and recreate it).
 
-A dataset's write lock on object storage (`dataset_lease`) is an object created with a
-conditional PUT (If-None-Match: only one creator wins), held for one chunk's commit and
-deleted after it; writers of other flow keys and nodes wait their turn, polling. A holder
-killed meanwhile leaves it until it expires (`DATASET_LEASE_TTL_S`, renewed while held);
-then the next writer takes it over.
-
-Object storage has no such primitive. There a flow lock is a *lease*: an object naming
-its owner and an expiry, renewed by a background thread while held and deleted on exit.
-A killed holder's lease lapses after its time to live. This is best effort: two runs
-starting within the same instant can both believe they won (there is no conditional PUT
-in the generic fsspec interface), which is why each run re-reads its lease after writing
-it and gives up if someone else's is there.
+A dataset's write lock on object storage (`dataset_lease`) is such a lease too, held for
+one chunk's commit and deleted after it; writers of other lock keys and nodes wait their
+turn, polling. A holder killed meanwhile leaves it until it expires
+(`DATASET_LEASE_TTL_S`, renewed while held); then the next writer takes it over.
 """
 
 from __future__ import annotations
