@@ -2,8 +2,7 @@
 
 A write replaces its scope's rows partition by partition - in a dataset with a node level
 (`sinks.lake_dataset`), the partitions under its node's directory only. The earlier files
-holding rows
-of the scope are found by their footers (ts and tag ranges, owner chunks); a file only
+holding rows of the scope are found by their footers (ts and tag ranges, owner chunks); a file only
 this chunk owns is all in the scope, any other is read (and kept decoded while unchanged,
 so the chunks of a re-extraction read a compacted file once). When those files already
 hold exactly the new rows, written by this chunk, nothing is written but the marker: a

@@ -1,9 +1,9 @@
 """The one check every sink makes before a write: no row may fall outside the chunk's scope.
 
 A chunk's write replaces exactly its scope (its node's rows of its members inside its
-window); a row outside
-it would escape that replace, so a re-run would keep it twice or a later chunk would
-delete it. Every sink refuses such a frame with this check, before it writes anything.
+window); a row outside it would escape that replace, so a re-run would keep it twice or a
+later chunk would delete it (a row of another node would even replace that node's). Every
+sink refuses such a frame with this check, before it writes anything.
 """
 
 from __future__ import annotations
