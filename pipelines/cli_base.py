@@ -52,6 +52,14 @@ DEFAULT_CONFIG = "flows.yaml"
 ConfigOption = Annotated[
     Path, typer.Option("--config", "-c", help="flows.yaml to use.", envvar="HISTORIAN_CONFIG")
 ]
+NodeOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--node",
+        "-n",
+        help="Only this node of a flow on several nodes (repeat for more). Default: all.",
+    ),
+]
 VerboseOption = Annotated[
     bool, typer.Option("--verbose", "-v", help="Log progress (INFO), with times, to stderr.")
 ]
