@@ -30,7 +30,7 @@ import contextvars
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from datetime import datetime
@@ -166,15 +166,17 @@ def _write_all(units: _Units, fetch: Fetcher | None, on_chunk: ProgressCallback 
     live = [unit for unit in units.live() if unit.plan_ is not None]
     if not live:
         return
-    streams = [_stream(unit, fetch, units) for unit in live]
+    merged = _merged([_stream(unit, fetch, units) for unit in live])
     try:
-        write_all(_merged(streams), live[0].write_depth(), on_chunk)
+        write_all(merged, live[0].write_depth(), on_chunk)
     except SinkError as exc:
         for unit in live:
             units.fail(unit, exc)
+    finally:
+        merged.close()  # the fetching threads end now, not when the generator is collected
 
 
-def _stream(unit: FlowRun, fetch: Fetcher | None, units: _Units) -> Iterator[WorkItem]:
+def _stream(unit: FlowRun, fetch: Fetcher | None, units: _Units) -> Generator[WorkItem]:
     """A unit's fetched chunks as work items; a node failure ends (and fails) the unit."""
     try:
         for result in unit.results(fetch):
@@ -184,7 +186,7 @@ def _stream(unit: FlowRun, fetch: Fetcher | None, units: _Units) -> Iterator[Wor
         units.fail(unit, exc)
 
 
-def _merged(streams: Sequence[Iterator[WorkItem]]) -> Iterator[WorkItem]:
+def _merged(streams: Sequence[Generator[WorkItem]]) -> Generator[WorkItem]:
     """The items of every stream as they come: each stream is drained on a thread of its
     own (in a copy of this context: a Prefect flow run's tasks are submitted from there),
     through a small queue that holds them back when the writer is behind."""
@@ -203,7 +205,7 @@ def _merged(streams: Sequence[Iterator[WorkItem]]) -> Iterator[WorkItem]:
                 continue
         return False
 
-    def pump(stream: Iterator[WorkItem]) -> None:
+    def pump(stream: Generator[WorkItem]) -> None:
         try:
             for item in stream:
                 if not put(item):
@@ -211,7 +213,7 @@ def _merged(streams: Sequence[Iterator[WorkItem]]) -> Iterator[WorkItem]:
         except BaseException as exc:  # a bug: raised in the writer's thread
             put(exc)
         finally:
-            stream.close()  # type: ignore[attr-defined]
+            stream.close()
             put(_END)
 
     threads = [
