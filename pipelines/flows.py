@@ -294,7 +294,10 @@ def extract(
         backfill=backfill,
         nodes=tuple(nodes) if nodes is not None else None,
     )
-    with NodePool(config) as pool, SinkSet(config, Path(config_path).parent) as sinks:
+    with (
+        NodePool(config) as pool,
+        SinkSet(config, Path(config_path).parent, writing=True) as sinks,
+    ):
         try:
             summary = run_flow(
                 config,
