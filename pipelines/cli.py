@@ -99,6 +99,7 @@ def _run_flows(
         config = _load(config_path)
     for name in names:
         _check_flow(config, name, config_path)
+        config.select_nodes(name, nodes)  # a --node that is not the flow's: one line, exit 2
     if start is not None and end is not None and end <= start:
         raise UserError("--end must be after --start", EXIT_USAGE)
     request = RunRequest(

@@ -378,13 +378,15 @@ def test_a_fleet_flow_runs_every_node_through_prefect_as_the_direct_path_does(
     from prefect.client.orchestration import get_client
 
     from connectors.simulator.tagtree import tag_paths
+    from tests.pipelines.test_fleet import SAME_PATHS
 
     # A second site with the same tag paths and other data (sinks keep nodes apart).
-    other = SimulatedNode(SimConfig(seed=18, tags=20, tag_paths=tuple(tag_paths(20))))
+    paths = tag_paths(20) if SAME_PATHS else [p.replace("/", "/m ", 1) for p in tag_paths(20)]
+    other = SimulatedNode(SimConfig(seed=18, tags=20, tag_paths=tuple(paths)))
     other.set_clock(int(NOW.timestamp() * 1000))
     request = RunRequest(start=START, end=START + timedelta(minutes=30))
     with run_server(other, http_port=0, https_port=None) as second:
-        paths = {}
+        configs = {}
         for how in ("direct", "prefect"):
             (tmp_path / how).mkdir()
             path = write_config(
@@ -396,19 +398,19 @@ def test_a_fleet_flow_runs_every_node_through_prefect_as_the_direct_path_does(
             document = yaml.safe_load(path.read_text(encoding="utf-8"))
             document["nodes"]["m"] = {"url": second.http_url}
             path.write_text(yaml.safe_dump(document, allow_unicode=True), encoding="utf-8")
-            paths[how] = path
-        config = load(paths["direct"])
-        with NodePool(config) as nodes, SinkSet(config, paths["direct"].parent) as sinks:
+            configs[how] = path
+        config = load(configs["direct"])
+        with NodePool(config) as nodes, SinkSet(config, configs["direct"].parent) as sinks:
             run_flow(config, "fleet", nodes=nodes, sinks=sinks, request=request)
-        summary = run_prefect(paths["prefect"], "fleet", request)
-        only_m = run_prefect(paths["prefect"], "fleet", replace(request, nodes=("m",)))
+        summary = run_prefect(configs["prefect"], "fleet", request)
+        only_m = run_prefect(configs["prefect"], "fleet", replace(request, nodes=("m",)))
     assert [unit.key for unit in summary.units] == ["fleet@m", "fleet@n"]
     assert all(unit.rows and unit.error is None for unit in summary.units)
     assert [unit.key for unit in only_m.units] == ["fleet@m"]
     assert only_m.units[0].chunks_done == only_m.units[0].chunks_planned > 0  # re-extracted
-    expected = contents(paths["direct"], "fleet", "tag_history")
+    expected = contents(configs["direct"], "fleet", "tag_history")
     assert {row[0] for row in expected["lake"]} == {"n", "m"}
-    assert contents(paths["prefect"], "fleet", "tag_history") == expected
+    assert contents(configs["prefect"], "fleet", "tag_history") == expected
     assert summary.rows == len(expected["lake"])
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs()
@@ -421,7 +423,7 @@ def test_a_fleet_flow_runs_every_node_through_prefect_as_the_direct_path_does(
         ["all"],
         ["m"],
     ]
-    deployment = build_deployments(_scheduled(paths["prefect"]))[0]
+    deployment = build_deployments(_scheduled(configs["prefect"]))[0]
     assert {"node:n", "node:m"} <= set(deployment.tags)
 
 
