@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from connectors.options import HistoryOptions
+from connectors.options import AlarmFilter, HistoryOptions
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from connectors.simulator.tagtree import tag_paths
 from connectors.timewindow import Window
@@ -30,7 +30,7 @@ from pipelines.destinations import SinkSet
 from pipelines.nodes import NodePool
 from pipelines.runner import RunFailed, RunRequest, RunSummary, run_flow
 from pipelines.state import flow_watermark
-from tests.fixtures import history_rows, load, truth_history_rows
+from tests.fixtures import alarm_rows, history_rows, load, truth_alarm_rows, truth_history_rows
 
 HISTORIAN = str(Path(sys.executable).with_name("historian"))
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -103,7 +103,16 @@ def fleet_config(
                 "start": start.isoformat(),
                 "settle": "0s",
                 "sinks": list(sinks),
-            }
+            },
+            "alarms": {
+                "node": node,
+                "kind": "alarm_history",
+                "alarms": {"path": "/", "min_priority": 2},
+                "window": "6h",
+                "start": (start - timedelta(hours=22)).isoformat(),
+                "settle": "0s",
+                "sinks": list(sinks),
+            },
         },
     }
     path = tmp_path / "flows.yaml"
@@ -111,10 +120,10 @@ def fleet_config(
     return path
 
 
-def run(path: Path, request: RunRequest | None = None) -> RunSummary:
+def run(path: Path, request: RunRequest | None = None, flow: str = "f") -> RunSummary:
     config = load(path)
     with NodePool(config) as nodes, SinkSet(config, path.parent) as sinks:
-        return run_flow(config, "f", nodes=nodes, sinks=sinks, request=request, now=NOW)
+        return run_flow(config, flow, nodes=nodes, sinks=sinks, request=request, now=NOW)
 
 
 def rows_by_node(frame: pd.DataFrame) -> dict[str, list[Any]]:
@@ -186,6 +195,18 @@ def test_a_flow_on_a_node_pattern_fills_lake_duckdb_and_postgres_with_every_node
     assert_sinks_hold(path, truth(nodes, Window(START, NOW)))
     assert set(watermarks(path).values()) == {NOW}
     assert set(watermarks(path, "pg").values()) == {NOW}
+    alarms = run(path, flow="alarms")
+    assert [unit.rows > 0 for unit in alarms.units] == [True] * 3
+    span = Window(START - timedelta(hours=22), NOW)
+    config = load(path)
+    with SinkSet(config, path.parent) as sinks:
+        for name in config.sinks:
+            frame = sinks.get(name).read("alarms", "alarm_history")
+            for node_name, node in nodes.items():
+                got = alarm_rows(frame[frame["node"].astype(str) == node_name])
+                want = truth_alarm_rows(node, span, AlarmFilter(min_priority=2))
+                assert want, node_name
+                assert got == want, f"{name}/{node_name}: alarms differ from the node's truth"
     again = run(path)  # incremental: every unit is up to date
     assert again.rows == 0
     assert again.chunks_planned == 0
