@@ -11,7 +11,8 @@ The run:
 1. takes each unit's lock and opens its node, here (a unit whose lock is held or whose
    node cannot be opened fails alone);
 2. plans the units in parallel (their node requests overlap; their few sink calls take
-   turns: a sink's connection serves one caller at a time);
+   turns: a sink's connection serves one caller at a time); fetching starts when every
+   unit has planned or failed to (a node that does not answer fails at its timeouts);
 3. fetches every unit's chunks at once, each node bounded by its own `max_connections`
    (the engine's threads, or Prefect tasks), and writes them through ONE writer loop
    (`runner.write_all`): a DuckDB file has one writing process and its connection is not
