@@ -279,6 +279,7 @@ def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_two_processes_on_different_nodes_of_one_flow_run_at_once_and_both_complete(
     tmp_path: Path, h20a_pg: tuple[str, str]
 ) -> None:
@@ -330,3 +331,34 @@ def backfill_args(start: datetime, end: datetime, node: str) -> list[str]:
         node,
         "--direct",
     ]
+
+
+@pytest.mark.slow
+def test_a_slow_node_holds_back_none_of_the_others_chunks(
+    tmp_path: Path, served: tuple[dict[str, SimulatedNode], dict[str, str]]
+) -> None:
+    nodes, urls = served
+    slow_s = 20.0  # far longer than the other nodes' whole run, however busy the machine
+    nodes["plant_b"].faults.configure(rate=0.0, kinds=[], slow_s=slow_s)
+    nodes["plant_b"].faults.fail_next("slow", 1, operations=["tag.historyFilter"])
+    path = fleet_config(tmp_path, urls, duck=False)
+    committed: list[str] = []
+    config = load(path)
+    with NodePool(config) as pool, SinkSet(config, path.parent) as sinks:
+        summary = run_flow(
+            config,
+            "f",
+            nodes=pool,
+            sinks=sinks,
+            now=NOW,
+            on_chunk=lambda outcome, unit: committed.extend([unit.node] * outcome.chunks),
+        )
+    assert nodes["plant_b"].faults.injected["slow"] == 1
+    assert sorted(committed) == sorted(
+        unit.node for unit in summary.units for _ in range(unit.chunks_done)
+    )
+    # plant_b's slow chunk is the last to commit: every chunk of the others went before it.
+    others = [i for i, node in enumerate(committed) if node != "plant_b"]
+    assert committed[-1] == "plant_b"
+    assert others
+    assert_sinks_hold(path, truth(nodes, Window(START, NOW)))
