@@ -378,7 +378,7 @@ def test_a_fleet_flow_runs_every_node_through_prefect_as_the_direct_path_does(
     from prefect.client.orchestration import get_client
 
     from connectors.simulator.tagtree import tag_paths
-    from tests.pipelines.test_fleet import SAME_PATHS
+    from tests.pipelines.test_many_nodes import SAME_PATHS
 
     # A second site with the same tag paths and other data (sinks keep nodes apart).
     paths = tag_paths(20) if SAME_PATHS else [p.replace("/", "/m ", 1) for p in tag_paths(20)]
