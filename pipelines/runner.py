@@ -2,23 +2,24 @@
 
 The runner is the whole pipeline, with or without Prefect: the CLI's `--direct` path, the
 Prefect flows (`pipelines/flows.py`, which only make its fetches tasks) and the benchmarks
-all call `run_flow`. A run:
+all call `run_flow`. A run, per node of the flow (`FlowRun`, one unit; a flow on several
+nodes runs its units together: pipelines/units.py):
 
-1. takes the flow's lock in every sink (a second run of the same flow stops at once);
+1. takes the unit's lock in every sink (a second run of the same flow, or of the same
+   node of a fleet flow, stops at once);
 2. resolves the tag selection on the node and upserts the tag dimension;
 3. computes the span: incremental (from the watermark minus look-back, up to now minus
    settle), or an explicit range (`--start/--end`);
 4. plans (tag batch x window) chunks on a UTC grid and drops those every sink already
    holds (a backfill resumes at chunk granularity; the look-back span is always re-read);
-5. fetches chunks concurrently (bounded) and writes each to every sink as it arrives;
-   each write replaces its scope and records the chunk atomically, so a retried or re-run
-   chunk never duplicates or loses a row.
+5. fetches chunks concurrently (bounded) and writes each to every sink as it arrives
+   (`write_all`, the one writer loop); each write replaces its scope and records the
+   chunk atomically, so a retried or re-run chunk never duplicates or loses a row.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -33,7 +34,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.errors import one_line
 from connectors.normalise import parse_alarm_history_answer, parse_history_answer
 from connectors.options import HistoryOptions
 from connectors.schema import (
@@ -310,7 +310,10 @@ class FlowRun:
         self.name = name
         self.flow = config.flows[name]
         if node is None:
-            (node,) = config.flow_nodes(name)  # a fleet flow's run names its node
+            fleet = config.flow_nodes(name)
+            if len(fleet) != 1:
+                raise ValueError(f"flow {name} runs on {len(fleet)} nodes: name the node")
+            node = fleet[0]
         self.node_name = node
         self.key = unit_key(name, node, self.flow)
         self.kind = flow_kind(self.flow)
@@ -685,25 +688,6 @@ class FlowRun:
             return
         yield from coalesce(fetched, Counter(chunk.window for chunk in chunks))
 
-    def execute(
-        self, on_chunk: ProgressCallback | None = None, fetch: Fetcher | None = None
-    ) -> RunSummary:
-        """Plan (unless done), fetch and write every pending chunk; return the summary."""
-        began = time.perf_counter()
-        try:
-            if self.plan_ is None:
-                self.plan()
-            items = ((self, result) for result in self.results(fetch))
-            write_all(items, self.write_depth(), on_chunk)
-            self.compact()
-            self.finish()
-        except Exception as exc:
-            self.summary.seconds = time.perf_counter() - began
-            self.summary.error = one_line(exc)
-            raise
-        self.summary.seconds = time.perf_counter() - began
-        return self.summary
-
     def write_depth(self) -> int:
         """Chunks written at once: what every sink of the flow allows (1 unless all say more)."""
         return min((max(1, sink.write_concurrency) for sink in self.sinks), default=1)
@@ -720,11 +704,6 @@ class FlowRun:
         del result
         release_memory()
         return outcome
-
-    def _write_overlapped(
-        self, depth: int, on_chunk: ProgressCallback | None, fetch: Fetcher | None = None
-    ) -> None:
-        write_all(((self, result) for result in self.results(fetch)), depth, on_chunk)
 
     def compact(self) -> None:
         """After the last chunk: compact small lake files of the dataset.
