@@ -240,12 +240,12 @@ _chunks_log = logging.getLogger("historian.chunks")
 
 
 def log_chunk(outcome: ChunkOutcome, summary: RunSummary) -> None:
-    """One INFO line per committed chunk (shown with -v; a JSON line with its flow and
-    chunk under --log-format json)."""
+    """One INFO line per committed chunk (shown with -v; a JSON line with its flow, as
+    `flow@node` for a node of a flow on several nodes, and chunk under --log-format json)."""
     if _chunks_log.isEnabledFor(logging.INFO):
         _chunks_log.info(
             "committed %s: %d rows",
             outcome.label,
             outcome.rows_fetched,
-            extra={"flow": summary.flow, "chunk": outcome.chunk_id},
+            extra={"flow": summary.key or summary.flow, "chunk": outcome.chunk_id},
         )
