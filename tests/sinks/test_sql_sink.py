@@ -28,7 +28,7 @@ import pytest
 import sqlalchemy as sa
 
 from connectors import schema
-from pipelines.runner import ChunkOutcome, FlowRun, RunSummary
+from pipelines.runner import ChunkOutcome, FlowRun, RunSummary, write_all
 from sinks.base import CountMismatch, FlowLocked, SinkError, SinkUnavailable
 from sinks.sql import SqlWarehouse
 from sinks.sql_copy import encode_binary_copy
@@ -825,7 +825,7 @@ def test_binary_copy_by_shape_holds_the_same_rows_as_the_row_by_row_join() -> No
     assert len(_decoded_rows(grouped, fields)) == table.num_rows
 
 
-# -- the runner's overlapped writes (what `write_concurrency` 2 makes it do) -------------
+# -- the runner's overlapped writes (what `write_concurrency` 2 makes `write_all` do) -------------
 
 
 class _OverlappedRun(FlowRun):
@@ -863,7 +863,7 @@ def test_overlapped_writes_count_every_chunk_that_committed_then_raise_the_failu
     run = _OverlappedRun(["c1", "c2", "c3", "c4"], write)
     seen: list[str] = []
     with pytest.raises(SinkError, match="c2 failed"):
-        run._write_overlapped(2, lambda outcome, summary: seen.append(outcome.chunk_id))
+        write_all(((run, r) for r in run.results()), 2, lambda o, _: seen.append(o.chunk_id))
     assert seen == ["c1"]  # the write under way when c2 failed committed, and counts
     assert run.summary.chunks_done == 1
     assert run.summary.rows == 10
@@ -887,7 +887,7 @@ def test_overlapped_writes_keep_at_most_depth_chunks_in_flight() -> None:
             now[0] -= 1
 
     run = _OverlappedRun([f"c{i}" for i in range(8)], write)
-    run._write_overlapped(2, None)
+    write_all(((run, r) for r in run.results()), 2)
     assert run.summary.chunks_done == 8
     assert peak[0] == 2
 
