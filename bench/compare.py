@@ -110,6 +110,13 @@ WORKLOADS = {
     "smoke": Workload("smoke", 20, HOUR, "CI smoke test: results only"),
     "small": Workload("small", 100, 6 * HOUR, "raw backfill, the 2026-11-22 comparison"),
     "raw-small": Workload("raw-small", 100, 6 * HOUR, "raw backfill, scaled down", period_ms=1000),
+    "raw-4m": Workload(
+        "raw-4m",
+        200,
+        6 * HOUR,
+        "raw backfill, ~4 M rows (peak RSS through Prefect)",
+        period_ms=1000,
+    ),
     "raw-1k-day": Workload(
         "raw-1k-day", 1000, DAY, "raw backfill, full size (86 M samples)", period_ms=1000
     ),
