@@ -226,7 +226,7 @@ def _fetch_in_tasks(run: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResu
     source: FlowRun | FetchJob = run if in_process else _fetch_job(run)
     handover = Handover() if in_process else None
     limit = _node_limit(run.node.name)
-    bound = run.config.nodes[run.flow.node].max_connections
+    bound = run.config.nodes[run.node_name].max_connections
     done: queue.SimpleQueue[PrefectFuture[ChunkResult | None]] = queue.SimpleQueue()
     outstanding: dict[PrefectFuture[ChunkResult | None], Chunk] = {}
     todo = iter(chunks)
@@ -308,6 +308,7 @@ def extract(
     *,
     kind: str,
     report_dir: str | None = None,
+    nodes: list[str] | None = None,
 ) -> RunSummary:
     """The body of both flows: the core's `run_flow` with tasks for the plan and fetches,
     then the report (when asked) and the summary artifact."""
@@ -320,20 +321,25 @@ def extract(
     def on_plan(plan: Plan) -> None:
         plans.append(plan)
         done = plan.chunks_planned - len(plan.pending)
-        _say(f"{flow_name}: {len(plan.pending)} chunks to fetch, {done} already complete")
+        _say(f"{plan.key}: {len(plan.pending)} chunks to fetch, {done} already complete")
         if caller.on_plan is not None:
             caller.on_plan(plan)
 
-    request = RunRequest(start=_moment(start), end=_moment(end), backfill=backfill)
+    request = RunRequest(
+        start=_moment(start),
+        end=_moment(end),
+        backfill=backfill,
+        nodes=tuple(nodes) if nodes is not None else None,
+    )
     with (
-        NodePool(config) as nodes,
+        NodePool(config) as pool,
         SinkSet(config, Path(config_path).parent, writing=True) as sinks,
     ):
         try:
             summary = run_flow(
                 config,
                 flow_name,
-                nodes=nodes,
+                nodes=pool,
                 sinks=sinks,
                 request=request,
                 on_plan=on_plan,
@@ -479,10 +485,19 @@ def tag_history_flow(
     end: str | None = None,
     backfill: bool = False,
     report_dir: str | None = None,
+    nodes: list[str] | None = None,
 ) -> dict[str, object]:
-    """Extract one tag_history flow of flows.yaml (incremental unless start is given)."""
+    """Extract one tag_history flow of flows.yaml (incremental unless start is given);
+    `nodes`: only these nodes of a fleet flow (None: all of them)."""
     summary = extract(
-        flow_name, config_path, start, end, backfill, kind=KIND_TAG_HISTORY, report_dir=report_dir
+        flow_name,
+        config_path,
+        start,
+        end,
+        backfill,
+        kind=KIND_TAG_HISTORY,
+        report_dir=report_dir,
+        nodes=nodes,
     )
     return summary.as_dict()
 
@@ -495,10 +510,19 @@ def alarm_history_flow(
     end: str | None = None,
     backfill: bool = False,
     report_dir: str | None = None,
+    nodes: list[str] | None = None,
 ) -> dict[str, object]:
-    """Extract one alarm_history flow of flows.yaml (incremental unless start is given)."""
+    """Extract one alarm_history flow of flows.yaml (incremental unless start is given);
+    `nodes`: only these nodes of a fleet flow (None: all of them)."""
     summary = extract(
-        flow_name, config_path, start, end, backfill, kind=KIND_ALARM_HISTORY, report_dir=report_dir
+        flow_name,
+        config_path,
+        start,
+        end,
+        backfill,
+        kind=KIND_ALARM_HISTORY,
+        report_dir=report_dir,
+        nodes=nodes,
     )
     return summary.as_dict()
 
@@ -545,12 +569,18 @@ def run_prefect(
             f"{config_path.name}: no flow named {flow_name!r} (flows: {', '.join(config.flows)})"
         )
     flow_config = config.flows[flow_name]
-    workers = config.nodes[flow_config.node].max_connections
+    from pipelines.units import selected_nodes
+
+    chosen_nodes = selected_nodes(config, flow_name, request)
+    # Every node's fetches at once (each bounded by its max_connections), and its plan.
+    workers = sum(config.nodes[node].max_connections + 1 for node in chosen_nodes)
     chosen = prefect_flow_for(flow_config.kind).with_options(task_runner=task_runner(workers))
     resolved = str(config_path.resolve())
     caller = _Caller(on_chunk=on_chunk, on_plan=on_plan, config_path=resolved, config=config)
     try:
-        with _calling(caller), cli_run():
+        from prefect import tags
+
+        with _calling(caller), cli_run(), tags(*(f"node:{node}" for node in chosen_nodes)):
             chosen(
                 flow_name=flow_name,
                 config_path=resolved,
@@ -558,12 +588,13 @@ def run_prefect(
                 end=request.end.isoformat() if request.end else None,
                 backfill=request.backfill,
                 report_dir=str(report_dir.resolve()) if report_dir else None,
+                nodes=list(request.nodes) if request.nodes is not None else None,
             )
     except RunFailed:
         raise
     except (NodeError, SinkError) as exc:
         summary = caller.summary or RunSummary(
-            flow_name, flow_name, flow_config.kind, flow_config.node
+            flow_name, flow_name, flow_config.kind, ", ".join(chosen_nodes)
         )
         summary.error = one_line(exc)
         raise RunFailed(summary.error, summary) from exc
@@ -595,18 +626,21 @@ def build_deployments(
         schedule = flow_config.schedule
         if schedule is None or (names and name not in names):
             continue
+        fleet = config.flow_nodes(name)
         deployments.append(
             prefect_flow_for(flow_config.kind).to_deployment(
                 name=name,
                 schedules=[prefect_schedule(schedule)],
                 parameters={"flow_name": name, "config_path": str(config_path.resolve())},
-                tags=["historian", flow_config.kind, f"node:{flow_config.node}"],
+                # One deployment per flow: each of its runs covers every node (one unit each).
+                tags=["historian", flow_config.kind, *(f"node:{node}" for node in fleet)],
                 # A run due while the last one still runs is cancelled (it would stop at
                 # the flow's lock anyway); the next one catches up from the watermark.
                 concurrency_limit=ConcurrencyLimitConfig(
                     limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW
                 ),
-                description=f"historian flow {name} ({flow_config.kind}, node {flow_config.node})",
+                description=f"historian flow {name} ({flow_config.kind}, "
+                f"node{'s' if len(fleet) > 1 else ''} {', '.join(fleet)})",
                 entrypoint_type=entrypoint,
             )
         )
