@@ -255,11 +255,41 @@ def backfill(
     end: Annotated[str | None, typer.Option(help=f"End ({TIMES}). Default: now - settle.")] = None,
     config: ConfigOption = Path(DEFAULT_CONFIG),
     direct: Annotated[bool, typer.Option("--direct", help="Run without Prefect.")] = False,
+    shards: Annotated[
+        int | None,
+        typer.Option("--shards", help="Split into N flow runs on a work pool (needs --pool)."),
+    ] = None,
+    per_node: Annotated[
+        bool, typer.Option("--per-node", help="One flow run per node (needs --pool).")
+    ] = False,
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="Prefect work pool the shards run on.")
+    ] = None,
+    by: Annotated[
+        str, typer.Option("--by", help="Shard by tag batches (tags) or by time windows (time).")
+    ] = "tags",
     verbose: VerboseOption = False,
 ) -> None:
-    """Extract a range; chunks already in every sink are skipped, so a killed backfill resumes."""
+    """Extract a range; chunks already in every sink are skipped, so a killed backfill resumes.
+    With --shards N (and/or --per-node) --pool P: as flow runs on a Prefect work pool."""
     _setup_logging(verbose)
     with user_errors():
+        if shards is not None or per_node or pool is not None:
+            from pipelines.cli_fleet import sharded_backfill
+
+            begin = _moment(start, "--start")
+            assert begin is not None  # --start is required
+            sharded_backfill(
+                config,
+                flow,
+                start=begin,
+                end=_moment(end, "--end"),
+                shards=1 if shards is None else shards,
+                per_node=per_node,
+                pool=pool,
+                by=by,
+            )
+            return
         _run_flows(
             config,
             [flow],

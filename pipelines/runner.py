@@ -61,6 +61,7 @@ from pipelines.planning import (
     window_for_density,
 )
 from pipelines.selection import resolve_tags
+from pipelines.shards import Shard
 from pipelines.state import flow_watermark, incremental_span, lacking_members, pending_chunks
 from sinks.base import ChunkScope, Progress, Sink, SinkError
 
@@ -82,12 +83,14 @@ class RunRequest:
     """What to extract: incremental by default, or an explicit [start, end) range.
 
     `backfill` skips chunks every sink already holds (resume); a plain explicit range
-    re-extracts everything in it (replacing, never duplicating).
+    re-extracts everything in it (replacing, never duplicating). `shard`: only that part
+    of the plan (a sharded backfill's flow run, pipelines/shards.py).
     """
 
     start: datetime | None = None
     end: datetime | None = None
     backfill: bool = False
+    shard: Shard | None = None
 
 
 @dataclass
@@ -164,6 +167,8 @@ class RunSummary:
     # The chunk window this run planned with, and whether `window: auto` chose it.
     window: timedelta | None = None
     window_auto: bool = False
+    # `2-of-4` for a shard of a sharded backfill.
+    shard: str | None = None
 
     @property
     def window_label(self) -> str:
@@ -230,6 +235,7 @@ class RunSummary:
             "rows_out_of_range": self.rows_out_of_range,
             "notes": self.remarks,
             "window": self.window_label,
+            "shard": self.shard,
             "error": self.error,
         }
 
@@ -305,6 +311,8 @@ class FlowRun:
         self._engine: HistoryEngine | AlarmEngine | None = None
         self.plan_: Plan | None = None
         self.summary = RunSummary(self.name, self.dataset, self.kind, self.flow.node)
+        self.shard = self.request.shard
+        self.summary.shard = self.shard.label if self.shard is not None else None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -318,10 +326,15 @@ class FlowRun:
             self._node = self._nodes.get(self.flow.node)
         return self._node
 
+    @property
+    def lock_key(self) -> str:
+        """What this run locks: the flow, or `<flow>#<i>-of-<n>` for a shard of it."""
+        return self.shard.lock_key(self.name) if self.shard is not None else self.name
+
     def __enter__(self) -> FlowRun:
         try:
             for sink in self.sinks:
-                self._stack.enter_context(sink.lock(self.name))
+                self._stack.enter_context(sink.lock(self.lock_key))
         except BaseException:
             self._stack.close()
             raise
@@ -354,7 +367,8 @@ class FlowRun:
                 node.client, node.name, flow.tags, where=f"flows.{self.name}.tags"
             )
             members = resolved.members
-            if flow.metadata and resolved.metadata.num_rows:
+            first = self.shard is None or self.shard.writes_metadata()
+            if flow.metadata and first and resolved.metadata.num_rows:
                 frame = resolved.metadata.to_pandas(types_mapper=pd.ArrowDtype)
                 for sink in self.sinks:
                     sink.write_metadata(frame)
@@ -408,6 +422,8 @@ class FlowRun:
         chunks = plan_chunks(
             self.name, self.dataset, self.kind, batches, span, size, options_key(flow)
         )
+        if self.shard is not None:
+            chunks = self.shard.select(chunks)
         if self.request.start is not None and not self.request.backfill:
             pending = list(chunks)
             skipped = 0
@@ -719,10 +735,12 @@ class FlowRun:
 
         Every chunk is committed by now, so a sink failing here (a database gone again,
         a full disk during compaction) is logged and leaves the run complete: the next
-        run compacts, and reads its watermark anew.
+        run compacts, and reads its watermark anew. A shard does not compact: the other
+        shards of its backfill write next to the files compaction would rewrite; the
+        unit's next unsharded run compacts.
         """
         for sink in self.sinks:
-            if self.summary.chunks_done:
+            if self.summary.chunks_done and self.shard is None:
                 try:
                     sink.compact(self.dataset)
                 except SinkError as exc:
