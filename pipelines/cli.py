@@ -553,8 +553,9 @@ def deploy(
     config: ConfigOption = Path(DEFAULT_CONFIG),
     flow: Annotated[list[str] | None, typer.Option("--flow", help="Only these flows.")] = None,
 ) -> None:
-    """Register every scheduled flow as a deployment of a work pool on the Prefect server
-    PREFECT_API_URL names; `prefect worker start --pool POOL` runs them on schedule."""
+    """Register the flows as deployments of a work pool on the Prefect server PREFECT_API_URL
+    names (scheduled ones with their schedule, every one as <flow>-backfill for sharded
+    backfills), and a concurrency limit per node; `prefect worker start --pool POOL` runs them."""
     with user_errors():
         cfg = _load(config)
         for name in flow or []:
@@ -570,12 +571,12 @@ def deploy(
                 )
         from pipelines.flows import deploy_flows
 
-        names = [n for n, f in cfg.flows.items() if f.schedule and (not flow or n in flow)]
-        if not names:
-            raise UserError(f"{config.name}: no flow has a schedule", EXIT_USAGE)
+        names = [n for n in cfg.flows if not flow or n in flow]
         deploy_flows(config, pool, names=names)
+        scheduled = [n for n in names if cfg.flows[n].schedule]
         out.print(
-            f"deployed {len(names)} scheduled flows ({', '.join(names)}) to work pool {pool}; "
+            f"deployed {len(names)} flows ({', '.join(names)}; scheduled: "
+            f"{', '.join(scheduled) or 'none'}) to work pool {pool}; "
             f"workers run them: prefect worker start --pool {pool}",
             highlight=False,
             soft_wrap=True,

@@ -267,7 +267,7 @@ def test_a_work_pool_deployment_fires_on_a_prefect_server_with_a_worker(tmp_path
             timeout=120,
         )
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        assert "deployed 1 scheduled flows (f) to work pool plant" in deployed.stdout
+        assert "deployed 1 flows (f; scheduled: f) to work pool plant" in deployed.stdout
         out = tmp_path / "worker.out"
         with out.open("wb") as sink:
             worker = subprocess.Popen(
