@@ -85,6 +85,7 @@ PlanCallback = Callable[[Plan], None]
 TASK_RUNNER_ENV = "HISTORIAN_TASK_RUNNER"
 DASK_ADDRESS_ENV = "HISTORIAN_DASK_ADDRESS"
 RETRIES = CHUNK_RETRIES
+SLOT_LEASE_S = 60
 RETRY_DELAY_S = CHUNK_RETRY_DELAY_S
 
 
@@ -165,10 +166,24 @@ def _flow_run_name() -> str:
 # -- tasks -----------------------------------------------------------------------------
 
 
+def _holding(node_limit: str | None) -> Any:
+    """One slot of the node's global concurrency limit while asking the node (waiting for
+    it when every slot is taken by runs on any worker); nothing without a limit."""
+    if node_limit is None:
+        return nullcontext()
+    from prefect.concurrency.sync import concurrency
+
+    # A worker that dies holding a slot gives it back when the lease lapses (the least
+    # Prefect allows); a live one renews it for as long as the request lasts.
+    return concurrency(node_limit, occupy=1, strict=False, lease_duration=SLOT_LEASE_S)
+
+
 @task(name="plan", cache_policy=NO_CACHE)
 def plan_run(run: FlowRun) -> Plan:
-    """Resolve the tags, write metadata and list the chunks still to fetch."""
-    return run.plan()
+    """Resolve the tags, write metadata and list the chunks still to fetch (asking the
+    node one request at a time, under one slot of its limit)."""
+    with _holding(_node_limit(run.node.name)):
+        return run.plan()
 
 
 @task(
@@ -181,12 +196,7 @@ def plan_run(run: FlowRun) -> Plan:
 )
 def fetch_chunk(source: FlowRun | FetchJob, chunk: Chunk, node_limit: str | None) -> ChunkResult:
     """One chunk's rows from the node (network and parsing only; writes stay in the run)."""
-    holding: Any = nullcontext()
-    if node_limit is not None:
-        from prefect.concurrency.sync import concurrency
-
-        holding = concurrency(node_limit, occupy=1, strict=False)
-    with holding:
+    with _holding(node_limit):
         return source.fetch(chunk)
 
 
