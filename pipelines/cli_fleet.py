@@ -74,3 +74,28 @@ def sharded_backfill(
             "to finish them (committed chunks are skipped)",
             EXIT_FAILED,
         )
+
+
+def print_last_backfills(flows: list[str]) -> None:
+    """Under `historian state` (with PREFECT_API_URL): each flow's last sharded backfill,
+    a line per shard run: its state and committed chunks of those planned. An API that
+    does not answer is one line, not a failure: the sinks' state above stands alone."""
+    if not os.environ.get("PREFECT_API_URL"):
+        return
+    from pipelines.fleet import last_backfill
+
+    for flow in flows:
+        try:
+            runs = last_backfill(flow)
+        except Exception as exc:  # the API is optional here: say so and go on
+            out.print(f"{flow}: shard runs not read from the Prefect API ({exc})", highlight=False)
+            return
+        if not runs:
+            continue
+        out.print(f"[bold]{flow}[/]: the last sharded backfill's {len(runs)} flow runs")
+        for run in runs:
+            planned = run["chunks_planned"]
+            done = (run["chunks_done"] or 0) + (run["chunks_skipped"] or 0)
+            chunks = f"{done}/{planned} chunks" if planned is not None else "chunks unknown"
+            rows = f", {run['rows']:,} rows" if run["rows"] is not None else ""
+            out.print(f"  {run['run']}: {run['state'].lower()}, {chunks}{rows}", highlight=False)

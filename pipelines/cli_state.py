@@ -151,6 +151,9 @@ def state_show(
                         f"  at {_time(record.committed_at, True)}{flag}",
                         highlight=False,
                     )
+            from pipelines.cli_fleet import print_last_backfills
+
+            print_last_backfills(names)
             if mismatches:
                 raise UserError(f"{mismatches} chunks committed a different row count than fetched")
 
