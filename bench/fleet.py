@@ -17,8 +17,8 @@ backfill flow run per node is submitted the way `historian backfill --per-node` 
 Prefect state goes to a throwaway PREFECT_HOME; the server's database is its SQLite
 default unless `--database-url` names a PostgreSQL one (postgresql+asyncpg://...).
 
-    nice -n 5 .venv/bin/python bench/fleet.py [--nodes 50] [--tags 8] [--hours 2]
-        [--window 30m] [--workers 1,2,4] [--limit 2] [--json out.json]
+    nice -n 5 .venv/bin/python bench/fleet.py [--nodes 50] [--tags 10] [--hours 2]
+        [--window 30m] [--workers 1,2,4] [--limit 2] [--runs N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -134,8 +134,9 @@ def one_round(
     workers: int,
     limit: int,
     span: tuple[datetime, datetime],
+    flows: list[str],
 ) -> dict[str, Any]:
-    """Start `workers` workers, submit one run per flow, wait, stop the workers."""
+    """Start `workers` workers, submit one run per flow of `flows`, wait, stop the workers."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -169,7 +170,7 @@ def one_round(
         began = time.monotonic()
         submitted = []
         submit_s = []
-        for flow in config.flows:
+        for flow in flows:
             t = time.perf_counter()
             submitted += submit_backfill(
                 config, flow, [ShardRun(flow, None, None)], pool="bench", start=span[0], end=span[1]
@@ -215,15 +216,19 @@ def one_round(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=50)
-    parser.add_argument("--tags", type=int, default=8)
+    parser.add_argument("--tags", type=int, default=10)
     parser.add_argument("--hours", type=int, default=2)
     parser.add_argument("--window", default="30m")
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--limit", type=int, default=2, help="flow runs at once per worker")
+    parser.add_argument(
+        "--runs", type=int, default=None, help="flow runs per round (default: one per node)"
+    )
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     rounds = [int(w) for w in args.workers.split(",")]
+    runs = args.runs or args.nodes
     directory = Path(HOME)
     log = directory / "server.log"
     nodes = [SimulatedNode(SimConfig(seed=1000 + i, tags=args.tags)) for i in range(args.nodes)]
@@ -238,11 +243,14 @@ def main() -> None:
         for i, workers in enumerate(rounds):
             span_end = end - timedelta(hours=args.hours * i)
             span = (span_end - timedelta(hours=args.hours), span_end)
-            result = one_round(config, env, log, workers, args.limit, span)
+            # each round its own nodes (round-robin over all of them) and its own hours
+            names = [f"f{(i * runs + k) % args.nodes:03d}" for k in range(runs)]
+            result = one_round(config, env, log, workers, args.limit, span, names)
             results.append(result)
             print(json.dumps(result), flush=True)
     print(
-        f"\n{args.nodes} nodes x {args.tags} tags x {args.hours} h ({args.window} windows), "
+        f"\n{args.nodes} nodes served, {runs} flow runs per round, each one node x {args.tags} "
+        f"tags x {args.hours} h ({args.window} windows), "
         f"worker --limit {args.limit}, server database "
         f"{'PostgreSQL' if args.database_url else 'SQLite'}"
     )
