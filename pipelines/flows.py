@@ -136,9 +136,14 @@ def _fetch_job(run: FlowRun) -> FetchJob:
 
 
 def _retry_if_transient(task_: Any, task_run: Any, state: Any) -> bool:
-    """Prefect's retry condition: the engine's decision, `chunk_retry_may_help`."""
+    """Prefect's retry condition: the engine's decision, `chunk_retry_may_help`; or a
+    node slot the Prefect server could not grant just then (a busy server answers 503)."""
+    from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
+
     try:
         state.result()
+    except ConcurrencySlotAcquisitionError:
+        return True
     except BaseException as exc:
         return chunk_retry_may_help(exc)
     return False
@@ -178,7 +183,13 @@ def _holding(node_limit: str | None) -> Any:
     return concurrency(node_limit, occupy=1, strict=False, lease_duration=SLOT_LEASE_S)
 
 
-@task(name="plan", cache_policy=NO_CACHE)
+@task(
+    name="plan",
+    cache_policy=NO_CACHE,
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAY_S,
+    retry_condition_fn=_retry_if_transient,
+)
 def plan_run(run: FlowRun) -> Plan:
     """Resolve the tags, write metadata and list the chunks still to fetch (asking the
     node one request at a time, under one slot of its limit)."""

@@ -131,3 +131,15 @@ def test_a_shard_locks_its_own_key(tmp_path: Path, server: Any) -> None:
                 pass  # another shard of the same backfill runs at the same time
             with pytest.raises(FlowLocked), same:
                 pass
+
+
+def test_a_node_slot_the_server_could_not_grant_is_retried_and_a_config_error_is_not() -> None:
+    from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
+    from prefect.states import Failed
+
+    from pipelines.config import ConfigError
+    from pipelines.flows import _retry_if_transient
+
+    busy = ConcurrencySlotAcquisitionError("Unable to acquire concurrency slots: 503")
+    assert _retry_if_transient(None, None, Failed(data=busy)) is True
+    assert _retry_if_transient(None, None, Failed(data=ConfigError("bad key"))) is False
