@@ -59,6 +59,7 @@ from connectors.errors import (
 )
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.params import encode_query, list_param
+from connectors.proxy import describe_proxy
 from connectors.settings import NodeSettings, SettingsError
 
 log = logging.getLogger("historian.client")
@@ -112,6 +113,7 @@ class NodeClient:
         self, settings: NodeSettings, *, transport: httpx.BaseTransport | None = None
     ) -> None:
         self.settings = settings
+        self._proxy = settings.proxy_url()
         headers = {"Accept": "application/json", "User-Agent": "historian-extract/0.1"}
         token = settings.bearer_token()
         auth: httpx.BasicAuth | None = None
@@ -151,9 +153,15 @@ class NodeClient:
         # EBADF. With at most `max_connections` requests in the pool, none is ever queued.
         self._slots = threading.BoundedSemaphore(settings.max_connections)
         if transport is None:
-            # The node is reached directly (proxy variables of the environment are not
-            # used), through a transport that enforces each request's total deadline.
-            transport = deadline_transport(verify=verify, limits=limits)
+            # Directly or through the node's proxy (connectors/proxy.py), on a transport
+            # that enforces each request's total deadline.
+            try:
+                transport = deadline_transport(verify=verify, limits=limits, proxy=self._proxy)
+            except ImportError:
+                raise SettingsError(
+                    f"node {settings.name}: a SOCKS proxy needs socksio "
+                    "(pip install 'httpx[socks]')"
+                ) from None
         self._http = httpx.Client(
             base_url=settings.base_url,
             headers=headers,
@@ -264,15 +272,22 @@ class NodeClient:
                     "the node's TLS certificate could not be verified; set ca_bundle to the "
                     "CA that signed it",
                 )
-            return NodeConnectionError(operation, f"cannot connect to {self.settings.base_url}")
+            return NodeConnectionError(operation, f"cannot connect to {self._target()}")
         if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
             return NodeConnectionError(operation, f"connection broke: {type(exc).__name__}")
         if isinstance(exc, httpx.DecodingError):
             # A compressed body that ends early: a network artefact, like a short read.
             return NodeConnectionError(operation, "answer body could not be decoded")
+        if isinstance(exc, httpx.ProxyError):  # the proxy refused to open a tunnel
+            return NodeConnectionError(operation, f"the proxy refused {self._target()}: {exc}")
         if isinstance(exc, httpx.InvalidURL):  # a URL past what httpx sends (65,536 chars)
             return NodeRequestError(operation, f"request not sent: {exc}")
         return NodeConnectionError(operation, f"transport error: {type(exc).__name__}")
+
+    def _target(self) -> str:
+        """The node's URL, and the proxy it is reached through (never its credentials)."""
+        via = describe_proxy(self._proxy)
+        return f"{self.settings.base_url} {via}" if via else self.settings.base_url
 
     # -- decoding --------------------------------------------------------------------------
 

@@ -121,15 +121,20 @@ class DeadlineBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
-def deadline_transport(*, verify: Any, limits: httpx.Limits) -> httpx.HTTPTransport:
+def deadline_transport(
+    *, verify: Any, limits: httpx.Limits, proxy: str | None = None
+) -> httpx.HTTPTransport:
     """httpx's own transport, its connection pool on a `DeadlineBackend`.
 
     httpx 0.28 has no total timeout (encode/httpx#1450) and no seam for the network
     backend, which httpcore's pool takes; the pool the transport built is given the
     wrapped backend before it opens any connection. A change of those internals fails
-    here, at construction, never by silently losing the deadline.
+    here, at construction, never by silently losing the deadline. Through a `proxy` the
+    pool is httpcore's proxy pool, on the same backend.
     """
-    transport = httpx.HTTPTransport(verify=verify, limits=limits)
+    transport = httpx.HTTPTransport(
+        verify=verify, limits=limits, proxy=httpx.Proxy(proxy) if proxy else None
+    )
     pool = getattr(transport, "_pool", None)
     backend = getattr(pool, "_network_backend", None)
     if not isinstance(backend, httpcore.NetworkBackend):

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from connectors.errors import FatalNodeError, quoted
+from connectors.proxy import check_proxy_setting, proxy_for
 
 DEFAULT_HTTP_PORT = 3003
 DEFAULT_HTTPS_PORT = 3443
@@ -125,6 +126,8 @@ class NodeSettings:
     backoff_max_s: float = 10.0
     # A 500 from a node under load is often transient; retried unless turned off.
     retry_server_errors: bool = True
+    # None: the environment's proxy variables; "direct"; or a proxy URL (connectors/proxy.py).
+    proxy: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -136,6 +139,8 @@ class NodeSettings:
                 password_env=self.password_env,
                 password=self.password,
             )
+            if self.proxy is not None:
+                check_proxy_setting(self.proxy)
         except ValueError as exc:
             raise SettingsError(f"node {self.name}: {exc}") from None
         if self.max_connections < 1:
@@ -166,6 +171,10 @@ class NodeSettings:
             host = f"[{host}]"
         path = parts.path.rstrip("/")
         return f"{parts.scheme}://{host}:{port}{path}"
+
+    def proxy_url(self) -> str | None:
+        """The proxy to reach the node through (the environment read now), or None."""
+        return proxy_for(self.base_url, self.proxy, os.environ)
 
     def _env(self, variable: str) -> str:
         value = os.environ.get(variable)

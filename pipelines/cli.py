@@ -202,7 +202,7 @@ def _run_direct(
     from pipelines.runner import run_flow
 
     base = config_path.resolve().parent
-    with NodePool(config) as nodes, SinkSet(config, base) as sinks:
+    with NodePool(config) as nodes, SinkSet(config, base, writing=True) as sinks:
         return run_flow(
             config,
             name,

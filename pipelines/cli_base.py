@@ -94,6 +94,8 @@ def _options(
     if log_format_option not in LOG_FORMATS:
         fail(f"--log-format: {quoted(log_format_option)} is not one of text, json", EXIT_USAGE)
     log_format.set(log_format_option)
+    if log_format_option == "json":
+        json_logs_for_prefect()
     setup_logging(verbose=False)  # every command logs its warnings in the chosen format
 
 
@@ -165,6 +167,23 @@ class JsonLines(logging.Handler):
             _json_line(record.levelname, record.getMessage(), flow, chunk)
         except Exception:  # a log line must never end a run
             self.handleError(record)
+
+
+class PrefectJsonLines(JsonLines):
+    """`JsonLines` in the place of Prefect's console handlers (its logging.yml passes
+    them `stream` and `styles`, which a JSON line has no use for)."""
+
+    def __init__(self, level: int = logging.NOTSET, **_console_options: object) -> None:
+        super().__init__(level)
+
+
+def json_logs_for_prefect() -> None:
+    """Prefect's console lines (its server, workers, runs) as JSON lines too, through
+    Prefect's documented override of its logging.yml: set before Prefect is imported, and
+    inherited by the processes a command starts (`prefect server start`, flow runs)."""
+    handler = f"{__name__}.{PrefectJsonLines.__name__}"
+    for name in ("CONSOLE", "DEBUG"):
+        os.environ.setdefault(f"PREFECT_LOGGING_HANDLERS_{name}_CLASS", handler)
 
 
 def setup_logging(verbose: bool) -> None:

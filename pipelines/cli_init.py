@@ -44,6 +44,7 @@ sinks:
   warehouse:
     type: sql
     url: duckdb:///data/warehouse.duckdb   # or postgresql+psycopg://user@host/db
+    busy_wait: 10m            # a run waits for another process writing this DuckDB file
 
 flows:
   hourly:

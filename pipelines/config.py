@@ -29,6 +29,7 @@ from pydantic import (
 
 from connectors.errors import one_line, quoted
 from connectors.options import METHODS, MODES, AlarmFilter, HistoryOptions
+from connectors.proxy import check_proxy_setting
 from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY
 from connectors.settings import NodeSettings, check_credentials, check_node_url
 from pipelines.config_file import DocumentError, load_document
@@ -165,6 +166,8 @@ class NodeConfig(_Strict):
     request_deadline: timedelta | None = None
     max_connections: int = Field(default=NodeSettings.max_connections, ge=1, le=64)
     retries: int = Field(default=NodeSettings.retries, ge=0, le=50)
+    # Unset: the environment's proxy variables; `direct`; or a proxy URL (connectors/proxy.py).
+    proxy: Annotated[str, _checked(check_proxy_setting)] | None = None
 
     _durations = field_validator(
         "connect_timeout", "read_timeout", "request_deadline", mode="before"
@@ -181,6 +184,8 @@ class NodeConfig(_Strict):
     def _one_target(self) -> NodeConfig:
         if (self.url is None) == (self.simulator is None):
             raise ValueError("give exactly one of url or simulator")
+        if self.simulator is not None and self.proxy is not None:
+            raise ValueError("proxy is for a node given by url (the simulator is on loopback)")
         check_credentials(
             token_env=self.token_env,
             token=self.token_block,
@@ -204,8 +209,18 @@ class SqlSinkConfig(_Strict):
     type: Literal["sql"]
     url: str
     schema_: str | None = Field(default=None, alias="schema")
+    # DuckDB: how long a run waits for another process writing the same file.
+    busy_wait: timedelta = timedelta(0)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    _durations = field_validator("busy_wait", mode="before")(_duration)
+
+    @model_validator(mode="after")
+    def _busy_wait_is_for_duckdb(self) -> SqlSinkConfig:
+        if self.busy_wait > timedelta(0) and not self.url.startswith("duckdb:"):
+            raise ValueError("busy_wait is for DuckDB files (a server takes many writers)")
+        return self
 
     @field_validator("schema_")
     @classmethod

@@ -32,8 +32,9 @@ def _sql_url(url: str, base: Path) -> str:
     return url
 
 
-def make_sink(name: str, config: SinkConfig, base: Path) -> Sink:
-    """A sink object for one configured sink (not opened yet)."""
+def make_sink(name: str, config: SinkConfig, base: Path, *, writing: bool = False) -> Sink:
+    """A sink object for one configured sink (not opened yet). `writing`: for a run, which
+    waits for a DuckDB file another process writes (`busy_wait`); readers never wait."""
     if isinstance(config, DeltaSinkConfig):
         from sinks.delta import DeltaLake
 
@@ -67,20 +68,26 @@ def make_sink(name: str, config: SinkConfig, base: Path) -> Sink:
     from sinks.sql import SqlWarehouse
 
     assert not isinstance(config, ParquetSinkConfig | DeltaSinkConfig | IcebergSinkConfig)
-    return SqlWarehouse(_sql_url(config.url, base), name=name, schema=config.schema_)
+    return SqlWarehouse(
+        _sql_url(config.url, base),
+        name=name,
+        schema=config.schema_,
+        busy_wait_s=config.busy_wait.total_seconds() if writing else 0.0,
+    )
 
 
 class SinkSet:
-    """Sinks by name, opened on first use and closed together."""
+    """Sinks by name, opened on first use and closed together; `writing` for a run's."""
 
-    def __init__(self, config: Config, base: Path) -> None:
+    def __init__(self, config: Config, base: Path, *, writing: bool = False) -> None:
         self.config = config
         self.base = base
+        self.writing = writing
         self._open: dict[str, Sink] = {}
 
     def get(self, name: str) -> Sink:
         if name not in self._open:
-            sink = make_sink(name, self.config.sinks[name], self.base)
+            sink = make_sink(name, self.config.sinks[name], self.base, writing=self.writing)
             sink.open()
             self._open[name] = sink
         return self._open[name]

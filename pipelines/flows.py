@@ -314,7 +314,10 @@ def extract(
             caller.on_plan(plan)
 
     request = RunRequest(start=_moment(start), end=_moment(end), backfill=backfill, shard=shard)
-    with NodePool(config) as nodes, SinkSet(config, Path(config_path).parent) as sinks:
+    with (
+        NodePool(config) as nodes,
+        SinkSet(config, Path(config_path).parent, writing=True) as sinks,
+    ):
         try:
             summary = run_flow(
                 config,

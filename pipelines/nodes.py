@@ -17,6 +17,7 @@ from typing import Any
 
 from connectors.client import NodeClient
 from connectors.errors import FatalNodeError, RetriesExhausted, one_line, quoted
+from connectors.proxy import describe_proxy
 from connectors.settings import NodeSettings, SecretText, SettingsError
 from connectors.version import NodeVersion, node_version
 from pipelines.config import Config, NodeConfig
@@ -80,6 +81,7 @@ def node_settings(name: str, node: NodeConfig, url: str | None = None) -> NodeSe
         ),
         max_connections=node.max_connections,
         retries=node.retries,
+        proxy=node.proxy,
     )
 
 
@@ -150,4 +152,5 @@ class NodePool:
 
 def describe_node(node: ConnectedNode) -> str:
     where: Any = "built-in simulator" if node.simulated else node.settings.url
-    return f"{node.name} ({where})"
+    via = describe_proxy(node.settings.proxy_url())
+    return f"{node.name} ({where}{', ' + via if via else ''})"

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -106,6 +107,8 @@ RETRY_S = 60.0
 RETRY_FIRST_DELAY_S = 0.25
 RETRY_MAX_DELAY_S = 5.0
 T = TypeVar("T")
+# DuckDB's error for a file another process holds (one writing process per file).
+_DUCKDB_HOLDER = re.compile(r"Could not set lock on file .*?\(PID (?P<pid>\d+)\)", re.IGNORECASE)
 
 
 class SqlWarehouse:
@@ -120,6 +123,7 @@ class SqlWarehouse:
         connect_args: Mapping[str, object] | None = None,
         writers: int = 2,
         retry_s: float | None = None,
+        busy_wait_s: float = 0.0,
     ) -> None:
         self.name = name
         try:
@@ -133,6 +137,8 @@ class SqlWarehouse:
         self.layout = Layout(self.sql, schema, self.sql.default_schema(parsed))
         self._connect_args = {**self.sql.connect_args(schema), **dict(connect_args or {})}
         self.retry_s = max(0.0, float(RETRY_S if retry_s is None else retry_s))
+        # How long `open` waits for another process to let go of a DuckDB file.
+        self.busy_wait_s = max(0.0, float(busy_wait_s))
         # flow -> the lock this sink holds for it
         self._locks: dict[str, AdvisoryLock | sql_mysql.NamedLock] = {}
         # Masked in every message: the URL's password and libpq's PGPASSWORD.
@@ -225,8 +231,37 @@ class SqlWarehouse:
                 time.sleep(delay)
 
     def open(self) -> None:
+        """Connect and create the state tables. A DuckDB file another process writes
+        (DuckDB allows one writing process) is waited for, up to `busy_wait_s`, with one
+        warning naming the holder; past that, or with no wait, the lock error as it is."""
         if self._engine is not None:
             return
+        deadline = time.monotonic() + self.busy_wait_s
+        delay = RETRY_FIRST_DELAY_S
+        warned = False
+        while True:
+            try:
+                self._open()
+                return
+            except SinkError as exc:
+                holder = _DUCKDB_HOLDER.search(" ".join(str(exc).split()))
+                left = deadline - time.monotonic()
+                if holder is None or left <= 0:
+                    raise
+                if not warned:
+                    warned = True
+                    log.warning(
+                        "sink %s: %s is being written by another process (pid %s); "
+                        "waiting up to %s s",
+                        self.name,
+                        self._database_file,
+                        holder.group("pid"),
+                        f"{self.busy_wait_s:g}",
+                    )
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, RETRY_MAX_DELAY_S)
+
+    def _open(self) -> None:
         database = self._database_file
         with self._errors("connect"):
             if database:

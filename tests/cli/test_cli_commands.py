@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
@@ -171,3 +172,29 @@ def test_log_format_json_is_one_object_per_line(tmp_path: Path, node: Any) -> No
     assert "no flow named 'nope'" in error["message"]
     bad = historian("--log-format", "xml", "flows", cwd=tmp_path)
     assert_clean_failure(bad, 2, "--log-format: 'xml' is not one of text, json")
+
+
+def test_prefects_own_console_lines_are_json_lines_too(tmp_path: Path) -> None:
+    # What `--log-format json` sets up before Prefect is imported; a Prefect logger then
+    # writes (its server's, its workers' and its runs' console lines go the same way).
+    script = (
+        "from pipelines.cli_base import json_logs_for_prefect\n"
+        "json_logs_for_prefect()\n"
+        "import logging\nfrom prefect import flow  # Prefect configures its logging here\n"
+        "logging.getLogger('prefect.server.api').warning('the server says %s', 'hello')\n"
+        "logging.getLogger('uvicorn').error('a request failed')\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    lines = [json.loads(line) for line in ran.stderr.splitlines()]
+    assert [(line["level"], line["message"]) for line in lines] == [
+        ("WARNING", "the server says hello"),
+        ("ERROR", "a request failed"),
+    ]

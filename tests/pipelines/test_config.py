@@ -401,3 +401,13 @@ def test_moments_before_1970_or_past_the_calendar_are_value_errors(
         parse_moment(text, now=now)
     assert str(caught.value) == expected
     assert parse_moment("1970-01-01T00:00:00Z", now=now) == datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def test_busy_wait_is_a_duration_for_duckdb_files_only() -> None:
+    data = with_change("sinks.wh", {"type": "sql", "url": "duckdb:///w.duckdb", "busy_wait": "10m"})
+    sink = parse_config(data).sinks["wh"]
+    assert isinstance(sink, SqlSinkConfig)
+    assert sink.busy_wait == timedelta(minutes=10)
+    assert error_of(with_change("sinks.wh.busy_wait", "5m")) == (
+        "flows.yaml: sinks.wh: busy_wait is for DuckDB files (a server takes many writers)"
+    )

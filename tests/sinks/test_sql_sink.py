@@ -889,3 +889,63 @@ def test_overlapped_writes_keep_at_most_depth_chunks_in_flight() -> None:
     run._write_overlapped(2, None)
     assert run.summary.chunks_done == 8
     assert peak[0] == 2
+
+
+HOLDER = """
+import sys, time
+from sinks.sql import SqlWarehouse
+sink = SqlWarehouse(sys.argv[1])
+sink.open()
+print("open", flush=True)
+time.sleep(float(sys.argv[2]))
+sink.close()
+"""
+
+
+def test_a_duckdb_file_another_process_writes_is_waited_for_up_to_busy_wait(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"duckdb:///{tmp_path / 'w.duckdb'}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, url, "3"], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "open"
+        impatient = SqlWarehouse(url, name="wh")
+        with pytest.raises(SinkError, match=r"^sink wh: connect: .*Could not set lock"):
+            impatient.open()
+        patient = SqlWarehouse(url, name="wh", busy_wait_s=60)
+        with caplog.at_level("WARNING", logger="historian.sql"):
+            patient.open()  # returns once the other process has closed the file
+        assert child.wait(timeout=30) == 0
+        window = hours(0, 1)
+        frame = history(["a"], window)
+        assert patient.write(scope(["a"], window), frame, len(frame)) == len(frame)
+        patient.close()
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+        if child.stdout is not None:
+            child.stdout.close()
+    (warning,) = [r.getMessage() for r in caplog.records if "another process" in r.getMessage()]
+    assert f"(pid {child.pid}); waiting up to 60 s" in warning
+
+
+def test_busy_wait_runs_out_with_the_lock_error(tmp_path: Path) -> None:
+    url = f"duckdb:///{tmp_path / 'w.duckdb'}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, url, "60"], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "open"
+        started = time.monotonic()
+        with pytest.raises(SinkError, match="Could not set lock"):
+            SqlWarehouse(url, name="wh", busy_wait_s=1.5).open()
+        assert 1.5 <= time.monotonic() - started < 30
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+        if child.stdout is not None:
+            child.stdout.close()
