@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from connectors.options import AlarmFilter, HistoryOptions

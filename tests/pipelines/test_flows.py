@@ -326,7 +326,8 @@ def test_flows_deploy_to_a_process_work_pool_by_module_path(tmp_path: Path, serv
     assert deployment.parameters == {"flow_name": "f", "config_path": str(path.resolve())}
     assert deployment.schedules[0].schedule.cron == "5 * * * *"
     assert backfill.work_pool_name == "historian"
-    assert backfill.schedules == [] and backfill.global_concurrency_limit is None
+    assert backfill.schedules == []
+    assert backfill.global_concurrency_limit is None
     assert backfill.job_variables == {"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}
     assert limit.limit == load(path).nodes["n"].max_connections
     assert Automation.read(name=CRASH_AUTOMATION).actions[0].state.value == "CRASHED"
