@@ -65,6 +65,7 @@ def chunks(tags: list[str], minutes: int, rows_per_tag: int, step_ms: int) -> li
             window=Window.from_ms(start, start + step_ms),
             chunk_id=f"m{m:05d}",
             attrs={"mode": "raw"},
+            node="node1",
             window_size=timedelta(milliseconds=step_ms),
         )
         found.append((scope, frame))

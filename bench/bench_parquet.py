@@ -61,6 +61,7 @@ def scope(tags: list[str], start_ms: int, end_ms: int, chunk_id: str) -> ChunkSc
         window=Window.from_ms(start_ms, end_ms),
         chunk_id=chunk_id,
         attrs={"kind": "tag_history", "mode": "raw"},
+        node="node1",
     )
 
 

@@ -114,7 +114,8 @@ def fill(path: Path, sinks: list[str], rows: int, tag_count: int, days: int) -> 
                     tuple(tags),
                     window,
                     f"{name}-{day}",
-                    {"kind": KIND_TAG_HISTORY, "node": "node1"},
+                    {"kind": KIND_TAG_HISTORY},
+                    node="node1",
                 )
                 sink.write(scope, frame_from_table(table), table.num_rows)
             print(f"# {name}: {rows:,} rows written in {time.perf_counter() - started:.1f} s")

@@ -73,8 +73,9 @@ def chunk(index: int, rows: int) -> tuple[ChunkScope, pd.DataFrame]:
     frame = schema.frame_from_table(pa.table(columns, schema=schema.TAG_HISTORY_SCHEMA))
     window = Window.from_ms(start, start + HOUR_MS)
     scope = ChunkScope(
-        "bench", "hist", schema.KIND_TAG_HISTORY, tuple(tags), window, f"c{index}", ATTRS
-    )
+        "bench", "hist", schema.KIND_TAG_HISTORY, tuple(tags), window, f"c{index}", ATTRS,
+        node="node1",
+    )  # fmt: skip
     return scope, frame
 
 

@@ -78,7 +78,14 @@ def fresh_sink(url: str) -> Iterator[SqlWarehouse]:
 def made_table(sink: SqlWarehouse, scope: ChunkScope) -> None:
     """The dataset's table as the sink makes it (an empty chunk creates it)."""
     empty = ChunkScope(
-        "made", scope.dataset, scope.kind, scope.members, Window.from_ms(0, 1), "made", scope.attrs
+        "made",
+        scope.dataset,
+        scope.kind,
+        scope.members,
+        Window.from_ms(0, 1),
+        "made",
+        scope.attrs,
+        node=scope.node,
     )
     sink.write(empty, schema.empty_frame(scope.kind), 0)
 

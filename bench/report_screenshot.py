@@ -174,14 +174,14 @@ def make_project(out: Path, tags: int) -> Path:
                 table = rows.filter(pa.array(mask))
                 scope = ChunkScope(
                     name, name, KIND_TAG_HISTORY, members, part, f"{name}-{chunk}",
-                    {"kind": KIND_TAG_HISTORY, "node": "plant"},
+                    {"kind": KIND_TAG_HISTORY}, node="plant",
                 )  # fmt: skip
                 lake.write(scope, frame_from_table(table), table.num_rows)
         window = Window(END - timedelta(days=1), END)
         alarms = alarm_rows(window, 7)
         scope = ChunkScope(
             "alarms", "alarms", KIND_ALARM_HISTORY, ("/",), window, "alarms-a",
-            {"kind": KIND_ALARM_HISTORY, "node": "plant"},
+            {"kind": KIND_ALARM_HISTORY}, node="plant",
         )  # fmt: skip
         lake.write(scope, frame_from_table(alarms), alarms.num_rows)
     return config_path

@@ -31,8 +31,8 @@ from rich.progress import (
 from connectors.errors import NodeError, one_line
 
 if TYPE_CHECKING:  # config and runner pull in pandas and pyarrow: imported when needed
-    from pipelines.config import Config
-    from pipelines.nodes import NodePool
+    from pipelines.config import Config, FlowConfig
+    from pipelines.nodes import ConnectedNode, NodePool
     from pipelines.runner import ChunkOutcome, Plan, RunRequest, RunSummary
 
 from pipelines.cli_base import (
@@ -40,6 +40,7 @@ from pipelines.cli_base import (
     EXIT_FAILED,
     EXIT_USAGE,
     ConfigOption,
+    NodeOption,
     UserError,
     VerboseOption,
     app,
@@ -89,6 +90,7 @@ def _run_flows(
     backfill: bool,
     direct: bool,
     config: Config | None = None,
+    nodes: list[str] | None = None,
 ) -> None:
     from pipelines.config import ConfigError
     from pipelines.runner import RunFailed, RunRequest
@@ -97,24 +99,26 @@ def _run_flows(
         config = _load(config_path)
     for name in names:
         _check_flow(config, name, config_path)
+        config.select_nodes(name, nodes)  # a --node that is not the flow's: one line, exit 2
     if start is not None and end is not None and end <= start:
         raise UserError("--end must be after --start", EXIT_USAGE)
-    request = RunRequest(start=start, end=end, backfill=backfill)
+    request = RunRequest(
+        start=start, end=end, backfill=backfill, nodes=tuple(nodes) if nodes else None
+    )
     outcomes: list[FlowOutcome] = []
     with _progress() as progress:
         tasks: dict[str, TaskID] = {}
 
+        # One bar per (flow, node): a fleet flow's nodes advance apart.
         def on_plan(plan: Plan) -> None:
-            tasks[plan.flow] = progress.add_task(
-                "", total=len(plan.pending), flow=plan.flow, rows=0, rate=0.0
-            )
+            key = plan.key or plan.flow
+            tasks[key] = progress.add_task("", total=len(plan.pending), flow=key, rows=0, rate=0.0)
 
         def on_chunk(outcome: ChunkOutcome, summary: RunSummary) -> None:
-            task = tasks.get(summary.flow)
+            key = summary.key or summary.flow
+            task = tasks.get(key)
             if task is None:
-                task = tasks[summary.flow] = progress.add_task(
-                    "", total=None, flow=summary.flow, rows=0, rate=0.0
-                )
+                task = tasks[key] = progress.add_task("", total=None, flow=key, rows=0, rate=0.0)
             elapsed = max(progress.tasks[task].elapsed or 0.0, 1e-9)
             progress.update(
                 task, advance=outcome.chunks, rows=summary.rows, rate=summary.rows / elapsed
@@ -140,7 +144,7 @@ def _run_flows(
                     )
                 outcomes.append(FlowOutcome(name, summary))
             except RunFailed as exc:
-                reason = _failure(config, name, exc.__cause__ or exc, exc.summary.chunks_done)
+                reason = _failure(config, name, exc, exc.summary.chunks_done)
                 outcomes.append(FlowOutcome(name, exc.summary, reason))
             except ConfigError:
                 raise
@@ -165,18 +169,23 @@ def _run_flows(
         )
 
 
-def _failure(config: Config, name: str, exc: BaseException, chunks_done: int) -> str:
+def _failure(config: Config, name: str, failed: BaseException, chunks_done: int) -> str:
     """One line: which flow, which part (node or sink), what, and what was kept."""
     from pipelines.cli_busy import busy_line
+    from pipelines.runner import RunFailed
     from sinks.base import FlowLocked, SinkError
 
+    exc = failed.__cause__ or failed if isinstance(failed, RunFailed) else failed
     busy = busy_line(exc)
     if busy is not None:
         return f"flow {name}: {busy}"
-    if isinstance(exc, FlowLocked):
+    nodes = failed.nodes if isinstance(failed, RunFailed) else ()
+    if config.flows[name].fleet and isinstance(failed, RunFailed):
+        exc, where = failed, ""  # its message names each failed node
+    elif isinstance(exc, FlowLocked):
         where = ""
     elif isinstance(exc, NodeError):
-        where = f"node {config.flows[name].node}: "
+        where = f"node {nodes[0] if nodes else config.flows[name].node}: "
     elif isinstance(exc, SinkError):
         where = "sink: "
     else:
@@ -228,6 +237,7 @@ def run(
     direct: Annotated[
         bool, typer.Option("--direct", help="Run in this process without Prefect.")
     ] = False,
+    node: NodeOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Run one flow (or --all) now: incremental from its state unless --start is given."""
@@ -235,6 +245,8 @@ def run(
     with user_errors():
         if all_flows == (flow is not None):
             raise UserError("give a FLOW name or --all", EXIT_USAGE)
+        if all_flows and node:
+            raise UserError("--node needs a FLOW name (not --all)", EXIT_USAGE)
         cfg = _load(config)
         names = list(cfg.flows) if all_flows else [flow or ""]
         _run_flows(
@@ -245,6 +257,7 @@ def run(
             backfill=False,
             direct=direct,
             config=cfg,  # read once: a flows.yaml may name 10,000 tags
+            nodes=node,
         )
 
 
@@ -255,6 +268,7 @@ def backfill(
     end: Annotated[str | None, typer.Option(help=f"End ({TIMES}). Default: now - settle.")] = None,
     config: ConfigOption = Path(DEFAULT_CONFIG),
     direct: Annotated[bool, typer.Option("--direct", help="Run without Prefect.")] = False,
+    node: NodeOption = None,
     shards: Annotated[
         int | None,
         typer.Option("--shards", help="Split into N flow runs on a work pool (needs --pool)."),
@@ -288,6 +302,7 @@ def backfill(
                 per_node=per_node,
                 pool=pool,
                 by=by,
+                nodes=node,
             )
             return
         _run_flows(
@@ -297,6 +312,7 @@ def backfill(
             end=_moment(end, "--end"),
             backfill=True,
             direct=direct,
+            nodes=node,
         )
 
 
@@ -367,29 +383,40 @@ def _check_flows(
     cfg: Config, nodes: NodePool, reachable: set[str], fail: Callable[[str, Exception], None]
 ) -> None:
     """Each flow's tag selection resolves on its node (an unknown path or group is named
-    by its config key), and its method is one the node's version computes."""
+    by its config key), and its method is one the node's version computes; a fleet
+    flow's on every node."""
+    for name, flow in cfg.flows.items():
+        fleet = cfg.flow_nodes(name)
+        for node_name in fleet:
+            if node_name in reachable:
+                what = f"flow {name}" + (f" on node {node_name}" if flow.fleet else "")
+                _check_flow_on(name, flow, nodes.get(node_name), what, fail)
+
+
+def _check_flow_on(
+    name: str,
+    flow: FlowConfig,
+    node: ConnectedNode,
+    what: str,
+    fail: Callable[[str, Exception], None],
+) -> None:
+    """One flow's selection and method on one of its nodes: an ok line, or `fail`."""
     from connectors.version import check_method
     from pipelines.selection import resolve_tags
 
-    for name, flow in cfg.flows.items():
-        if flow.node not in reachable:
-            continue
-        node = nodes.get(flow.node)
-        try:
-            if flow.kind == "alarm_history":
-                path = flow.alarms.path if flow.alarms else "/"
-                count = node.client.alarm_count(path)
-                found = f"alarms under {path!r}: {count} now"
-            else:
-                assert flow.tags is not None
-                check_method(flow.method, node.version(), where=f"flows.{name}.method")
-                resolved = resolve_tags(
-                    node.client, node.name, flow.tags, where=f"flows.{name}.tags"
-                )
-                found = f"{len(resolved.members)} tags"
-            out.print(f"[green]ok[/] flow {name}: {found}", highlight=False)
-        except NodeError as exc:
-            fail(f"flow {name}", exc)
+    try:
+        if flow.kind == "alarm_history":
+            path = flow.alarms.path if flow.alarms else "/"
+            count = node.client.alarm_count(path)
+            found = f"alarms under {path!r}: {count} now"
+        else:
+            assert flow.tags is not None
+            check_method(flow.method, node.version(), where=f"flows.{name}.method")
+            resolved = resolve_tags(node.client, node.name, flow.tags, where=f"flows.{name}.tags")
+            found = f"{len(resolved.members)} tags"
+        out.print(f"[green]ok[/] {what}: {found}", highlight=False)
+    except NodeError as exc:
+        fail(what, exc)
 
 
 def _check_schedules(cfg: Config, fail: Callable[[str, Exception], None]) -> None:

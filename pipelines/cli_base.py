@@ -52,6 +52,14 @@ DEFAULT_CONFIG = "flows.yaml"
 ConfigOption = Annotated[
     Path, typer.Option("--config", "-c", help="flows.yaml to use.", envvar="HISTORIAN_CONFIG")
 ]
+NodeOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--node",
+        "-n",
+        help="Only this node of a flow on several nodes (repeat for more). Default: all.",
+    ),
+]
 VerboseOption = Annotated[
     bool, typer.Option("--verbose", "-v", help="Log progress (INFO), with times, to stderr.")
 ]
@@ -232,12 +240,12 @@ _chunks_log = logging.getLogger("historian.chunks")
 
 
 def log_chunk(outcome: ChunkOutcome, summary: RunSummary) -> None:
-    """One INFO line per committed chunk (shown with -v; a JSON line with its flow and
-    chunk under --log-format json)."""
+    """One INFO line per committed chunk (shown with -v; a JSON line with its flow, as
+    `flow@node` for a node of a flow on several nodes, and chunk under --log-format json)."""
     if _chunks_log.isEnabledFor(logging.INFO):
         _chunks_log.info(
             "committed %s: %d rows",
             outcome.label,
             outcome.rows_fetched,
-            extra={"flow": summary.flow, "chunk": outcome.chunk_id},
+            extra={"flow": summary.key or summary.flow, "chunk": outcome.chunk_id},
         )

@@ -21,6 +21,7 @@ def sharded_backfill(
     per_node: bool,
     pool: str | None,
     by: str,
+    nodes: list[str] | None = None,
 ) -> None:
     """Submit the shards, wait for every one, print a line each and a total; a failed
     shard (named) makes the command fail: re-running it runs only what is left."""
@@ -48,7 +49,7 @@ def sharded_backfill(
         raise UserError(
             f"--start {start.isoformat()} is not before the end {end.isoformat()}", EXIT_USAGE
         )
-    runs = plan_shards(config, flow, shards=shards, per_node=per_node, by=by)  # type: ignore[arg-type]
+    runs = plan_shards(config, flow, shards=shards, per_node=per_node, by=by, only=nodes)  # type: ignore[arg-type]
     submitted = submit_backfill(config, flow, runs, pool=pool, start=start, end=end)
     out.print(
         f"submitted {len(submitted)} flow runs of {flow} to work pool {pool}; waiting",

@@ -45,6 +45,16 @@ def describe_selection(flow: FlowConfig) -> str:
     return ", ".join(parts)
 
 
+def describe_nodes(config: Config, name: str) -> str:
+    """A flow's node, or its fleet as written and how many nodes that is."""
+    flow = config.flows[name]
+    if not flow.fleet:
+        return str(flow.node)
+    written = flow.node if isinstance(flow.node, str) else ", ".join(flow.node)
+    count = len(config.flow_nodes(name))
+    return f"{written} ({count} node{'s' * (count != 1)})"
+
+
 def describe_mode(flow: FlowConfig) -> str:
     if flow.kind == "alarm_history":
         return "-"
@@ -87,20 +97,22 @@ def exists(config: Config, sink_name: str, base: Path) -> bool:
 
 
 def stored_progress(
-    config: Config, name: str, sinks: SinkSet, base: Path
+    config: Config, name: str, sinks: SinkSet, base: Path, key: str | None = None
 ) -> dict[str, Progress | str]:
-    """Per sink of the flow: its progress, or why there is none to read (not created yet,
-    or a DuckDB file another process holds, as its busy line)."""
+    """Per sink of the flow: its progress (of the state key `key`: one node of a fleet
+    flow; the flow's name by default), or why there is none to read (not created yet, or
+    a DuckDB file another process holds, as its busy line)."""
+    key = key or name
     from pipelines.cli_busy import busy_line
     from sinks.base import Progress, SinkError
 
     found: dict[str, Progress | str] = {}
     for sink_name in config.flows[name].sinks:
         if not exists(config, sink_name, base):
-            found[sink_name] = Progress(name)
+            found[sink_name] = Progress(key)
             continue
         try:
-            found[sink_name] = sinks.get(sink_name).progress(name)
+            found[sink_name] = sinks.get(sink_name).progress(key)
         except SinkError as exc:
             busy = busy_line(exc)
             if busy is None:
@@ -110,13 +122,18 @@ def stored_progress(
 
 
 def lowest_watermark(config: Config, name: str, sinks: SinkSet, base: Path) -> datetime | None:
-    """Where the flow's next run starts: the lowest watermark over its sinks (sinks that
-    another process holds are left out); None when a sink has nothing yet."""
+    """Where the flow's next run starts: the lowest watermark over its sinks and nodes
+    (sinks that another process holds are left out); None when one has nothing yet."""
     from pipelines.state import flow_watermark, tag_members
 
     flow = config.flows[name]
     marks: list[datetime | None] = []
-    for progress in stored_progress(config, name, sinks, base).values():
+    found = [
+        progress
+        for _, key in config.flow_units(name)
+        for progress in stored_progress(config, name, sinks, base, key).values()
+    ]
+    for progress in found:
         if isinstance(progress, str):
             continue
         members = tag_members(progress)
@@ -143,7 +160,7 @@ def flows_command(config: ConfigOption = Path(DEFAULT_CONFIG)) -> None:
                 mark = lowest_watermark(cfg, name, sinks, config.resolve().parent)
                 table.add_row(
                     name,
-                    flow.node,
+                    describe_nodes(cfg, name),
                     flow.kind,
                     describe_selection(flow),
                     describe_mode(flow),

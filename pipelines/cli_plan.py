@@ -19,6 +19,7 @@ from pipelines.cli_base import (
     DEFAULT_CONFIG,
     EXIT_USAGE,
     ConfigOption,
+    NodeOption,
     UserError,
     app,
     check_flow,
@@ -113,10 +114,11 @@ def plan(
         str | None, typer.Option(help="Until (ISO 8601 or relative, -1h). Default: now - settle.")
     ] = None,
     config: ConfigOption = Path(DEFAULT_CONFIG),
+    node: NodeOption = None,
 ) -> None:
     """Dry run: the tags resolved, the windows, batches and chunks a run (or, with
-    --start, a backfill) would fetch, the chunks already done and the rows to expect.
-    Writes nothing."""
+    --start, a backfill) would fetch, the chunks already done and the rows to expect;
+    for a flow on several nodes, per node (--node: only those). Writes nothing."""
     with user_errors():
         from pipelines.nodes import NodePool
         from pipelines.runner import FlowRun, RunRequest
@@ -127,22 +129,26 @@ def plan(
         if since is not None and until is not None and until <= since:
             raise UserError("--end must be after --start", EXIT_USAGE)
         base = config.resolve().parent
-        sinks: dict[str, _ReadOnlySink] = {}
-        notes: list[str] = []
+        units = cfg.flow_units(flow, node)
+        stored: dict[str, dict[str, _ReadOnlySink]] = {}
         from pipelines.destinations import SinkSet
 
         with SinkSet(cfg, base) as opened:
-            for sink_name, found in stored_progress(cfg, flow, opened, base).items():
-                if isinstance(found, str):
-                    raise UserError(f"plan {flow}: sink {sink_name}: {found}")
-                sinks[sink_name] = _ReadOnlySink(sink_name, found)
+            for _, key in units:
+                stored[key] = {}
+                for sink_name, found in stored_progress(cfg, flow, opened, base, key).items():
+                    if isinstance(found, str):
+                        raise UserError(f"plan {key}: sink {sink_name}: {found}")
+                    stored[key][sink_name] = _ReadOnlySink(sink_name, found)
         request = RunRequest(start=since, end=until, backfill=since is not None)
         with NodePool(cfg) as nodes:
-            run = FlowRun(cfg, flow, nodes=nodes, sinks=_PlanSinks(sinks), request=request)  # type: ignore[arg-type]
-            planned = run.plan()
-            rows, how = _estimate(run, planned)
-        notes.extend(run.summary.notes)
-        _print_plan(cfg, flow, run, planned, rows, how, notes, backfill=since is not None)
+            for node_name, key in units:
+                sinks = _PlanSinks(stored[key])
+                run = FlowRun(cfg, flow, nodes=nodes, sinks=sinks, request=request, node=node_name)  # type: ignore[arg-type]
+                planned = run.plan()
+                rows, how = _estimate(run, planned)
+                notes = list(run.summary.notes)
+                _print_plan(cfg, flow, run, planned, rows, how, notes, backfill=since is not None)
 
 
 def _print_plan(
@@ -159,8 +165,9 @@ def _print_plan(
     from pipelines.planning import plan_windows, short_duration
 
     fc = cfg.flows[flow]
-    doing = f"historian backfill {flow}" if backfill else f"historian run {flow}"
-    out.print(f"plan of {flow}: what `{doing}` would do; nothing was written", highlight=False)
+    only = f" --node {run.node_name}" if fc.fleet else ""
+    doing = f"historian backfill {flow}{only}" if backfill else f"historian run {flow}{only}"
+    out.print(f"plan of {run.key}: what `{doing}` would do; nothing was written", highlight=False)
     noun = "alarm selection" if fc.kind == "alarm_history" else "tags"
     sample = ", ".join(quoted(m) for m in planned.members[:SAMPLE_TAGS])
     more = (
@@ -169,7 +176,7 @@ def _print_plan(
         else ""
     )
     out.print(
-        f"  {noun}: {len(planned.members)} on node {fc.node} ({describe_selection(fc)}): "
+        f"  {noun}: {len(planned.members)} on node {run.node_name} ({describe_selection(fc)}): "
         f"{sample}{more}",
         highlight=False,
         soft_wrap=True,

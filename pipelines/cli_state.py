@@ -4,6 +4,7 @@ words, and forgetting some of it so that the next run fetches it again."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from itertools import product
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -16,6 +17,7 @@ from pipelines.cli_base import (
     EXIT_FAILED,
     EXIT_USAGE,
     ConfigOption,
+    NodeOption,
     UserError,
     check_flow,
     load,
@@ -70,10 +72,12 @@ def state_show(
     flow: Annotated[str | None, typer.Option("--flow", "-f", help="Only this flow.")] = None,
     config: ConfigOption = Path(DEFAULT_CONFIG),
     chunks: Annotated[int, typer.Option(help="Recent chunks to list per flow and sink.")] = 5,
+    node: NodeOption = None,
 ) -> None:
     """How far each flow is extracted in each sink, its most recent chunks (oldest window
     first, with rows fetched and committed and when), windows the node left a tag out of,
-    and progress marked complete past now - settle. Works while a run writes: a DuckDB
+    and progress marked complete past now - settle. A flow on several nodes has a line
+    per node (`flow@node`); --node shows only those. Works while a run writes: a DuckDB
     warehouse held by the run is shown as busy, the other sinks as usual."""
     if ctx.invoked_subcommand is not None:
         return
@@ -84,7 +88,10 @@ def state_show(
         cfg = load(config)
         if flow is not None:
             check_flow(cfg, flow, config)
+        elif node:
+            raise UserError("--node needs --flow", EXIT_USAGE)
         names = [flow] if flow else list(cfg.flows)
+        units = [(name, key) for name in names for _, key in cfg.flow_units(name, node)]
         now = datetime.now(UTC)
         with SinkSet(cfg, config.resolve().parent) as sinks:
             table = Table(title="historian state", title_justify="left")
@@ -92,14 +99,14 @@ def state_show(
                 table.add_column(column)
             logs: list[tuple[str, str, list[ChunkRecord]]] = []
             warnings: list[str] = []
-            for name in names:
+            for name, key in units:
                 fc = cfg.flows[name]
                 for sink_name in fc.sinks:
                     sink, busy = _open(sinks, sink_name)
                     if sink is None:
-                        table.add_row(name, sink_name, "-", "-", f"[yellow]{busy}[/]")
+                        table.add_row(key, sink_name, "-", "-", f"[yellow]{busy}[/]")
                         continue
-                    progress = sink.progress(name)
+                    progress = sink.progress(key)
                     members = tag_members(progress)
                     marks = [flow_watermark(progress, [m], fc.start) for m in members]
                     overall = flow_watermark(progress, members, fc.start) if members else None
@@ -108,16 +115,16 @@ def state_show(
                     count = str(len(members))
                     if fc.kind == "alarm_history":
                         count = f"{len(members)} alarm selection" + ("s" * (len(members) != 1))
-                    table.add_row(name, sink_name, count, _time(overall, True), span)
-                    records = sorted(sink.chunk_log(name, chunks), key=lambda r: r.window.start)
-                    logs.append((name, sink_name, records))
-                    where = f"{name} -> {sink_name}"
-                    poisoned = poisoned_from(sink, name, fc.settle, now)
+                    table.add_row(key, sink_name, count, _time(overall, True), span)
+                    records = sorted(sink.chunk_log(key, chunks), key=lambda r: r.window.start)
+                    logs.append((key, sink_name, records))
+                    where = f"{key} -> {sink_name}"
+                    poisoned = poisoned_from(sink, key, fc.settle, now)
                     if poisoned is not None:
                         warnings.append(
                             f"[red]POISONED[/] {where}: marked complete past what the node "
                             f"could have had (from {_time(poisoned, True)}); "
-                            f"repair: historian state repair {name}"
+                            f"repair: historian state repair {_command_args(name, key)}"
                         )
                     for tag, windows in missing_windows(progress).items():
                         shown = ", ".join(str(w) for w in windows[:3])
@@ -130,32 +137,38 @@ def state_show(
             out.print(LEGEND.format(noun="tag"), highlight=False, soft_wrap=True)
             for line in warnings:
                 out.print(line, highlight=False, soft_wrap=True)
-            mismatches = 0
-            for name, sink_name, records in logs:
-                if not records:
-                    continue
-                noun = _noun(cfg, name)
-                out.print(
-                    f"[bold]{name}[/] -> {sink_name}: the {len(records)} chunks committed last, "
-                    "oldest window first"
-                )
-                for record in records:
-                    fetched = record.rows_fetched
-                    committed = record.rows_committed
-                    flag = "" if fetched == committed else "  [red]MISMATCH[/]"
-                    mismatches += fetched != committed
-                    plural = "s" if record.members != 1 else ""
-                    out.print(
-                        f"  {record.window}  {record.members} {noun}{plural}"
-                        f"  {fetched:,} rows fetched, {committed:,} committed"
-                        f"  at {_time(record.committed_at, True)}{flag}",
-                        highlight=False,
-                    )
+            mismatches = _print_logs(cfg, logs)
             from pipelines.cli_fleet import print_last_backfills
 
             print_last_backfills(names)
             if mismatches:
                 raise UserError(f"{mismatches} chunks committed a different row count than fetched")
+
+
+def _print_logs(cfg: Config, logs: list[tuple[str, str, list[ChunkRecord]]]) -> int:
+    """The chunks committed last per (flow or flow@node, sink); returns the mismatches."""
+    mismatches = 0
+    for key, sink_name, records in logs:
+        if not records:
+            continue
+        noun = _noun(cfg, key.split("@", 1)[0])
+        out.print(
+            f"[bold]{key}[/] -> {sink_name}: the {len(records)} chunks committed last, "
+            "oldest window first"
+        )
+        for record in records:
+            fetched = record.rows_fetched
+            committed = record.rows_committed
+            flag = "" if fetched == committed else "  [red]MISMATCH[/]"
+            mismatches += fetched != committed
+            plural = "s" if record.members != 1 else ""
+            out.print(
+                f"  {record.window}  {record.members} {noun}{plural}"
+                f"  {fetched:,} rows fetched, {committed:,} committed"
+                f"  at {_time(record.committed_at, True)}{flag}",
+                highlight=False,
+            )
+    return mismatches
 
 
 def poisoned_from(sink: Sink, flow: str, settle: timedelta, now: datetime) -> datetime | None:
@@ -175,6 +188,7 @@ def poisoned_from(sink: Sink, flow: str, settle: timedelta, now: datetime) -> da
 def state_repair(
     flow: Annotated[str, typer.Argument(help="Flow whose poisoned progress to forget.")],
     config: ConfigOption = Path(DEFAULT_CONFIG),
+    node: NodeOption = None,
 ) -> None:
     """Forget progress marked complete past what the node could have had (a backfill to a
     future end, before ends were cut at now - settle); the next run fetches it. Data stays."""
@@ -187,16 +201,16 @@ def state_repair(
         now = datetime.now(UTC)
         repaired = 0
         with SinkSet(cfg, config.resolve().parent) as sinks:
-            for sink_name in cfg.flows[flow].sinks:
+            for (_, key), sink_name in product(cfg.flow_units(flow, node), cfg.flows[flow].sinks):
                 sink = sinks.get(sink_name)
-                with sink.lock(flow):
-                    moment = poisoned_from(sink, flow, settle, now)
+                with sink.lock(key):
+                    moment = poisoned_from(sink, key, settle, now)
                     if moment is None:
                         continue
-                    removed = sink.forget_after(flow, moment)
+                    removed = sink.forget_after(key, moment)
                     repaired += 1
                 out.print(
-                    f"repaired {flow} in {sink_name}: progress after "
+                    f"repaired {key} in {sink_name}: progress after "
                     f"{_time(moment, True)} forgotten ({removed} entries); the next run "
                     "fetches it again",
                     highlight=False,
@@ -205,9 +219,9 @@ def state_repair(
             out.print(f"{flow}: nothing to repair", highlight=False)
 
 
-def _known_members(cfg: Config, flow: str, sinks: SinkSet) -> set[str]:
-    """The tags (or alarm selection) a flow has extracted in any of its sinks, and the
-    paths it names explicitly."""
+def _known_members(cfg: Config, flow: str, keys: list[str], sinks: SinkSet) -> set[str]:
+    """The tags (or alarm selection) a flow has extracted in any of its sinks (under the
+    state keys `keys`), and the paths it names explicitly."""
     from pipelines.state import tag_members
 
     fc = cfg.flows[flow]
@@ -216,9 +230,14 @@ def _known_members(cfg: Config, flow: str, sinks: SinkSet) -> set[str]:
         known.update(fc.tags.paths)
     if fc.kind == "alarm_history":
         known.add(fc.alarms.path if fc.alarms else "/")
-    for sink_name in fc.sinks:
-        known.update(tag_members(sinks.get(sink_name).progress(flow)))
+    for key, sink_name in product(keys, fc.sinks):
+        known.update(tag_members(sinks.get(sink_name).progress(key)))
     return known
+
+
+def _command_args(flow: str, key: str) -> str:
+    """`flow`, or `flow --node N` for one node of a fleet flow (key `flow@N`)."""
+    return flow if key == flow else f"{flow} --node {key.split('@', 1)[1]}"
 
 
 @state_app.command("reset")
@@ -230,18 +249,23 @@ def state_reset(
     ] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     config: ConfigOption = Path(DEFAULT_CONFIG),
+    node: NodeOption = None,
 ) -> None:
     """Forget a flow's (or one tag's) progress: the next run or backfill extracts it again
-    from `start` (with --tag: that tag only). The data stays until it is re-extracted."""
+    from `start` (with --tag: that tag only; with --node: on that node only, for a flow on
+    several nodes). The data stays until it is re-extracted."""
     with user_errors():
         from pipelines.destinations import SinkSet
         from pipelines.state import missing_member
 
         cfg = load(config)
         check_flow(cfg, flow, config)
+        keys = [key for _, key in cfg.flow_units(flow, node)]
         what = f"tag {tag!r} of flow {flow!r}" if tag else f"flow {flow!r}"
+        if node:
+            what += f" on node{'s' * (len(keys) > 1)} {', '.join(sorted(set(node)))}"
         with SinkSet(cfg, config.resolve().parent) as sinks:
-            if tag is not None and tag not in _known_members(cfg, flow, sinks):
+            if tag is not None and tag not in _known_members(cfg, flow, keys, sinks):
                 raise UserError(
                     f"--tag: {quoted(tag)} is not a tag of flow {quoted(flow)} "
                     "(give its full path, as `historian state` and the data show it)",
@@ -252,10 +276,10 @@ def state_reset(
             ):
                 raise UserError("nothing reset", EXIT_FAILED)
             removed = 0
-            for sink_name in cfg.flows[flow].sinks:
+            for key, sink_name in product(keys, cfg.flows[flow].sinks):
                 sink = sinks.get(sink_name)
-                with sink.lock(flow):
-                    removed += sink.reset(flow, tag)
+                with sink.lock(key):
+                    removed += sink.reset(key, tag)
                     if tag is not None:
-                        sink.reset(flow, missing_member(tag))
+                        sink.reset(key, missing_member(tag))
         out.print(f"reset {what}: {removed} progress entries removed", highlight=False)

@@ -38,33 +38,10 @@ def print_outcomes(
     remarks, destinations, the failures' reasons and how to read the data back."""
     if not outcomes:
         return
-    with_status = len(outcomes) > 1 or any(o.failure for o in outcomes)
-    table = Table(title=title, show_lines=False, title_justify="left")
-    columns = ["flow", "rows", "chunks", "window", "skipped", "seconds", "rows/s", "tags"]
-    columns += ["watermark"] + (["status"] if with_status else [])
-    for column in columns:
-        left = column in ("flow", "window", "watermark", "status")
-        table.add_column(column, justify="left" if left else "right")
-    for outcome in outcomes:
-        s = outcome.summary
-        status = ["[red]failed[/]" if outcome.failure else "[green]ok[/]"] if with_status else []
-        if s is None:
-            table.add_row(outcome.flow, *(["-"] * 8), *status)
-            continue
-        mark = s.watermark_after.strftime("%Y-%m-%d %H:%M:%SZ") if s.watermark_after else "-"
-        table.add_row(
-            s.flow,
-            f"{s.rows:,}",
-            f"{s.chunks_done}/{s.chunks_planned}",
-            s.window_label,
-            f"{s.chunks_skipped}",
-            f"{s.seconds:.1f}",
-            f"{s.rows_per_second:,.0f}",
-            f"{s.tags}",
-            mark,
-            *status,
-        )
-    out.print(table)
+    with_status = len(outcomes) > 1 or any(
+        o.failure or (o.summary and o.summary.units) for o in outcomes
+    )
+    out.print(_table(outcomes, title, with_status=with_status))
     summaries = [o.summary for o in outcomes if o.summary is not None]
     for s in summaries:
         for remark in s.remarks:
@@ -88,6 +65,42 @@ def print_outcomes(
         out.print("Read it back:")
         for hint in hints:
             out.print(f"  {hint}", highlight=False, soft_wrap=True)
+
+
+def _table(outcomes: Sequence[FlowOutcome], title: str, *, with_status: bool) -> Table:
+    """A row per flow (and per node under a fleet flow's), with a status when asked."""
+    table = Table(title=title, show_lines=False, title_justify="left")
+    columns = ["flow", "rows", "chunks", "window", "skipped", "seconds", "rows/s", "tags"]
+    columns += ["watermark"] + (["status"] if with_status else [])
+    for column in columns:
+        left = column in ("flow", "window", "watermark", "status")
+        table.add_column(column, justify="left" if left else "right")
+    for outcome in outcomes:
+        s = outcome.summary
+        status = ["[red]failed[/]" if outcome.failure else "[green]ok[/]"] if with_status else []
+        if s is None:
+            table.add_row(outcome.flow, *(["-"] * 8), *status)
+            continue
+        table.add_row(s.flow, *_cells(s), *status)
+        for unit in s.units:  # a fleet flow: one row per node under its totals
+            failed = "[red]failed[/]" if unit.error else "[green]ok[/]"
+            table.add_row(f"  {unit.key}", *_cells(unit), *([failed] if with_status else []))
+    return table
+
+
+def _cells(s: RunSummary) -> list[str]:
+    """A summary's cells after the flow's: rows, chunks, window, ..., watermark."""
+    mark = s.watermark_after.strftime("%Y-%m-%d %H:%M:%SZ") if s.watermark_after else "-"
+    return [
+        f"{s.rows:,}",
+        f"{s.chunks_done}/{s.chunks_planned}",
+        s.window_label,
+        f"{s.chunks_skipped}",
+        f"{s.seconds:.1f}",
+        f"{s.rows_per_second:,.0f}",
+        f"{s.tags}",
+        mark,
+    ]
 
 
 def _relative(path: str) -> str:
@@ -127,7 +140,10 @@ def read_hints(config: Config, base: Path, summaries: Sequence[RunSummary]) -> l
                 root = _relative(_local_path(sink.url, base))
                 hints.append(
                     python_command(
-                        f"import pandas as pd; print(pd.read_parquet({_literal(root + '/' + dataset)}))"
+                        # partitioning=None: pandas' Hive columns (categories) would clash
+                        # with the files' own `node` column (sinks/parquet.py).
+                        "import pandas as pd; print(pd.read_parquet("
+                        f"{_literal(root + '/' + dataset)}, partitioning=None))"
                     )
                 )
             elif isinstance(sink, SqlSinkConfig) and sink.url.startswith("duckdb:///"):

@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -377,7 +378,9 @@ def _is_time_zone(name: str) -> bool:
 
 
 class FlowConfig(_Strict):
-    node: str
+    # One node name, or a fleet: a list of names and/or fnmatch patterns over `nodes:`
+    # (`plant_*`), expanded by `Config.flow_nodes`.
+    node: str | list[str]
     kind: Literal["tag_history", "alarm_history"] = "tag_history"
     tags: TagSelectionConfig | None = None
     alarms: AlarmSelectionConfig | None = None
@@ -423,6 +426,22 @@ class FlowConfig(_Strict):
         if value is not None and value not in METHODS:
             raise ValueError(f"{quoted(value)} is not one of {', '.join(METHODS)}")
         return value
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, value: str | list[str]) -> str | list[str]:
+        names = [value] if isinstance(value, str) else value
+        if not names:
+            raise ValueError("node is an empty list")
+        if any(not name.strip() for name in names):
+            raise ValueError("a node name is empty")
+        return value
+
+    @property
+    def fleet(self) -> bool:
+        """Whether `node:` may stand for several nodes (a list or a pattern): its state is
+        then kept per node (`unit_key`), so a node joining the fleet renames nothing."""
+        return not isinstance(self.node, str) or _is_pattern(self.node)
 
     @field_validator("dataset")
     @classmethod
@@ -488,10 +507,96 @@ class FlowConfig(_Strict):
         )
 
 
+def _is_pattern(name: str) -> bool:
+    return any(ch in name for ch in "*?[")
+
+
+def expand_nodes(node: str | list[str], known: Iterable[str]) -> list[str]:
+    """A flow's `node:` (a name, a pattern, or a list of both) as the node names it
+    means: sorted, each once. ValueError names an unknown name or a pattern that matches
+    nothing."""
+    names = list(known)
+    found: set[str] = set()
+    for entry in [node] if isinstance(node, str) else node:
+        if _is_pattern(entry):
+            matched = [name for name in names if fnmatchcase(name, entry)]
+            if not matched:
+                raise ValueError(
+                    f"pattern {quoted(entry)} matches no node (nodes: {_names(names)})"
+                )
+            found.update(matched)
+        elif entry in names:
+            found.add(entry)
+        else:
+            raise ValueError(f"unknown node {quoted(entry)} (nodes: {_names(names)})")
+    return sorted(found)
+
+
+def unit_key(flow: str, node: str, flow_config: FlowConfig) -> str:
+    """The key of one (flow, node)'s state and lock in every sink: the flow's name when
+    its `node:` is one plain name (state written before fleets stays valid), else
+    `flow@node`."""
+    return f"{flow}@{node}" if flow_config.fleet else flow
+
+
+def _merged(defaults: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any]:
+    """`entry` over `defaults`; mappings in both (`simulator:`) merged the same way."""
+    merged = dict(defaults)
+    for key, value in entry.items():
+        below = merged.get(key)
+        both = isinstance(below, Mapping) and isinstance(value, Mapping)
+        merged[key] = _merged(below, value) if both else value  # type: ignore[arg-type]
+    return merged
+
+
 class Config(_Strict):
+    # Keys every `nodes:` entry gets unless it sets them itself (100 sites, one template).
+    node_defaults: dict[str, Any] = Field(default_factory=dict)
     nodes: dict[str, NodeConfig] = Field(min_length=1)
     sinks: dict[str, SinkConfig] = Field(min_length=1)
     flows: dict[str, FlowConfig] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_node_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("node_defaults"):
+            return data
+        defaults, nodes = data["node_defaults"], data.get("nodes")
+        if not isinstance(defaults, dict):
+            raise _KeyedError(("node_defaults",), "must be a mapping of node keys")
+        for key in defaults:
+            if key not in NodeConfig.model_fields:
+                raise _KeyedError(("node_defaults", str(key)), "unknown key")
+        if not isinstance(nodes, dict):
+            return data
+        entries = {
+            name: _merged(defaults, entry) if isinstance(entry, dict) else entry
+            for name, entry in nodes.items()
+        }
+        return {**data, "nodes": entries}
+
+    def flow_nodes(self, flow: str) -> list[str]:
+        """The nodes a flow extracts from: its `node:` expanded, sorted, each once."""
+        return expand_nodes(self.flows[flow].node, self.nodes)
+
+    def select_nodes(self, flow: str, only: Sequence[str] | None = None) -> list[str]:
+        """The flow's nodes, or those of them `only` names (`--node`); a name that is not
+        one of the flow's is a one-line ConfigError."""
+        known = self.flow_nodes(flow)
+        if not only:
+            return known
+        for node in only:
+            if node not in known:
+                raise ConfigError(
+                    f"--node: {quoted(node)} is not a node of flow {quoted(flow)} "
+                    f"(its nodes: {_names(known)})"
+                )
+        return sorted(set(only))
+
+    def flow_units(self, flow: str, only: Sequence[str] | None = None) -> list[tuple[str, str]]:
+        """(node, state key) of each selected node of the flow (`select_nodes`, `unit_key`)."""
+        fc = self.flows[flow]
+        return [(node, unit_key(flow, node, fc)) for node in self.select_nodes(flow, only)]
 
     @model_validator(mode="after")
     def _references(self) -> Config:
@@ -499,11 +604,10 @@ class Config(_Strict):
         for name, flow in self.flows.items():
             if not re.match(NAME_PATTERN, name):
                 raise _KeyedError(("flows", name), "flow names are letters, digits and _")
-            if flow.node not in self.nodes:
-                raise _KeyedError(
-                    ("flows", name, "node"),
-                    f"unknown node {quoted(flow.node)} (nodes: {_names(self.nodes)})",
-                )
+            try:
+                expand_nodes(flow.node, self.nodes)
+            except ValueError as exc:
+                raise _KeyedError(("flows", name, "node"), str(exc)) from None
             for sink in flow.sinks:
                 if sink not in self.sinks:
                     raise _KeyedError(

@@ -636,9 +636,11 @@ def tag_coverage(
     start: datetime | None = None,
     end: datetime | None = None,
     bucket: timedelta | None = None,
+    progress: Progress | None = None,
 ) -> TagCoverage:
-    """Tag history coverage of `flow` in `sink` over [start, end) (default: all it holds)."""
-    progress = sink.progress(flow)
+    """Tag history coverage of `flow` in `sink` over [start, end) (default: all it holds);
+    `progress`: what counts as extracted (default: the sink's progress of `flow`)."""
+    progress = progress or sink.progress(flow)
     window, grid, found = _gather(sink, dataset, KIND_TAG_HISTORY, progress, start, end, bucket)
     in_range = {
         member
@@ -711,9 +713,10 @@ def alarm_coverage(
     start: datetime | None = None,
     end: datetime | None = None,
     bucket: timedelta | None = None,
+    progress: Progress | None = None,
 ) -> AlarmCoverage:
     """Alarm events of `flow` in `sink` per path, priority and status over [start, end)."""
-    progress = sink.progress(flow)
+    progress = progress or sink.progress(flow)
     window, grid, found = _gather(sink, dataset, KIND_ALARM_HISTORY, progress, start, end, bucket)
     paths, index = _members(found, set())
     columns = len(PRIORITIES)

@@ -38,9 +38,9 @@ def node_limit_name(node: str) -> str:
     return f"{NODE_LIMIT_PREFIX}{node}"
 
 
-def flow_nodes(config: Config, flow: str) -> list[str]:
-    """The nodes a flow reads (one until flows name several)."""
-    return [config.flows[flow].node]
+def flow_nodes(config: Config, flow: str, only: Sequence[str] | None = None) -> list[str]:
+    """The nodes a flow reads (`only`: those of them, `--node`)."""
+    return config.select_nodes(flow, only)
 
 
 # -- deploy: limits and crash detection ------------------------------------------------------
@@ -131,13 +131,13 @@ class ShardRun:
     """One flow run of a sharded backfill: a flow, optionally one node, optionally a shard."""
 
     flow: str
-    node: str | None
+    nodes: list[str] | None  # None: every node of the flow
     shard: Shard | None
 
     @property
     def label(self) -> str:
         """`raw 2-of-4`, `raw@plant_a`, `raw@plant_a 1-of-2`."""
-        unit = self.flow if self.node is None else f"{self.flow}@{self.node}"
+        unit = self.flow if not self.nodes else f"{self.flow}@{','.join(self.nodes)}"
         return unit if self.shard is None else f"{unit} {self.shard.label}"
 
     def parameters(self, start: datetime, end: datetime) -> dict[str, Any]:
@@ -148,25 +148,33 @@ class ShardRun:
             "backfill": True,
             "shard": self.shard.as_parameter() if self.shard else None,
         }
-        if self.node is not None:
-            parameters["nodes"] = [self.node]
+        if self.nodes is not None:
+            parameters["nodes"] = list(self.nodes)
         return parameters
 
 
 def plan_shards(
-    config: Config, flow: str, *, shards: int, per_node: bool, by: ShardBy = "tags"
+    config: Config,
+    flow: str,
+    *,
+    shards: int,
+    per_node: bool,
+    by: ShardBy = "tags",
+    only: Sequence[str] | None = None,
 ) -> list[ShardRun]:
-    """The flow runs of a backfill: per node (`per_node`), each cut in `shards` parts."""
+    """The flow runs of a backfill: per node (`per_node`: each run one node), each cut in
+    `shards` parts; otherwise each run covers every node (`only`: those), one unit each."""
     if shards < 1:
         raise ConfigError(f"--shards {shards}: give 1 or more")
-    nodes: list[str | None] = list(flow_nodes(config, flow)) if per_node else [None]
-    if per_node and len(nodes) == 1:
-        nodes = [None]  # one node: the flow is the unit
+    chosen = flow_nodes(config, flow, only)
     runs = []
-    for node in nodes:
+    targets: list[list[str] | None] = [[node] for node in chosen] if per_node else [None]
+    if not per_node and only:
+        targets = [list(chosen)]
+    for target in targets:
         for index in range(shards):
             shard = Shard(index, shards, by) if shards > 1 else None
-            runs.append(ShardRun(flow, node, shard))
+            runs.append(ShardRun(flow, target, shard))
     return runs
 
 

@@ -217,7 +217,7 @@ def _fetch_in_tasks(run: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResu
     tasks not started are cancelled and running ones end before the node closes."""
     source: FlowRun | FetchJob = run if _runs_in_process() else _fetch_job(run)
     limit = _node_limit(run.node.name)
-    bound = run.config.nodes[run.flow.node].max_connections
+    bound = run.config.nodes[run.node_name].max_connections
     done: queue.SimpleQueue[PrefectFuture[ChunkResult]] = queue.SimpleQueue()
     outstanding: set[PrefectFuture[ChunkResult]] = set()
     todo = iter(chunks)
@@ -296,6 +296,7 @@ def extract(
     *,
     kind: str,
     report_dir: str | None = None,
+    nodes: list[str] | None = None,
     shard: Shard | None = None,
 ) -> RunSummary:
     """The body of both flows: the core's `run_flow` with tasks for the plan and fetches,
@@ -309,20 +310,26 @@ def extract(
     def on_plan(plan: Plan) -> None:
         plans.append(plan)
         done = plan.chunks_planned - len(plan.pending)
-        _say(f"{flow_name}: {len(plan.pending)} chunks to fetch, {done} already complete")
+        _say(f"{plan.key}: {len(plan.pending)} chunks to fetch, {done} already complete")
         if caller.on_plan is not None:
             caller.on_plan(plan)
 
-    request = RunRequest(start=_moment(start), end=_moment(end), backfill=backfill, shard=shard)
+    request = RunRequest(
+        start=_moment(start),
+        end=_moment(end),
+        backfill=backfill,
+        nodes=tuple(nodes) if nodes is not None else None,
+        shard=shard,
+    )
     with (
-        NodePool(config) as nodes,
+        NodePool(config) as pool,
         SinkSet(config, Path(config_path).parent, writing=True) as sinks,
     ):
         try:
             summary = run_flow(
                 config,
                 flow_name,
-                nodes=nodes,
+                nodes=pool,
                 sinks=sinks,
                 request=request,
                 on_plan=on_plan,
@@ -486,10 +493,12 @@ def tag_history_flow(
     end: str | None = None,
     backfill: bool = False,
     report_dir: str | None = None,
+    nodes: list[str] | None = None,
     shard: dict[str, Any] | None = None,
 ) -> dict[str, object]:
-    """Extract one tag_history flow of flows.yaml (incremental unless start is given;
-    `shard`: one part of a sharded backfill, pipelines/shards.py)."""
+    """Extract one tag_history flow of flows.yaml (incremental unless start is given);
+    `nodes`: only these nodes of a fleet flow (None: all of them); `shard`: one part of a
+    sharded backfill (pipelines/shards.py)."""
     summary = extract(
         flow_name,
         config_path,
@@ -498,6 +507,7 @@ def tag_history_flow(
         backfill,
         kind=KIND_TAG_HISTORY,
         report_dir=report_dir,
+        nodes=nodes,
         shard=Shard.from_parameter(shard),
     )
     return summary.as_dict()
@@ -511,10 +521,12 @@ def alarm_history_flow(
     end: str | None = None,
     backfill: bool = False,
     report_dir: str | None = None,
+    nodes: list[str] | None = None,
     shard: dict[str, Any] | None = None,
 ) -> dict[str, object]:
-    """Extract one alarm_history flow of flows.yaml (incremental unless start is given;
-    `shard`: one part of a sharded backfill, pipelines/shards.py)."""
+    """Extract one alarm_history flow of flows.yaml (incremental unless start is given);
+    `nodes`: only these nodes of a fleet flow (None: all of them); `shard`: one part of a
+    sharded backfill (pipelines/shards.py)."""
     summary = extract(
         flow_name,
         config_path,
@@ -523,6 +535,7 @@ def alarm_history_flow(
         backfill,
         kind=KIND_ALARM_HISTORY,
         report_dir=report_dir,
+        nodes=nodes,
         shard=Shard.from_parameter(shard),
     )
     return summary.as_dict()
@@ -570,12 +583,18 @@ def run_prefect(
             f"{config_path.name}: no flow named {flow_name!r} (flows: {', '.join(config.flows)})"
         )
     flow_config = config.flows[flow_name]
-    workers = config.nodes[flow_config.node].max_connections
+    from pipelines.units import selected_nodes
+
+    chosen_nodes = selected_nodes(config, flow_name, request)
+    # Every node's fetches at once (each bounded by its max_connections), and its plan.
+    workers = sum(config.nodes[node].max_connections + 1 for node in chosen_nodes)
     chosen = prefect_flow_for(flow_config.kind).with_options(task_runner=task_runner(workers))
     resolved = str(config_path.resolve())
     caller = _Caller(on_chunk=on_chunk, on_plan=on_plan, config_path=resolved, config=config)
     try:
-        with _calling(caller), cli_run():
+        from prefect import tags
+
+        with _calling(caller), cli_run(), tags(*(f"node:{node}" for node in chosen_nodes)):
             chosen(
                 flow_name=flow_name,
                 config_path=resolved,
@@ -584,12 +603,13 @@ def run_prefect(
                 backfill=request.backfill,
                 report_dir=str(report_dir.resolve()) if report_dir else None,
                 shard=request.shard.as_parameter() if request.shard else None,
+                nodes=list(request.nodes) if request.nodes is not None else None,
             )
     except RunFailed:
         raise
     except (NodeError, SinkError) as exc:
         summary = caller.summary or RunSummary(
-            flow_name, flow_name, flow_config.kind, flow_config.node
+            flow_name, flow_name, flow_config.kind, ", ".join(chosen_nodes)
         )
         summary.error = one_line(exc)
         raise RunFailed(summary.error, summary) from exc
@@ -635,7 +655,9 @@ def build_deployments(
         if names and name not in names:
             continue
         parameters = {"flow_name": name, "config_path": str(config_path.resolve())}
-        tags = ["historian", flow_config.kind, f"node:{flow_config.node}"]
+        # One deployment per flow: each of its runs covers every node (one unit each).
+        fleet = config.flow_nodes(name)
+        tags = ["historian", flow_config.kind, *(f"node:{node}" for node in fleet)]
         if backfills:
             deployments.append(
                 prefect_flow_for(flow_config.kind).to_deployment(
@@ -663,7 +685,8 @@ def build_deployments(
                 concurrency_limit=ConcurrencyLimitConfig(
                     limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW
                 ),
-                description=f"historian flow {name} ({flow_config.kind}, node {flow_config.node})",
+                description=f"historian flow {name} ({flow_config.kind}, "
+                f"node{'s' if len(fleet) > 1 else ''} {', '.join(fleet)})",
                 entrypoint_type=entrypoint,
             )
         )

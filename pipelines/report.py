@@ -202,12 +202,25 @@ def flow_coverage(
     sink_name: str | None = None,
 ) -> tuple[TagCoverage | AlarmCoverage, str]:
     """Coverage of a flow's dataset as held by `sink_name` (default: the flow's first
-    sink), and where that is."""
+    sink), and where that is. A flow on several nodes: every node's rows together, and a
+    window counts as extracted where every node has it."""
+    from pipelines.state import common_progress
+
     flow = config.flows[flow_name]
     sink = sinks.get(sink_name or flow.sinks[0])
     dataset = flow_dataset(flow_name, flow)
+    keys = [key for _, key in config.flow_units(flow_name)]
+    progress = common_progress(flow_name, [sink.progress(key) for key in keys])
     measure = tag_coverage if flow_kind(flow) == KIND_TAG_HISTORY else alarm_coverage
-    cov = measure(sink, flow_name, dataset, start=start, end=end, bucket=_as_bucket(bucket))
+    cov = measure(
+        sink,
+        flow_name,
+        dataset,
+        start=start,
+        end=end,
+        bucket=_as_bucket(bucket),
+        progress=progress,
+    )
     return cov, sink.describe()
 
 

@@ -2,27 +2,28 @@
 
 The runner is the whole pipeline, with or without Prefect: the CLI's `--direct` path, the
 Prefect flows (`pipelines/flows.py`, which only make its fetches tasks) and the benchmarks
-all call `run_flow`. A run:
+all call `run_flow`. A run, per node of the flow (`FlowRun`, one unit; a flow on several
+nodes runs its units together: pipelines/units.py):
 
-1. takes the flow's lock in every sink (a second run of the same flow stops at once);
+1. takes the unit's lock in every sink (a second run of the same flow, or of the same
+   node of a fleet flow, stops at once);
 2. resolves the tag selection on the node and upserts the tag dimension;
 3. computes the span: incremental (from the watermark minus look-back, up to now minus
    settle), or an explicit range (`--start/--end`);
 4. plans (tag batch x window) chunks on a UTC grid and drops those every sink already
    holds (a backfill resumes at chunk granularity; the look-back span is always re-read);
-5. fetches chunks concurrently (bounded) and writes each to every sink as it arrives;
-   each write replaces its scope and records the chunk atomically, so a retried or re-run
-   chunk never duplicates or loses a row.
+5. fetches chunks concurrently (bounded) and writes each to every sink as it arrives
+   (`write_all`, the one writer loop); each write replaces its scope and records the
+   chunk atomically, so a retried or re-run chunk never duplicates or loses a row.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -33,7 +34,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.errors import one_line
 from connectors.normalise import parse_alarm_history_answer, parse_history_answer
 from connectors.options import HistoryOptions
 from connectors.schema import (
@@ -45,7 +45,7 @@ from connectors.schema import (
 from connectors.timewindow import Window, iso_utc
 from connectors.version import check_method
 from pipelines.coalesce import coalesce
-from pipelines.config import Config, FlowConfig, flow_dataset, flow_kind
+from pipelines.config import Config, FlowConfig, flow_dataset, flow_kind, unit_key
 from pipelines.destinations import SinkSet
 from pipelines.engine import AlarmEngine, ChunkResult, HistoryEngine
 from pipelines.memory import release_memory
@@ -71,10 +71,13 @@ GOOD_QUALITY = 192
 
 
 class RunFailed(Exception):
-    """A run stopped; what was committed stays committed and the next run continues."""
+    """A run stopped; what was committed stays committed and the next run continues.
 
-    def __init__(self, message: str, summary: RunSummary) -> None:
+    `nodes`: the nodes whose units failed (a fleet flow's other nodes completed)."""
+
+    def __init__(self, message: str, summary: RunSummary, nodes: Sequence[str] = ()) -> None:
         self.summary = summary
+        self.nodes = tuple(nodes)
         super().__init__(message)
 
 
@@ -90,6 +93,8 @@ class RunRequest:
     start: datetime | None = None
     end: datetime | None = None
     backfill: bool = False
+    # The nodes of a fleet flow to extract (`--node`); None: every node of the flow.
+    nodes: tuple[str, ...] | None = None
     shard: Shard | None = None
 
 
@@ -135,6 +140,9 @@ class Plan:
     chunks_planned: int
     pending: list[Chunk]
     watermark_before: datetime | None
+    # The node planned and the key of its state (`pipelines.config.unit_key`).
+    node: str = ""
+    key: str = ""
 
 
 @dataclass
@@ -167,6 +175,10 @@ class RunSummary:
     # The chunk window this run planned with, and whether `window: auto` chose it.
     window: timedelta | None = None
     window_auto: bool = False
+    # The key of this (flow, node)'s state; a fleet flow's run summary holds one summary
+    # per node in `units` (pipelines/units.py).
+    key: str = ""
+    units: list[RunSummary] = field(default_factory=list)
     # `2-of-4` for a shard of a sharded backfill.
     shard: str | None = None
 
@@ -237,6 +249,7 @@ class RunSummary:
             "window": self.window_label,
             "shard": self.shard,
             "error": self.error,
+            "units": [unit.as_dict() for unit in self.units],
         }
 
 
@@ -255,13 +268,14 @@ def options_key(flow: FlowConfig) -> str:
     return orjson.dumps(flow.history_options().query_params(), option=orjson.OPT_SORT_KEYS).decode()
 
 
-def dataset_attrs(name: str, flow: FlowConfig, node: str) -> dict[str, object]:
+def dataset_attrs(name: str, flow: FlowConfig) -> dict[str, object]:
+    """The dataset's identity (`sinks.identity`): how its rows were extracted. Not the
+    node: a dataset holds many nodes' rows, each scope names its own."""
     if flow.kind == "alarm_history":
-        return {"kind": KIND_ALARM_HISTORY, "node": node}
+        return {"kind": KIND_ALARM_HISTORY}
     options = flow.history_options()
     return {
         "kind": KIND_TAG_HISTORY,
-        "node": node,
         "mode": options.mode,
         "method": options.method,
         "interval_ms": options.interval_ms,
@@ -281,7 +295,8 @@ def combined_pending(
 
 
 class FlowRun:
-    """One run of one flow; a context manager that holds the flow's lock in every sink."""
+    """One run of one flow on one of its nodes (a unit: pipelines/units.py runs a fleet
+    flow's units together); a context manager holding the unit's lock in every sink."""
 
     def __init__(
         self,
@@ -293,12 +308,21 @@ class FlowRun:
         request: RunRequest | None = None,
         now: datetime | None = None,
         max_in_flight: int | None = None,
+        node: str | None = None,
+        sink_guard: AbstractContextManager[object] | None = None,
     ) -> None:
         if name not in config.flows:
             raise KeyError(name)
         self.config = config
         self.name = name
         self.flow = config.flows[name]
+        if node is None:
+            fleet = config.flow_nodes(name)
+            if len(fleet) != 1:
+                raise ValueError(f"flow {name} runs on {len(fleet)} nodes: name the node")
+            node = fleet[0]
+        self.node_name = node
+        self.key = unit_key(name, node, self.flow)
         self.kind = flow_kind(self.flow)
         self.dataset = flow_dataset(name, self.flow)
         self.request = request or RunRequest()
@@ -309,12 +333,20 @@ class FlowRun:
         self._node: ConnectedNode | None = None
         self._max_in_flight = max_in_flight
         self._engine: HistoryEngine | AlarmEngine | None = None
+        # Held around the sink calls of `plan()`: units of a fleet plan on threads of
+        # their own, and a sink's connection serves one caller at a time.
+        self._sink_guard = sink_guard or nullcontext()
         self.plan_: Plan | None = None
-        self.summary = RunSummary(self.name, self.dataset, self.kind, self.flow.node)
+        self.summary = RunSummary(self.name, self.dataset, self.kind, node, key=self.key)
         self.shard = self.request.shard
         self.summary.shard = self.shard.label if self.shard is not None else None
 
     # -- lifecycle -------------------------------------------------------------------
+
+    @property
+    def _node_option(self) -> str:
+        """` --node N` when this unit is one node of a fleet flow (commands about it)."""
+        return f" --node {self.node_name}" if self.key != self.name else ""
 
     @property
     def sinks(self) -> list[Sink]:
@@ -323,13 +355,13 @@ class FlowRun:
     @property
     def node(self) -> ConnectedNode:
         if self._node is None:
-            self._node = self._nodes.get(self.flow.node)
+            self._node = self._nodes.get(self.node_name)
         return self._node
 
     @property
     def lock_key(self) -> str:
-        """What this run locks: the flow, or `<flow>#<i>-of-<n>` for a shard of it."""
-        return self.shard.lock_key(self.name) if self.shard is not None else self.name
+        """What this run locks: its unit's key, or `<key>#<i>-of-<n>` for a shard of it."""
+        return self.shard.lock_key(self.key) if self.shard is not None else self.key
 
     def __enter__(self) -> FlowRun:
         try:
@@ -370,8 +402,9 @@ class FlowRun:
             first = self.shard is None or self.shard.writes_metadata()
             if flow.metadata and first and resolved.metadata.num_rows:
                 frame = resolved.metadata.to_pandas(types_mapper=pd.ArrowDtype)
-                for sink in self.sinks:
-                    sink.write_metadata(frame)
+                with self._sink_guard:
+                    for sink in self.sinks:
+                        sink.write_metadata(frame)
             engine: HistoryEngine | AlarmEngine = HistoryEngine(
                 node.client,
                 node.name,
@@ -394,7 +427,8 @@ class FlowRun:
             )
         self._engine = engine
         self.summary.tags = len(members)
-        progresses = [sink.progress(self.name) for sink in self.sinks]
+        with self._sink_guard:
+            progresses = [sink.progress(self.key) for sink in self.sinks]
         watermark = _min_watermark(progresses, members, flow.start)
         self.summary.watermark_before = watermark
         span, always = self._span(watermark)
@@ -409,7 +443,7 @@ class FlowRun:
             span = Window(align_down(span.start, size), span.end)
             always = span if always is not None else None
         if span is None:
-            plan = Plan(self.name, self.dataset, self.kind, members, None, size, 0, [], watermark)
+            plan = self._new_plan(members, None, size, 0, [], watermark)
             self.plan_ = plan
             return plan
         if self.kind == KIND_TAG_HISTORY and isinstance(engine, HistoryEngine):
@@ -420,7 +454,7 @@ class FlowRun:
         else:
             batches = [members]
         chunks = plan_chunks(
-            self.name, self.dataset, self.kind, batches, span, size, options_key(flow)
+            self.key, self.dataset, self.kind, batches, span, size, options_key(flow)
         )
         if self.shard is not None:
             chunks = self.shard.select(chunks)
@@ -431,9 +465,7 @@ class FlowRun:
             wanted = combined_pending(chunks, progresses, always)
             skipped = len(chunks) - len(wanted)
             pending = self._narrowed(wanted, progresses, always)
-        plan = Plan(
-            self.name, self.dataset, self.kind, members, span, size, len(chunks), pending, watermark
-        )
+        plan = self._new_plan(members, span, size, len(chunks), pending, watermark)
         self.summary.span = span
         self.summary.window = size
         self.summary.window_auto = flow.window == "auto"
@@ -441,6 +473,29 @@ class FlowRun:
         self.summary.chunks_skipped = skipped
         self.plan_ = plan
         return plan
+
+    def _new_plan(
+        self,
+        members: tuple[str, ...],
+        span: Window | None,
+        size: timedelta,
+        planned: int,
+        pending: list[Chunk],
+        watermark: datetime | None,
+    ) -> Plan:
+        return Plan(
+            self.name,
+            self.dataset,
+            self.kind,
+            members,
+            span,
+            size,
+            planned,
+            pending,
+            watermark,
+            node=self.node_name,
+            key=self.key,
+        )
 
     def _narrowed(
         self, pending: list[Chunk], progresses: Sequence[Progress], always: Window | None
@@ -469,7 +524,7 @@ class FlowRun:
     def _in_flight(self) -> int:
         if self._max_in_flight is not None:
             return self._max_in_flight
-        return self.config.nodes[self.flow.node].max_connections
+        return self.config.nodes[self.node_name].max_connections
 
     def _span(self, watermark: datetime | None) -> tuple[Window | None, Window | None]:
         """The span to plan, and the look-back part of it that is always re-read."""
@@ -505,7 +560,7 @@ class FlowRun:
         if watermark is not None and watermark > settled:
             self.summary.notes.append(
                 f"progress is marked complete up to {iso_utc(watermark)}, past now - settle: "
-                f"repair it with `historian state repair {self.name}`"
+                f"repair it with `historian state repair {self.name}{self._node_option}`"
             )
         asked = self.request.end
         if asked is None:
@@ -585,13 +640,14 @@ class FlowRun:
 
     def scope(self, chunk: Chunk) -> ChunkScope:
         return ChunkScope(
-            flow=self.name,
+            flow=self.key,
             dataset=self.dataset,
             kind=self.kind,
             members=chunk.members,
             window=chunk.window,
             chunk_id=chunk.chunk_id,
-            attrs=dataset_attrs(self.name, self.flow, self.node.name),
+            attrs=dataset_attrs(self.name, self.flow),
+            node=self.node.name,
             window_size=self.plan_.window_size if self.plan_ is not None else None,
         )
 
@@ -650,110 +706,107 @@ class FlowRun:
             return
         yield from coalesce(fetched, Counter(chunk.window for chunk in chunks))
 
-    def execute(
-        self, on_chunk: ProgressCallback | None = None, fetch: Fetcher | None = None
-    ) -> RunSummary:
-        """Plan (unless done), fetch and write every pending chunk; return the summary."""
-        began = time.perf_counter()
-        try:
-            if self.plan_ is None:
-                self.plan()
-            depth = self.write_depth()
-            if depth > 1:
-                self._write_overlapped(depth, on_chunk, fetch)
-            else:
-                for result in self.results(fetch):
-                    outcome = self.write(result)
-                    del result  # written: its buffers go now, and their pages back to the system
-                    release_memory()
-                    self._done(outcome, on_chunk)
-            self.finish()
-        except Exception as exc:
-            self.summary.seconds = time.perf_counter() - began
-            self.summary.error = one_line(exc)
-            raise
-        self.summary.seconds = time.perf_counter() - began
-        return self.summary
-
     def write_depth(self) -> int:
         """Chunks written at once: what every sink of the flow allows (1 unless all say more)."""
         return min((max(1, sink.write_concurrency) for sink in self.sinks), default=1)
 
-    def _done(self, outcome: ChunkOutcome, on_chunk: ProgressCallback | None) -> None:
+    def done(self, outcome: ChunkOutcome, on_chunk: ProgressCallback | None) -> None:
+        """Count a written chunk (and tell `on_chunk`)."""
         self.summary.add(outcome)
         if on_chunk is not None:
             on_chunk(outcome, self.summary)
 
-    def _write_and_release(self, result: ChunkResult) -> ChunkOutcome:
+    def write_and_release(self, result: ChunkResult) -> ChunkOutcome:
+        """`write`, then the chunk's buffers go, and their pages back to the system."""
         outcome = self.write(result)
         del result
         release_memory()
         return outcome
 
-    def _write_overlapped(
-        self, depth: int, on_chunk: ProgressCallback | None, fetch: Fetcher | None = None
-    ) -> None:
-        """Write up to `depth` chunks at once, each still its own atomic, idempotent write.
-
-        Why: a chunk's write is mostly the database inserting into its key; with a second
-        chunk under way, that work overlaps the next chunk's encoding and a second server
-        process. Chunks may commit out of plan order: the progress is a set of completed
-        windows per member (merged by every sink), so a later window committed before an
-        earlier one leaves a gap, never a false claim, and the watermark stops at the gap.
-        On a failure the writes under way finish (each commits whole or not at all) and
-        are counted, then the first error is raised.
-        """
-        with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="write") as pool:
-            pending: set[Future[ChunkOutcome]] = set()
-
-            def settle(until: int) -> None:
-                nonlocal pending
-                while len(pending) > until:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    failed = [e for f in done if (e := f.exception()) is not None]
-                    for future in done:
-                        if future.exception() is None:
-                            self._done(future.result(), on_chunk)
-                    if failed:
-                        raise failed[0]
-
-            try:
-                for result in self.results(fetch):
-                    pending.add(pool.submit(self._write_and_release, result))
-                    del result
-                    settle(depth - 1)
-                settle(0)
-            except BaseException:
-                finished, _ = wait(pending)
-                for future in finished:
-                    if future.exception() is None:
-                        self._done(future.result(), on_chunk)
-                raise
-
-    def finish(self) -> None:
-        """After the last chunk: compact small lake files and record the new watermark.
+    def compact(self) -> None:
+        """After the last chunk: compact small lake files of the dataset.
 
         Every chunk is committed by now, so a sink failing here (a database gone again,
         a full disk during compaction) is logged and leaves the run complete: the next
-        run compacts, and reads its watermark anew. A shard does not compact: the other
-        shards of its backfill write next to the files compaction would rewrite; the
-        unit's next unsharded run compacts.
+        run compacts. A shard does not compact: the other shards of its backfill write
+        next to the files compaction would rewrite; the unit's next unsharded run compacts.
         """
+        if not self.summary.chunks_done or self.shard is not None:
+            return
         for sink in self.sinks:
-            if self.summary.chunks_done and self.shard is None:
-                try:
-                    sink.compact(self.dataset)
-                except SinkError as exc:
-                    log.warning("%s: every chunk is committed; not compacted: %s", self.name, exc)
+            try:
+                sink.compact(self.dataset)
+            except SinkError as exc:
+                log.warning("%s: every chunk is committed; not compacted: %s", self.key, exc)
+
+    def finish(self) -> None:
+        """After the last chunk: record the new watermark (a sink failing to say is logged:
+        the next run reads it anew)."""
         if self.plan_ is not None:
             try:
-                progresses = [sink.progress(self.name) for sink in self.sinks]
+                progresses = [sink.progress(self.key) for sink in self.sinks]
             except SinkError as exc:
-                log.warning("%s: every chunk is committed; watermark not read: %s", self.name, exc)
+                log.warning("%s: every chunk is committed; watermark not read: %s", self.key, exc)
                 return
             self.summary.watermark_after = _min_watermark(
                 progresses, self.plan_.members, self.flow.start
             )
+
+
+WorkItem = tuple[FlowRun, ChunkResult]
+
+
+def write_all(
+    items: Iterable[WorkItem], depth: int, on_chunk: ProgressCallback | None = None
+) -> None:
+    """Write each fetched chunk to every sink of its run, in this thread (depth 1) or up
+    to `depth` at once, each still its own atomic, idempotent write.
+
+    Why overlap: a chunk's write is mostly the database inserting into its key; with a
+    second chunk under way, that work overlaps the next chunk's encoding and a second
+    server process. Chunks may commit out of plan order: the progress is a set of completed
+    windows per member (merged by every sink), so a later window committed before an
+    earlier one leaves a gap, never a false claim, and the watermark stops at the gap.
+    On a failure the writes under way finish (each commits whole or not at all) and are
+    counted, then the first error is raised.
+    """
+    if depth <= 1:
+        for run, result in items:
+            outcome = run.write_and_release(result)
+            del result
+            run.done(outcome, on_chunk)
+        return
+    with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="write") as pool:
+        pending: dict[Future[ChunkOutcome], FlowRun] = {}
+
+        def count(done: Iterable[Future[ChunkOutcome]]) -> list[BaseException]:
+            failed = []
+            for future in done:
+                run = pending.pop(future)
+                error = future.exception()
+                if error is None:
+                    run.done(future.result(), on_chunk)
+                else:
+                    failed.append(error)
+            return failed
+
+        def settle(until: int) -> None:
+            while len(pending) > until:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                failed = count(done)
+                if failed:
+                    raise failed[0]
+
+        try:
+            for run, result in items:
+                pending[pool.submit(run.write_and_release, result)] = run
+                del result
+                settle(depth - 1)
+            settle(0)
+        except BaseException:
+            finished, _ = wait(list(pending))
+            count(finished)
+            raise
 
 
 def run_flow(
@@ -771,23 +824,28 @@ def run_flow(
 ) -> RunSummary:
     """Run one flow start to end: the one loop of the direct path and of Prefect's flows.
 
+    A flow on several nodes runs one unit per (flow, node) (`pipelines/units.py`): each
+    with its own lock, plan, watermark and summary, fetching in parallel; one node
+    failing leaves the others' work complete and recorded.
+
     `fetch` and `plan` say how the work is submitted (the Prefect flow makes them tasks;
     by default the engine's threads and a plain call). Node and sink failures come out as
     `RunFailed` carrying the partial summary; the original error is its `__cause__`.
     """
-    from connectors.errors import NodeError
-    from sinks.base import SinkError
+    from pipelines.units import run_units
 
-    run = FlowRun(config, name, nodes=nodes, sinks=sinks, request=request, now=now)
-    try:
-        with run:
-            planned = plan(run) if plan is not None else run.plan()
-            if on_plan is not None:
-                on_plan(planned)
-            return run.execute(on_chunk, fetch)
-    except (NodeError, SinkError) as exc:
-        run.summary.error = one_line(exc)
-        raise RunFailed(one_line(exc), run.summary) from exc
+    return run_units(
+        config,
+        name,
+        nodes=nodes,
+        sinks=sinks,
+        request=request or RunRequest(),
+        on_chunk=on_chunk,
+        on_plan=on_plan,
+        now=now,
+        fetch=fetch,
+        plan=plan,
+    )
 
 
 def _min_watermark(

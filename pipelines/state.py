@@ -190,3 +190,38 @@ def complete_past(progress: Progress, limit: datetime) -> datetime | None:
     ends = [windows[-1].end for windows in progress.completed.values() if windows]
     latest = max(ends, default=None)
     return latest if latest is not None and latest > limit else None
+
+
+def common_progress(flow: str, progresses: Sequence[Progress]) -> Progress:
+    """What every one of `progresses` holds: per member present in all of them, the
+    windows all of them completed (a fleet flow's coverage: extracted on every node)."""
+    if len(progresses) == 1:
+        return progresses[0]
+    if not progresses:
+        return Progress(flow)
+    members = set(progresses[0].completed)
+    for progress in progresses[1:]:
+        members &= set(progress.completed)
+    common: dict[str, list[Window]] = {}
+    for member in sorted(members):
+        windows = merge_windows(list(progresses[0].windows_of(member)))
+        for progress in progresses[1:]:
+            windows = _intersection(windows, merge_windows(list(progress.windows_of(member))))
+        if windows:
+            common[member] = windows
+    return Progress(flow, common)
+
+
+def _intersection(a: Sequence[Window], b: Sequence[Window]) -> list[Window]:
+    """The overlap of two sorted lists of disjoint windows."""
+    found: list[Window] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        start, end = max(a[i].start, b[j].start), min(a[i].end, b[j].end)
+        if start < end:
+            found.append(Window(start, end))
+        if a[i].end < b[j].end:
+            i += 1
+        else:
+            j += 1
+    return found

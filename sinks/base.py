@@ -38,11 +38,18 @@ class CountMismatch(SinkError):
 
 @dataclass(frozen=True)
 class ChunkScope:
-    """What one write covers: `members` are tag paths (history) or alarm paths (alarms).
+    """What one write covers: `node`'s rows of `members` inside `window`. `members` are
+    tag paths (history) or alarm paths (alarms).
 
-    For alarm history the scope is the whole alarm path selection, named by `members`
-    holding the single selection key (the flow's alarm path), and rows of any path inside
-    the window are replaced.
+    A dataset holds rows of many nodes (the same tag paths on every site): a write
+    replaces only its node's rows, and other nodes' rows with the same paths and times
+    stay. For alarm history the scope is the node's whole alarm path selection, named by
+    `members` holding the single selection key (the flow's alarm path), and the node's
+    rows of any path inside the window are replaced.
+
+    `flow` is the progress key the chunk is recorded under: the flow's name, or
+    `flow@node` for a flow over several nodes (any text; sinks encode it where it
+    becomes a file name or an identifier).
     """
 
     flow: str
@@ -52,6 +59,8 @@ class ChunkScope:
     window: Window
     chunk_id: str
     attrs: Mapping[str, object] = field(default_factory=dict)
+    # Required, by keyword: the node whose rows the scope covers.
+    node: str = field(kw_only=True)
     # The flow's chunk size (`window` may be clipped at the span's ends): a lake with
     # `partition: auto` sizes a new dataset's partitions to it.
     window_size: timedelta | None = None
@@ -101,7 +110,9 @@ class Sink(Protocol):
         reason when the sink could not be written; else say what was found, in a line."""
 
     def lock(self, flow: str) -> AbstractContextManager[None]:
-        """Hold the flow's lock for the duration of a run; FlowLocked if someone else has it."""
+        """Hold a lock key (`flow`, `flow@node`, a shard's `flow@node#2-of-4`: any text) for
+        the duration of a run; FlowLocked if someone else has it. Other keys' writers may
+        write other scopes of the same dataset at the same time."""
 
     def write(self, scope: ChunkScope, frame: pd.DataFrame, rows_fetched: int) -> int:
         """Replace the scope's rows by `frame` and record the chunk complete, atomically.
@@ -113,7 +124,7 @@ class Sink(Protocol):
         """Upsert tag metadata (the tag dimension) keyed by (node, tag)."""
 
     def progress(self, flow: str) -> Progress:
-        """Merged completed windows per member for a flow."""
+        """Merged completed windows per member for a progress key (`ChunkScope.flow`)."""
 
     def chunk_log(self, flow: str, limit: int = 100) -> list[ChunkRecord]:
         """The most recent committed chunks of a flow, newest first."""

@@ -22,12 +22,16 @@ this sink skips the log clean-up: the log carries the progress, so it is never e
 retention (`delta.deletedFileRetentionDuration`, 7 days unless the table says otherwise),
 so a reader of an older version keeps its files for that long.
 
-Writers: one at a time per dataset in a process, and on local disk across processes (a
-flock); the flow lock is the lake's (`sinks.locks`: a flock on local disk, a best-effort
-lease object on object storage). delta-rs 1.x commits to S3 with a conditional write
-(put-if-absent of the next log entry), so concurrent writers there lose no commit
-without a lock service: the store must support conditional writes (AWS S3 does since
-2024; moto does, in the tests).
+A dataset holds many nodes: a chunk's predicate names its node, so it replaces that
+node's rows only. Writers: one at a time per dataset for the commit step, whatever their
+flow key or node - threads here, processes by a flock on local disk and by the lake's
+conditional-PUT lease on object storage (`sinks.locks.dataset_lease`): delta-rs's
+conflict check let a compaction and a write that rewrote the same file both commit
+(tests/sinks/test_writers_on_s3.py doubled rows without it). Flow locks are the lake's
+(`sinks.locks`). delta-rs 1.x commits to S3 with a conditional write (put-if-absent of
+the next log entry), so no lock service is needed: the store must support conditional
+writes (AWS S3 does since 2024; moto does, in the tests). A commit that loses a race
+anyway (another tool writing the table) is planned again (`sinks.commit_retry`).
 """
 
 from __future__ import annotations
@@ -51,12 +55,21 @@ from sinks.base import (
     SinkError,
     SinkUnavailable,
 )
-from sinks.lake_layout import LOCKS_DIR, METADATA_DATASET, STATE_DIR, check_dataset, check_flow
+from sinks.commit_retry import retry_conflicts
+from sinks.identity import differences, identity
+from sinks.lake_layout import (
+    LOCKS_DIR,
+    METADATA_DATASET,
+    STATE_DIR,
+    check_dataset,
+    check_flow,
+    key_name,
+)
 from sinks.lake_store import LakeStore, redacted_url, token
-from sinks.locks import dataset_flock, flow_flock, flow_lease
+from sinks.locks import dataset_flock, dataset_lease, flow_flock, flow_lease
 from sinks.progress_methods import ProgressMethods
 from sinks.table_progress import RECORD_KEY, TableProgress, check_record, chunk_record
-from sinks.table_rows import chunk_rows, json_value, plain, reason, transient, typed_table
+from sinks.table_rows import chunk_rows, plain, reason, transient, typed_table
 
 HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 PARTITION_COLUMN = "date"
@@ -82,19 +95,31 @@ def _day(ms: int) -> str:
 
 def scope_predicate(scope: ChunkScope, *, tags: bool = True) -> str:
     """The rows a chunk replaces, as a Delta predicate: its days first (partition
-    pruning), then its window, then for tag history its tags (unless `tags` is False:
-    the caller has found no row of another tag in the window)."""
+    pruning), then its window and node, then for tag history its tags (unless `tags` is
+    False: the caller has found no row of another tag of the node in the window)."""
     window = scope.window
     parts = [
         f"{PARTITION_COLUMN} >= '{_day(window.start_ms)}'",
         f"{PARTITION_COLUMN} <= '{_day(window.end_ms - 1)}'",
         f"ts >= '{_iso(window.start_ms)}'",
         f"ts < '{_iso(window.end_ms)}'",
+        f"node = {sql_literal(scope.node)}",
     ]
     if tags and scope.kind == tables.KIND_TAG_HISTORY:
         members = sorted(set(scope.members))
         parts.append(f"tag IN ({', '.join(sql_literal(m) for m in members)})")
     return " AND ".join(parts)
+
+
+def lost_race(exc: BaseException) -> bool:
+    """Did a commit fail because another writer committed first (`sinks.commit_retry`)?
+    Also the first commit of a table another writer has just created."""
+    from deltalake.exceptions import CommitFailedError, DeltaError
+
+    if isinstance(exc, CommitFailedError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, DeltaError) and ("already exists" in text or "conflict" in text)
 
 
 def fsspec_options(storage_options: Mapping[str, str]) -> dict[str, Any]:
@@ -203,7 +228,11 @@ class DeltaLake(ProgressMethods):
                 with dataset_flock(self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lock")):
                     yield
             else:
-                yield
+                # Conditional commits alone let a merge and a write (or two writes that
+                # rewrite one file) both land, each keeping the rows the other rewrote.
+                lease = self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lease")
+                with dataset_lease(self.store, lease):
+                    yield
 
     def _bucket_exists(self, store: LakeStore) -> str:
         bucket = store.root.split("/", 1)[0]
@@ -261,8 +290,10 @@ class DeltaLake(ProgressMethods):
         check_flow(flow)
         store = self.store
         if store.local:
-            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{flow}.lock"), flow)
-        return flow_lease(store, store.path(STATE_DIR, LOCKS_DIR, f"{flow}.lease.json"), flow)
+            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lock"), flow)
+        return flow_lease(
+            store, store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lease.json"), flow
+        )
 
     # -- the commit log (TableProgress's CommitLog) ---------------------------------------
 
@@ -303,8 +334,7 @@ class DeltaLake(ProgressMethods):
     def _check_facts(self, scope: ChunkScope, table: Any | None) -> str | None:
         """The facts a new table is created with (its description), or None when the
         table exists and agrees with the chunk; SinkError when it was written otherwise."""
-        now: dict[str, object] = {k: json_value(v) for k, v in sorted(scope.attrs.items())}
-        wanted = {"dataset": scope.dataset, "kind": scope.kind, "attrs": now}
+        wanted = {"dataset": scope.dataset, "kind": scope.kind, "attrs": identity(scope.attrs)}
         if table is None:
             return orjson.dumps(wanted, option=orjson.OPT_SORT_KEYS).decode()
         facts = self._facts.get(scope.dataset)
@@ -314,17 +344,11 @@ class DeltaLake(ProgressMethods):
             except orjson.JSONDecodeError:
                 facts = {}
             self._facts[scope.dataset] = facts
-        differences = []
-        if facts.get("kind") != scope.kind:
-            differences.append(f"kind: stored {facts.get('kind')!r}, now {scope.kind!r}")
-        stored = facts.get("attrs") or {}
-        for key in sorted(set(stored) | set(now)):
-            if stored.get(key) != now.get(key):
-                differences.append(f"{key}: stored {stored.get(key)!r}, now {now.get(key)!r}")
-        if differences:
+        found = differences(facts.get("kind"), facts.get("attrs") or {}, scope.kind, scope.attrs)
+        if found:
             raise SinkError(
                 f"delta '{self.name}': dataset '{scope.dataset}' was written with other "
-                f"settings ({'; '.join(differences)}); use another dataset name or reset it"
+                f"settings ({'; '.join(found)}); use another dataset name or reset it"
             )
         return None
 
@@ -360,7 +384,7 @@ class DeltaLake(ProgressMethods):
             rows_committed=table.num_rows,
         )
         with self._errors(what), self._dataset_lock(scope.dataset):
-            self._commit(scope, table, record)
+            retry_conflicts(lambda: self._commit(scope, table, record), lost_race)
         return int(table.num_rows)
 
     def _commit(self, scope: ChunkScope, table: pa.Table, record: dict[str, Any]) -> None:
@@ -407,14 +431,16 @@ class DeltaLake(ProgressMethods):
         found = existing.to_pyarrow_dataset().to_table(
             columns=["tag"],
             filter=(ts >= pa.scalar(window.start_ms, tables.TS_TYPE))
-            & (ts < pa.scalar(window.end_ms, tables.TS_TYPE)),
+            & (ts < pa.scalar(window.end_ms, tables.TS_TYPE))
+            & (pads.field("node") == scope.node),
         )
         others = tables.names_of(found.column("tag")) - set(scope.members)
         return scope_predicate(scope, tags=bool(others))
 
     def compact(self, dataset: str) -> int:
         """Merge small files (optimize.compact) and remove files no version within the
-        table's retention needs (vacuum); returns the files merged away."""
+        table's retention needs (vacuum); returns the files merged away. A chunk committed
+        by another process meanwhile makes the merge's commit fail: it is planned again."""
         from deltalake import PostCommitHookProperties
 
         check_dataset(dataset)
@@ -423,11 +449,17 @@ class DeltaLake(ProgressMethods):
             if table is None:
                 return 0
             hooks = PostCommitHookProperties(cleanup_expired_logs=False)
-            metrics = table.optimize.compact(
-                writer_properties=self._writer_properties(),
-                target_size=self.target_file_size,
-                post_commithook_properties=hooks,
-            )
+
+            def merge() -> dict[str, Any]:
+                table.update_incremental()
+                found: dict[str, Any] = table.optimize.compact(
+                    writer_properties=self._writer_properties(),
+                    target_size=self.target_file_size,
+                    post_commithook_properties=hooks,
+                )
+                return found
+
+            metrics = retry_conflicts(merge, lost_race)
             table.vacuum(dry_run=False, post_commithook_properties=hooks)
             removed, added = metrics.get("numFilesRemoved", 0), metrics.get("numFilesAdded", 0)
             return max(0, int(removed) - int(added))

@@ -18,6 +18,12 @@ the hash of a content-addressed file (`_historian/members/<hash>.json`, written 
 the commit and never changed): Iceberg rewrites its metadata file, with every snapshot's
 summary, at each commit, so summaries are kept small.
 
+A dataset holds many nodes: a chunk's filter names its node, so it replaces that node's
+rows only. Writers take turns per dataset for the commit step (threads; a flock on local
+disk; on object storage the lake's conditional-PUT lease, `sinks.locks.dataset_lease`),
+and a commit the catalog refuses because another writer committed first is planned
+again on the new snapshot (`sinks.commit_retry`).
+
 `compact(dataset)` rewrites each day holding several small files as one file (the same
 rows, one overwrite of that day). Snapshots are never expired by the sink: their
 summaries carry the progress (expire them only after resetting the flows concerned).
@@ -45,12 +51,21 @@ import pyarrow.parquet as pq
 
 from connectors import schema as tables
 from sinks.base import ChunkScope, SinkError, SinkUnavailable
-from sinks.lake_layout import LOCKS_DIR, METADATA_DATASET, STATE_DIR, check_dataset, check_flow
+from sinks.commit_retry import retry_conflicts
+from sinks.identity import differences, identity
+from sinks.lake_layout import (
+    LOCKS_DIR,
+    METADATA_DATASET,
+    STATE_DIR,
+    check_dataset,
+    check_flow,
+    key_name,
+)
 from sinks.lake_store import LakeStore, redacted_url, token
-from sinks.locks import dataset_flock, flow_flock, flow_lease
+from sinks.locks import dataset_flock, dataset_lease, flow_flock, flow_lease
 from sinks.progress_methods import ProgressMethods
 from sinks.table_progress import RECORD_KEY, TableProgress, check_record, chunk_record
-from sinks.table_rows import chunk_rows, json_value, plain, reason, transient, typed_table
+from sinks.table_rows import chunk_rows, plain, reason, transient, typed_table
 
 HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 NAMESPACE = "historian"
@@ -102,13 +117,26 @@ def time_filter(start: datetime, end: datetime) -> Any:
     )
 
 
+def node_window_filter(scope: ChunkScope) -> Any:
+    """The scope's node's rows in its window, as a pyiceberg expression."""
+    ex = _expressions()
+    return ex.And(time_filter(scope.window.start, scope.window.end), ex.EqualTo("node", scope.node))
+
+
 def scope_filter(scope: ChunkScope) -> Any:
     """The rows a chunk replaces, as a pyiceberg expression (values, not parsed text)."""
-    expression = time_filter(scope.window.start, scope.window.end)
+    expression = node_window_filter(scope)
     if scope.kind == tables.KIND_TAG_HISTORY:
         ex = _expressions()
         expression = ex.And(expression, ex.In("tag", set(scope.members)))
     return expression
+
+
+def lost_race(exc: BaseException) -> bool:
+    """Did a commit fail because another writer committed first (`sinks.commit_retry`)?"""
+    from pyiceberg.exceptions import CommitFailedException
+
+    return isinstance(exc, CommitFailedException)
 
 
 class IcebergLake(ProgressMethods):
@@ -214,7 +242,11 @@ class IcebergLake(ProgressMethods):
                 with dataset_flock(self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lock")):
                     yield
             else:
-                yield
+                # Conditional commits alone let a merge and a write (or two writes that
+                # rewrite one file) both land, each keeping the rows the other rewrote.
+                lease = self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lease")
+                with dataset_lease(self.store, lease):
+                    yield
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -290,8 +322,10 @@ class IcebergLake(ProgressMethods):
         check_flow(flow)
         store = self.store
         if self.local:
-            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{flow}.lock"), flow)
-        return flow_lease(store, store.path(STATE_DIR, LOCKS_DIR, f"{flow}.lease.json"), flow)
+            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lock"), flow)
+        return flow_lease(
+            store, store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lease.json"), flow
+        )
 
     # -- the commit log (TableProgress's CommitLog) ---------------------------------------
 
@@ -356,9 +390,8 @@ class IcebergLake(ProgressMethods):
         return plain(typed_table(frame, kind, f"iceberg '{self.name}': {what}"))
 
     def _facts(self, scope: ChunkScope) -> str:
-        attrs = {k: json_value(v) for k, v in sorted(scope.attrs.items())}
         return orjson.dumps(
-            {"kind": scope.kind, "attrs": attrs}, option=orjson.OPT_SORT_KEYS
+            {"kind": scope.kind, "attrs": identity(scope.attrs)}, option=orjson.OPT_SORT_KEYS
         ).decode()
 
     def _ensure_table(self, scope: ChunkScope) -> Any:
@@ -387,18 +420,12 @@ class IcebergLake(ProgressMethods):
         stored = table.properties.get(FACTS_KEY)
         if stored != facts:
             old = orjson.loads(stored or "{}")
-            new = orjson.loads(facts)
-            differences = []
-            if old.get("kind") != new["kind"]:
-                differences.append(f"kind: stored {old.get('kind')!r}, now {new['kind']!r}")
-            before, now = old.get("attrs") or {}, new["attrs"]
-            for key in sorted(set(before) | set(now)):
-                if before.get(key) != now.get(key):
-                    differences.append(f"{key}: stored {before.get(key)!r}, now {now.get(key)!r}")
-            raise SinkError(
-                f"iceberg '{self.name}': dataset '{scope.dataset}' was written with other "
-                f"settings ({'; '.join(differences)}); use another dataset name or reset it"
-            )
+            found = differences(old.get("kind"), old.get("attrs") or {}, scope.kind, scope.attrs)
+            if found:
+                raise SinkError(
+                    f"iceberg '{self.name}': dataset '{scope.dataset}' was written with other "
+                    f"settings ({'; '.join(found)}); use another dataset name or reset it"
+                )
         return table
 
     def write(self, scope: ChunkScope, frame: pd.DataFrame, rows_fetched: int) -> int:
@@ -423,22 +450,26 @@ class IcebergLake(ProgressMethods):
             )
             record["members"] = self._save_members(list(scope.members))
             properties = {RECORD_KEY: orjson.dumps(record).decode()}
-            self._commit(target, scope, table, properties)
+            files = self._write_files(target, table)
+            retry_conflicts(lambda: self._commit(scope, table, files, properties), lost_race)
         return int(table.num_rows)
 
     def _commit(
-        self, target: Any, scope: ChunkScope, table: pa.Table, properties: dict[str, str]
+        self, scope: ChunkScope, table: pa.Table, files: list[str], properties: dict[str, str]
     ) -> None:
-        """One catalog commit: the delete of the scope (when a file may hold rows of its
-        window), the chunk's files, and the record in the snapshot summaries.
+        """One catalog commit on the table's latest snapshot: the delete of the scope
+        (when a file may hold rows of its window), the chunk's files, and the record in
+        the snapshot summaries. Another process committing first fails it; it is planned
+        again (`sinks.commit_retry`).
 
-        The data files are written first, by pyarrow with the lake's options (dictionary
-        pages for names only, delta-encoded ts), one per UTC day, then added by
-        `add_files`: faster than pyiceberg's own writer (BENCHMARKS.md). A kill before the commit
-        leaves unreferenced files in the table's data folder, never visible rows
-        (Iceberg's orphan-file clean-up removes them).
+        The data files are written first (`_write_files`), by pyarrow with the lake's
+        options (dictionary pages for names only, delta-encoded ts), one per UTC day, then
+        added by `add_files`: faster than pyiceberg's own writer (BENCHMARKS.md). A kill
+        before the commit leaves unreferenced files in the table's data folder, never
+        visible rows (Iceberg's orphan-file clean-up removes them).
         """
-        files = self._write_files(target, table)
+        target = self._table(scope.dataset)
+        assert target is not None
         delete = self._delete_filter(target, scope)
         with target.transaction() as transaction:
             if delete is not None:
@@ -466,15 +497,15 @@ class IcebergLake(ProgressMethods):
 
     @staticmethod
     def _delete_filter(target: Any, scope: ChunkScope) -> Any | None:
-        """What the chunk's commit deletes: nothing when the window holds no row yet (a
-        new window is an append), the window alone when it holds rows of the chunk's
-        tags only, else the window and the tags. Found by reading the window's `tag`
+        """What the chunk's commit deletes: nothing when the window holds no row of the
+        node yet (a new window is an append), the node's window alone when it holds rows
+        of the chunk's tags only, else the node's window and the tags. Found by reading the window's `tag`
         column (files outside it skipped by their bounds): pyiceberg binds and copies a
         filter of 1,000 tag names at every step of a commit, which cost more than the
         write (BENCHMARKS.md)."""
         if target.current_snapshot() is None:
             return None
-        window = time_filter(scope.window.start, scope.window.end)
+        window = node_window_filter(scope)
         found = target.scan(
             row_filter=window,
             selected_fields=("tag",) if (scope.kind == tables.KIND_TAG_HISTORY) else ("ts",),
@@ -510,9 +541,18 @@ class IcebergLake(ProgressMethods):
                 where = time_filter(start, start + pd.Timedelta(days=1))
                 rows = table.scan(row_filter=where).to_arrow()
                 rows = rows.sort_by([(k, "ascending") for k in tables.KEYS[_kind_of(table)]])
-                table.overwrite(
-                    rows, overwrite_filter=where, snapshot_properties={"historian.compact": "1"}
-                )
+                try:
+                    table.overwrite(
+                        rows, overwrite_filter=where, snapshot_properties={"historian.compact": "1"}
+                    )
+                except Exception as exc:
+                    # Another process committed meanwhile: its rows are not in `rows`, so
+                    # the merge is dropped (the catalog refused it) and tried next time.
+                    if not lost_race(exc):
+                        raise
+                    table = self._table(dataset)
+                    assert table is not None
+                    continue
                 merged += len(counts) - 1
             return merged
 

@@ -1,9 +1,13 @@
 """A lake dataset's stored facts (`_historian/<dataset>/dataset.json`): kind, scheme, attrs.
 
 The first chunk written to a dataset records them; every later chunk must agree, so that
-rows extracted with other settings (another mode, interval, node) never land silently
-beside the old ones. The partition scheme is recorded too: under `partition: auto` each
-dataset picks its scheme once, from its flow's chunk size, and keeps it.
+rows extracted with other settings (another mode, interval) never land silently beside
+the old ones (`sinks.identity`; the node is a column, not identity). The partition
+scheme is recorded too: under `partition: auto` each dataset picks its scheme once, from
+its flow's chunk size, and keeps it. So is the node level (`node_level`): datasets
+created now keep each node's rows under `node=<name>/`, so writers of different nodes
+touch disjoint directories; datasets of earlier versions (one node each) have none and
+keep their layout.
 """
 
 from __future__ import annotations
@@ -11,17 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
-
 from sinks.base import ChunkScope, SinkError
+from sinks.identity import differences, identity
 from sinks.lake_files import file_metadata
-from sinks.lake_layout import AUTO, PARTITIONS, STATE_DIR, Owner, auto_partition
+from sinks.lake_layout import AUTO, PARTITIONS, STATE_DIR, Owner, auto_partition, node_dir
 from sinks.lake_store import LakeStore
-
-
-def json_value(value: object) -> object:
-    """`value` as it reads back from JSON (what a stored attr is compared with)."""
-    return orjson.loads(orjson.dumps(value, default=str))
 
 
 class DatasetFacts:
@@ -52,28 +50,30 @@ class DatasetFacts:
         chunk size (`auto_partition`); a dataset keeps the scheme it was created with.
         """
         dataset, kind = scope.dataset, scope.kind
-        wanted = {key: json_value(value) for key, value in sorted(scope.attrs.items())}
         facts = self.get(dataset)
         if facts is None:
             scheme = self.partition
             if scheme == AUTO:
                 scheme = auto_partition(scope.window_size or scope.window.end - scope.window.start)
-            facts = {"dataset": dataset, "kind": kind, "partition": scheme, "attrs": wanted}
+            facts = {
+                "dataset": dataset,
+                "kind": kind,
+                "partition": scheme,
+                "node_level": True,
+                "attrs": identity(scope.attrs),
+            }
             self.store.makedirs(self.store.path(STATE_DIR, dataset))
-            self.store.write_json(self._path(dataset), facts)
-            self._facts[dataset] = facts
-            return facts
-        differences = []
-        if facts.get("kind") != kind:
-            differences.append(f"kind: stored {facts.get('kind')!r}, now {kind!r}")
-        stored = facts.get("attrs") or {}
-        for key in sorted(set(stored) | set(wanted)):
-            if stored.get(key) != wanted.get(key):
-                differences.append(f"{key}: stored {stored.get(key)!r}, now {wanted.get(key)!r}")
-        if differences:
+            # Writers in other processes may create it at the same moment (under the
+            # dataset's write lock: one at a time): the first one's facts stay.
+            if not self.store.exists(self._path(dataset)):
+                self.store.write_json(self._path(dataset), facts)
+            self._facts.pop(dataset, None)
+            return self.check(scope)
+        found = differences(facts.get("kind"), facts.get("attrs") or {}, kind, scope.attrs)
+        if found:
             raise SinkError(
                 f"lake '{self.lake}': dataset '{dataset}' was written with other settings "
-                f"({'; '.join(differences)}); use another dataset name or reset it"
+                f"({'; '.join(found)}); use another dataset name or reset it"
             )
         if self.partition != AUTO and facts.get("partition") != self.partition:
             raise SinkError(
@@ -93,6 +93,12 @@ class DatasetFacts:
                 f"not one of {', '.join(PARTITIONS)}"
             )
         return str(scheme)
+
+    def node_dir(self, dataset: str, node: str) -> str:
+        """Where a node's partitions live inside the dataset: `node=<name>` (encoded), or
+        the dataset's top for a dataset of an earlier version (no node level)."""
+        facts = self.get(dataset) or {}
+        return node_dir(node) if facts.get("node_level") else ""
 
     def file_metadata(self, dataset: str, kind: str, owners: Sequence[Owner]) -> dict[bytes, bytes]:
         """Schema metadata of a data file of `dataset` whose rows `owners` wrote."""

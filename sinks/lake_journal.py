@@ -40,7 +40,6 @@ from sinks.lake_files import FileFormat, LakeFiles
 from sinks.lake_layout import LOCKS_DIR, STATE_DIR, Owner, check_dataset
 from sinks.lake_state import LakeState
 from sinks.lake_store import Entry, LakeStore, token
-from sinks.locks import LEASE_TTL_S
 
 Op = dict[str, Any]
 
@@ -291,10 +290,11 @@ class Journal:
         self.store.remove(path)
 
     def recover(self, dataset: str, *, min_age_s: float = 0.0) -> None:
-        """Finish interrupted writes of a dataset, then drop orphaned staged files.
+        """Finish interrupted writes of a dataset, then drop orphaned staged files; called
+        under the dataset's write lock, so no other writer is staging or committing.
 
-        `min_age_s` > 0 (object storage, where another process may be writing): only
-        intents older than that are taken over, and nothing else is removed."""
+        `min_age_s` > 0: only intents older than that are taken over, and nothing else is
+        removed."""
         intents = []
         for entry in self.store.listdir(self._state_dir(dataset, "pending")):
             if entry.is_dir or not entry.name.endswith(".json") or entry.name.startswith("."):
@@ -315,8 +315,8 @@ class Journal:
                 self.store.remove(entry.path)
 
     def recover_all(self, lock: Callable[[str], AbstractContextManager[None]]) -> None:
-        """Recover every dataset with leftovers, under `lock(dataset)` on local disk; on
-        object storage another process may be writing, so only stale intents are taken."""
+        """Recover every dataset with leftovers, under `lock(dataset)` (the dataset's write
+        lock: another process may be writing it)."""
         store = self.store
         for entry in store.listdir(store.path(STATE_DIR)):
             if not entry.is_dir or entry.name.startswith("_") or entry.name == LOCKS_DIR:
@@ -325,12 +325,9 @@ class Journal:
                 dataset = check_dataset(entry.name, metadata=True)
             except SinkError:
                 continue
-            if not store.listdir(self._state_dir(dataset, "pending")) and not (
-                store.local and store.listdir(self._state_dir(dataset, "tmp"))
+            if not store.listdir(self._state_dir(dataset, "pending")) and not store.listdir(
+                self._state_dir(dataset, "tmp")
             ):
                 continue
-            if store.local:
-                with lock(dataset):
-                    self.recover(dataset)
-            else:
-                self.recover(dataset, min_age_s=LEASE_TTL_S)
+            with lock(dataset):
+                self.recover(dataset)

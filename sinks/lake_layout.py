@@ -7,8 +7,10 @@ full layout is described in `sinks.parquet`.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from datetime import UTC, datetime, timedelta
+from urllib.parse import quote, unquote
 
 import numpy as np
 import pyarrow as pa
@@ -49,10 +51,55 @@ def check_dataset(name: str, *, metadata: bool = False) -> str:
     return name
 
 
+# A path component stays well under the 255 bytes file systems allow.
+_MAX_COMPONENT = 200
+
+
 def check_flow(flow: str) -> str:
-    if not isinstance(flow, str) or not _FLOW_RE.match(flow):
-        raise SinkError(f"flow name {flow!r} is not a plain name (letters, digits, _ and -)")
+    """A progress or lock key (`flow`, `flow@node`, `flow@node#2of4`: any non-empty text)."""
+    if not isinstance(flow, str) or not flow or "\x00" in flow:
+        raise SinkError(f"flow key {flow!r} is not a non-empty name")
     return flow
+
+
+def key_name(key: str) -> str:
+    """A flow, progress or lock key as one safe path component, one to one.
+
+    A plain flow name (letters, digits, `_`, `-`: every key of earlier versions) is
+    itself; any other character is percent-encoded (`%` is never plain, so two keys never
+    meet). A name too long for a file system ends with a digest of the key instead.
+    """
+    check_flow(key)
+    if _FLOW_RE.match(key):
+        return key
+    # Dots too: no name starts with one (hidden) or ends like `<dataset>.write.lock`.
+    name = quote(key, safe="").replace(".", "%2E").replace("~", "%7E")
+    if len(name) > _MAX_COMPONENT:
+        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+        name = f"{name[: _MAX_COMPONENT - 40]}%~{digest}"
+    return name
+
+
+def key_of_name(name: str) -> str | None:
+    """The key `key_name` made `name` from; None for a name it cannot have made (a
+    shortened one: its key is kept inside the directory)."""
+    if "%~" in name:
+        return None
+    return unquote(name)
+
+
+def node_dir(node: str) -> str:
+    """A node's directory in a dataset: `node=<name>`, Hive style, the name percent-encoded
+    as Hive readers decode it (pyarrow, DuckDB, Polars); SinkError when too long."""
+    if not isinstance(node, str) or not node:
+        raise SinkError(f"node name {node!r} is empty")
+    name = "node=" + quote(node, safe="")
+    if len(name) > _MAX_COMPONENT:
+        raise SinkError(
+            f"node name {node[:40]!r}... is too long for a lake directory "
+            f"({len(name)} characters encoded, at most {_MAX_COMPONENT})"
+        )
+    return name
 
 
 def check_chunk_id(chunk_id: str) -> str:

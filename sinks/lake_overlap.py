@@ -1,7 +1,8 @@
 """The overlap planner: which earlier files a chunk's scope touches, and how they change.
 
-A write replaces its scope's rows partition by partition. The earlier files holding rows
-of the scope are found by their footers (ts and tag ranges, owner chunks); a file only
+A write replaces its scope's rows partition by partition - in a dataset with a node level
+(`sinks.lake_dataset`), the partitions under its node's directory only. The earlier files
+holding rows of the scope are found by their footers (ts and tag ranges, owner chunks); a file only
 this chunk owns is all in the scope, any other is read (and kept decoded while unchanged,
 so the chunks of a re-extraction read a compacted file once). When those files already
 hold exactly the new rows, written by this chunk, nothing is written but the marker: a
@@ -150,8 +151,10 @@ class WritePlanner:
         ops = Ops()
         files: list[dict[str, object]] = []
         members = sorted(scope.members)
-        for label in sorted(set(partitions_of_window(scope.window, scheme)) | set(rows_of)):
-            new = rows_of.get(label, table.slice(0, 0))
+        top = self.datasets.node_dir(dataset, scope.node)  # "" in datasets of one node
+        for period in sorted(set(partitions_of_window(scope.window, scheme)) | set(rows_of)):
+            new = rows_of.get(period, table.slice(0, 0))
+            label = join(top, period)
             listing = self.files.listing(self.store.path(dataset, label), kind)
             hits = self.hits(scope, listing, members)
             if unchanged(hits, new, owner, kind):
@@ -194,7 +197,7 @@ class WritePlanner:
                 hits.append(Hit(entry, info))
                 continue
             old = self.files.decoded(entry, kind)
-            mask = scope_mask(old, kind, scope.window, scope.members)
+            mask = scope_mask(old, kind, scope.window, scope.members, scope.node)
             if pc.sum(mask).as_py():
                 hits.append(Hit(entry, info, old, mask))
         return hits

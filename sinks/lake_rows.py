@@ -47,10 +47,14 @@ def table_of(frame: pd.DataFrame, kind: str, where: str) -> pa.Table:
     return table.combine_chunks()
 
 
-def scope_mask(table: pa.Table, kind: str, window: Window, members: Sequence[str]) -> pa.Array:
-    """Which rows of `table` are in a chunk's scope (its window; for tag history, its tags)."""
+def scope_mask(
+    table: pa.Table, kind: str, window: Window, members: Sequence[str], node: str
+) -> pa.Array:
+    """Which rows of `table` are in a chunk's scope (its node's rows in its window; for
+    tag history, of its tags)."""
     ts = pc.cast(table["ts"], pa.int64())
     mask = pc.and_(pc.greater_equal(ts, window.start_ms), pc.less(ts, window.end_ms))
+    mask = pc.and_(mask, pc.equal(table["node"], pa.scalar(node, pa.string())))
     if kind == tables.KIND_TAG_HISTORY:
         mask = pc.and_(mask, pc.is_in(table["tag"], value_set=pa.array(list(members), pa.string())))
     return pc.fill_null(mask, False)

@@ -23,7 +23,7 @@ from typing import Any
 
 from connectors.timewindow import Window, iso_utc
 from sinks.base import ChunkRecord, Progress
-from sinks.lake_layout import FLOWS_DIR, STATE_DIR, join
+from sinks.lake_layout import FLOWS_DIR, STATE_DIR, join, key_name, key_of_name
 from sinks.lake_store import LakeStore
 
 SNAPSHOT_VERSION = 1
@@ -118,7 +118,8 @@ class LakeState:
         return self.store.path(STATE_DIR, FLOWS_DIR)
 
     def flow_dir(self, flow: str) -> str:
-        return join(self.flows_dir(), flow)
+        """A progress key's directory (`flow`, `flow@node`: encoded, `key_name`)."""
+        return join(self.flows_dir(), key_name(flow))
 
     def markers_dir(self, flow: str) -> str:
         return join(self.flow_dir(flow), "markers")
@@ -288,13 +289,22 @@ class LakeState:
         ]
 
     def flows(self) -> list[str]:
+        """The progress keys with at least one marker (a shortened directory name is
+        read back from one of its markers)."""
         names = []
         for entry in self.store.listdir(self.flows_dir()):
-            if entry.is_dir and any(
-                name.endswith(".json")
-                for name in self.store.iter_names(self.markers_dir(entry.name), ".json")
-            ):
-                names.append(entry.name)
+            if not entry.is_dir:
+                continue
+            markers = join(self.flows_dir(), entry.name, "markers")
+            first = next(iter(self.store.iter_names(markers, ".json")), None)
+            if first is None:
+                continue
+            key = key_of_name(entry.name)
+            if key is None:
+                marker = self.store.read_json(join(markers, first), torn_is_missing=True)
+                key = str(marker["flow"]) if isinstance(marker, dict) else None
+            if key is not None:
+                names.append(key)
         return sorted(names)
 
     def forget_after(self, flow: str, moment_ms: int) -> int:

@@ -95,9 +95,10 @@ class LakeStore:
             if self.local:
                 with open(path, "rb") as handle:
                     return handle.read()
-            with self.fs.open(path, "rb") as handle:
-                data: bytes = handle.read()
-                return data
+            # One GET: a file replaced between a HEAD and the GET (a lease, a marker
+            # rewritten by another process) reads as its newer version, not as an error.
+            data: bytes = self.fs.cat_file(path)
+            return data
         except FileNotFoundError:
             return None
 
@@ -260,6 +261,20 @@ class LakeStore:
             return
         with self.fs.open(path, "wb") as handle:
             handle.write(data)
+
+    def create_new(self, path: str, data: bytes) -> bool:
+        """Write a file only if none is there (local: O_EXCL; object storage: a conditional
+        PUT, If-None-Match); False when one already is."""
+        try:
+            if self.local:
+                self.makedirs(os.path.dirname(path))
+                with open(path, "xb") as handle:
+                    handle.write(data)
+                return True
+            self.fs.pipe_file(path, data, mode="create")
+        except FileExistsError:
+            return False
+        return True
 
     def write_atomic(self, path: str, data: bytes, *, durable: bool = True) -> None:
         """Readers see the old file or the new one, never a part (temp + rename / one PUT).

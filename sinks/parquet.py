@@ -2,23 +2,31 @@
 
 Layout (under the lake's root, a local directory or any fsspec URL such as s3://b/prefix)::
 
-    <root>/<dataset>/date=YYYY-MM-DD/part-<chunk_id>[-<n>].parquet   partition="date"
-    <root>/<dataset>/month=YYYY-MM/part-<chunk_id>[-<n>].parquet     partition="month"
-    <root>/<dataset>/year=YYYY/part-<chunk_id>[-<n>].parquet         partition="year"
-    <root>/<dataset>/part-<chunk_id>[-<n>].parquet                   partition="none"
+    <root>/<dataset>/node=<node>/date=YYYY-MM-DD/part-<chunk_id>[-<n>].parquet  "date"
+    <root>/<dataset>/node=<node>/month=YYYY-MM/part-<chunk_id>[-<n>].parquet    "month"
+    <root>/<dataset>/node=<node>/year=YYYY/part-<chunk_id>[-<n>].parquet        "year"
+    <root>/<dataset>/node=<node>/part-<chunk_id>[-<n>].parquet                  "none"
     <root>/tag_metadata/part-tag_metadata.parquet                    the tag dimension
     <root>/_historian/                                               the sink's own state
-        _flows/<flow>/markers/<chunk_id>.json   one per committed chunk: flow, dataset,
+        _flows/<key>/markers/<chunk_id>.json    one per committed chunk: flow, dataset,
                                                 chunk_id, window, members, files (with
                                                 row counts), rows fetched/committed,
                                                 committed_at
-        _flows/<flow>/progress.json             compacted progress snapshot (a cache)
-        _flows/<flow>/resets.json               per-member reset moments
-        <dataset>/dataset.json                  kind, partition scheme, dataset attrs
+        _flows/<key>/progress.json              compacted progress snapshot (a cache)
+        _flows/<key>/resets.json                per-member reset moments
+        <dataset>/dataset.json                  kind, partition scheme, node level, attrs
         <dataset>/pending/<id>.json             intent of a write in progress
         <dataset>/tmp/                          staged files (never under <dataset>/)
         <dataset>/empty.parquet                 what emptied data files become
-        <dataset>/write.lock, locks/<flow>.lock flocks (local disk)
+        <dataset>/write.lock, locks/<key>.lock  flocks (local disk)
+        <dataset>/write.lease, locks/<key>.lease.json   leases (object storage)
+
+A dataset holds many nodes' rows: each under `node=<node>` (the name percent-encoded,
+as Hive readers decode it; `node` is also a column of every file), so writers of
+different nodes touch disjoint directories. Datasets created by earlier versions (one
+node each, `dataset.json` without `node_level`) keep their partitions right under
+`<dataset>/`. `<key>` is a progress or lock key (`flow`, `flow@node`, `flow@node#2-of-4`),
+percent-encoded when it is not a plain name (`lake_layout.key_name`).
 
 Partitions are by the UTC day (month, year) of `ts`. `partition="auto"` (the default)
 picks a dataset's scheme when its first chunk is written, from the flow's chunk size
@@ -27,7 +35,9 @@ chunk is one file, not one per day; `dataset.json` records the scheme and the da
 keeps it. Readers see the partition column its directories name (`date`, `month` or
 `year`); `ts` is in every file, so filter on `ts`. The Hive names let pyarrow.dataset,
 DuckDB (`read_parquet('<root>/<dataset>/**/*.parquet', hive_partitioning=1)`), Polars
-`scan_parquet` and `pandas.read_parquet('<root>/<dataset>')` read a dataset directly.
+`scan_parquet` and `pandas.read_parquet('<root>/<dataset>', partitioning=None)` read a
+dataset directly (pandas infers Hive columns as categories, which clash with the files'
+`node` column: the files hold node and ts anyway).
 `ts` is `timestamp[ms, tz=UTC]`; the dataset's attrs (mode, method, interval...) are in
 each file's schema metadata under `historian`, and the chunks whose rows a file holds
 under `historian.owners`.
@@ -109,12 +119,13 @@ from sinks.lake_layout import (
     check_partition,
     is_data_file,
     join,
+    key_name,
 )
 from sinks.lake_overlap import WritePlanner
 from sinks.lake_rows import HISTORY_KINDS, reason, sorted_rows, table_of
 from sinks.lake_state import LakeState
 from sinks.lake_store import LakeStore, redacted_url, token
-from sinks.locks import dataset_flock, flow_flock, flow_lease
+from sinks.locks import dataset_flock, dataset_lease, flow_flock, flow_lease
 from sinks.progress_methods import ProgressMethods
 from sinks.scope import check_scope
 
@@ -170,8 +181,8 @@ class LakeParts:
 class ParquetLake(ProgressMethods):
     """A Parquet lake on local disk or object storage (see the module docstring)."""
 
-    # Chunk writes of one dataset take turns under its lock (`_dataset_lock`): a second
-    # write at once would only wait there.
+    # Chunk writes of one dataset take turns under its lock (`_dataset_lock`), across
+    # processes too (other nodes, other shards): a second write at once would only wait.
     write_concurrency: int = 1
 
     def __init__(
@@ -234,10 +245,10 @@ class ParquetLake(ProgressMethods):
 
     @contextlib.contextmanager
     def _dataset_lock(self, dataset: str) -> Iterator[None]:
-        """One writer per dataset at a time: threads here, processes by flock on local disk.
-
-        Object stores have no such lock: there the flow's lease keeps writers apart.
-        """
+        """One writer per dataset at a time, whatever its flow key or node: threads here,
+        processes by flock on local disk, by a lease object on object storage
+        (`sinks.locks.dataset_lease`). Held for one chunk's staging and commit only; the
+        fetches of every writer stay parallel."""
         with self._threads_lock:
             lock = self._thread_locks.setdefault(dataset, threading.Lock())
         with lock:
@@ -245,7 +256,8 @@ class ParquetLake(ProgressMethods):
                 with dataset_flock(self.store.path(STATE_DIR, dataset, "write.lock")):
                     yield
             else:
-                yield
+                with dataset_lease(self.store, self.store.path(STATE_DIR, dataset, "write.lease")):
+                    yield
 
     def _bucket_reachable(self, store: LakeStore) -> str:
         """The bucket of an object-storage lake, SinkError when it does not exist."""
@@ -308,8 +320,10 @@ class ParquetLake(ProgressMethods):
         check_flow(flow)
         store = self.store
         if store.local:
-            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{flow}.lock"), flow)
-        return flow_lease(store, store.path(STATE_DIR, LOCKS_DIR, f"{flow}.lease.json"), flow)
+            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lock"), flow)
+        return flow_lease(
+            store, store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lease.json"), flow
+        )
 
     # -- writing --------------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ from sinks.base import (
     SinkUnavailable,
     merge_windows,
 )
+from sinks.identity import differences, identity
 from sinks.scope import check_scope
 from sinks.sql_copy import dense_codes
 from sinks.sql_dialects import dialect_of, quote
@@ -457,7 +458,7 @@ class SqlWarehouse:
         of its own: registered inside a chunk's transaction, a second chunk written at the
         same time would wait on that uncommitted row for the whole first chunk. Every chunk
         still checks them inside its own transaction (a read, then)."""
-        key = (scope.dataset, json.dumps(dict(scope.attrs), sort_keys=True, default=str))
+        key = (scope.dataset, json.dumps(identity(scope.attrs), sort_keys=True))
         with self._prepare:
             if key in self._registered:
                 return
@@ -551,7 +552,7 @@ class SqlWarehouse:
 
     def _check_attrs(self, conn: Connection, scope: ChunkScope) -> None:
         """Register the dataset's facts on first write; refuse a write whose facts differ."""
-        wanted = json.loads(json.dumps(dict(scope.attrs), sort_keys=True, default=str))
+        wanted = identity(scope.attrs)
         datasets = self.layout.table(DATASETS_TABLE)
         select = sa.text(
             f"SELECT kind, {self.sql.json_text('attrs')} FROM {datasets} WHERE dataset = :d"
@@ -572,53 +573,51 @@ class SqlWarehouse:
                     "t": datetime.now(UTC),
                 },
             )
-            found = conn.execute(select, {"d": scope.dataset}).one()
+            # Another process may have registered it first (the insert then did nothing):
+            # MariaDB's snapshot predates that row, a locking read sees it.
+            latest = sa.text(
+                select.text + (" LOCK IN SHARE MODE" if self.dialect == "mysql" else "")
+            )
+            found = conn.execute(latest, {"d": scope.dataset}).one()
         kind, raw = found
-        stored = {"kind": kind, **json.loads(raw)}
-        wanted = {"kind": scope.kind, **wanted}
-        differences = [
-            f"{key}: stored {stored.get(key)!r}, this write {wanted.get(key)!r}"
-            for key in sorted(set(stored) | set(wanted))
-            if stored.get(key) != wanted.get(key)
-        ]
-        if differences:
+        problems = differences(kind, json.loads(raw), scope.kind, scope.attrs)
+        if problems:
             raise SinkError(
                 f"sink {self.name}: dataset {scope.dataset} was written with other settings "
-                f"({'; '.join(differences)}): use another dataset name or reset it"
+                f"({'; '.join(problems)}): use another dataset name or reset it"
             )
 
     def _delete_scope(self, conn: Connection, scope: ChunkScope, storage: Storage) -> None:
+        """Delete the scope's rows: its node's, of its members, in its window."""
         target = storage.target
-        params: dict[str, Any] = {"s": scope.window.start, "e": scope.window.end}
+        params: dict[str, Any] = {"s": scope.window.start, "e": scope.window.end, "n": scope.node}
         where = "ts >= :s AND ts < :e"
         if storage.narrow and self.dialect == "mysql":
             # The series' ids first: a subquery in a DELETE is run per row in MariaDB 10,
             # and the key of the rows leads with series_id (the window alone has no index).
             params["ids"] = scalar_list(
                 conn,
-                f"SELECT series_id FROM {self.layout.table(SERIES_TABLE)} WHERE tag IN :t",
-                {"t": list(scope.members)},
+                f"SELECT series_id FROM {self.layout.table(SERIES_TABLE)} "
+                "WHERE node = :n AND tag IN :t",
+                {"n": scope.node, "t": list(scope.members)},
                 self.sql.text,
             )
             if not params["ids"]:
                 return
             where += " AND series_id IN :ids"
         elif storage.narrow:
-            # Every node's series of the scope's tags (the key leads with series_id).
+            # The node's series of the scope's tags (the key leads with series_id).
             params["members"] = list(scope.members)
             where += (
                 " AND series_id = ANY(ARRAY(SELECT series_id FROM "
-                f"{self.layout.table(SERIES_TABLE)} WHERE tag = ANY(:members)))"
+                f"{self.layout.table(SERIES_TABLE)} WHERE node = :n AND tag = ANY(:members)))"
             )
-        elif scope.kind == KIND_TAG_HISTORY:
-            params["members"] = list(scope.members)
-            where += " AND " + self.sql.in_list("tag", "members")
-            if self.dialect == "postgresql":
-                # The key leads with node: name the nodes so the delete can use it.
-                params["nodes"] = scalar_list(conn, _distinct_nodes_sql(target), {})
-                if not params["nodes"]:
-                    return
-                where += " AND node = ANY(:nodes)"
+        else:
+            # The key leads with node (tag history: then tag; alarms: then path).
+            where += " AND node = :n"
+            if scope.kind == KIND_TAG_HISTORY:
+                params["members"] = list(scope.members)
+                where += " AND " + self.sql.in_list("tag", "members")
         lists = ("ids",) if "ids" in params else ()
         if "members" in params and not storage.narrow:
             lists = ("members",)
@@ -676,7 +675,9 @@ class SqlWarehouse:
         would collide. A transaction-scoped advisory lock per flow makes the merges take
         turns, each reading what the previous one committed (READ COMMITTED: a new snapshot
         per statement). It is taken after the bulk load, so only the short merge and the
-        commit are serialised.
+        commit are serialised. The lock's key is the progress key, so shards of one key in
+        other processes take turns too; MariaDB has no such lock inside a transaction, and
+        reads the touching windows with a locking read instead.
         """
         progress = self.layout.table(PROGRESS_TABLE)
         if self.dialect == "postgresql":
@@ -694,7 +695,11 @@ class SqlWarehouse:
         windows: dict[str, list[Window]] = {member: [window] for member in members}
         for member, start, end in conn.execute(
             self.sql.text(
-                f"SELECT member, window_start, window_end FROM {progress} WHERE {touching}", "m"
+                f"SELECT member, window_start, window_end FROM {progress} WHERE {touching}"
+                # MariaDB: a locking read, so that merges of one key in other processes
+                # (shards) take turns and each reads what the previous one committed.
+                + (" FOR UPDATE" if self.dialect == "mysql" else ""),
+                "m",
             ),
             params,
         ):
@@ -857,17 +862,6 @@ class SqlWarehouse:
             sql = f"SELECT {columns} FROM {self.layout.table(name)} ORDER BY {order}"
             table = select_arrow(conn, self.dialect, sql, schema)
         return frame_from_table(table)
-
-
-def _distinct_nodes_sql(target: str) -> str:
-    """The distinct nodes of a table by skipping through its key index (loose index scan)."""
-    return (
-        "WITH RECURSIVE nodes AS ("
-        f"(SELECT node FROM {target} ORDER BY node LIMIT 1) UNION ALL "
-        f"SELECT (SELECT t.node FROM {target} t WHERE t.node > nodes.node ORDER BY t.node "
-        "LIMIT 1) FROM nodes WHERE nodes.node IS NOT NULL) "
-        "SELECT node FROM nodes WHERE node IS NOT NULL"
-    )
 
 
 def _typed_table(frame: pd.DataFrame, kind: str) -> pa.Table:

@@ -11,7 +11,8 @@ storage, a GET per commit), so each dataset keeps a cache, `_historian/progress/
 member and a short entry per chunk. A call folds only the commits after that version.
 The cache is only a cache: lost or torn, it is rebuilt from the log.
 
-Forgetting is a rule, not a rewrite of history: `_historian/flows/<flow>/rules.json`
+Forgetting is a rule, not a rewrite of history: `_historian/flows/<key>/rules.json` (the
+progress key, `sinks.lake_layout.key_name`)
 holds the moment of a whole-flow reset, per-member reset moments and `forget_after`
 cuts (a moment and a cut: chunks committed before the moment whose window ends after
 the cut no longer count). A cache built under other rules is rebuilt from the log; so
@@ -29,7 +30,7 @@ from typing import Any, Protocol
 
 from connectors.timewindow import Window
 from sinks.base import ChunkRecord, Progress, SinkError
-from sinks.lake_layout import STATE_DIR, check_flow
+from sinks.lake_layout import STATE_DIR, check_flow, key_name
 from sinks.lake_store import LakeStore
 
 CACHE_VERSION = 1
@@ -110,7 +111,7 @@ class TableProgress:
     # -- rules ----------------------------------------------------------------------------
 
     def _rules_path(self, flow: str) -> str:
-        return self.store.path(STATE_DIR, "flows", flow, "rules.json")
+        return self.store.path(STATE_DIR, "flows", key_name(flow), "rules.json")
 
     def rules(self, flow: str) -> dict[str, Any]:
         if flow not in self._rules:
@@ -119,7 +120,7 @@ class TableProgress:
         return self._rules[flow]
 
     def _save_rules(self, flow: str, rules: dict[str, Any]) -> None:
-        self.store.makedirs(self.store.path(STATE_DIR, "flows", flow))
+        self.store.makedirs(self.store.path(STATE_DIR, "flows", key_name(flow)))
         self.store.write_json(self._rules_path(flow), rules)
         self._rules[flow] = rules
 

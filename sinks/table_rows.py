@@ -9,7 +9,6 @@ the dictionary ranks of `node` and `tag`) and a sort is paid only when needed.
 
 from __future__ import annotations
 
-import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,11 +30,6 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionError | TimeoutError) or any(
         word in text for word in ("connection refused", "timed out", "connection reset")
     )
-
-
-def json_value(value: object) -> object:
-    """A value as it reads back from JSON (dataset attrs are compared that way)."""
-    return orjson.loads(orjson.dumps(value, default=str))
 
 
 def typed_table(frame: pd.DataFrame, kind: str, where: str) -> pa.Table:

@@ -65,7 +65,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     window = Window(START, START + 48 * HOUR)
     with SinkSet(load(path), folder) as sinks:
         lake = sinks.get("lake")
-        attrs = {"node": "n"}
+        attrs: dict[str, object] = {}
         lake.write(
             ChunkScope(
                 "temps",
@@ -75,6 +75,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 window,
                 "t1",
                 {**attrs, "kind": "tag_history"},
+                node="n",
             ),
             frame_from_table(rows),
             minutes,
@@ -88,6 +89,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 window,
                 "a1",
                 {**attrs, "kind": "alarm_history"},
+                node="n",
             ),
             frame_from_table(alarms),
             2,

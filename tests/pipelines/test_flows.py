@@ -10,11 +10,13 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pipelines.prefect_env import configure_prefect
 
@@ -391,3 +393,67 @@ def test_the_token_can_come_from_a_prefect_secret_block(tmp_path: Path) -> None:
     for file in tmp_path.rglob("*"):
         if file.is_file():
             assert secret.encode() not in file.read_bytes(), file
+
+
+def test_a_fleet_flow_runs_every_node_through_prefect_as_the_direct_path_does(
+    tmp_path: Path, server: Any
+) -> None:
+    from prefect.client.orchestration import get_client
+
+    from connectors.simulator.tagtree import tag_paths
+    from tests.pipelines.test_many_nodes import SAME_PATHS
+
+    # A second site with the same tag paths and other data (sinks keep nodes apart).
+    paths = tag_paths(20) if SAME_PATHS else [p.replace("/", "/m ", 1) for p in tag_paths(20)]
+    other = SimulatedNode(SimConfig(seed=18, tags=20, tag_paths=tuple(paths)))
+    other.set_clock(int(NOW.timestamp() * 1000))
+    request = RunRequest(start=START, end=START + timedelta(minutes=30))
+    with run_server(other, http_port=0, https_port=None) as second:
+        configs = {}
+        for how in ("direct", "prefect"):
+            (tmp_path / how).mkdir()
+            path = write_config(
+                tmp_path / how,
+                node={"url": server.http_url},
+                flows={"fleet": {**flows()["f"], "node": ["n", "m"]}},
+                sinks=["lake", "duck"],
+            )
+            document = yaml.safe_load(path.read_text(encoding="utf-8"))
+            document["nodes"]["m"] = {"url": second.http_url}
+            path.write_text(yaml.safe_dump(document, allow_unicode=True), encoding="utf-8")
+            configs[how] = path
+        config = load(configs["direct"])
+        with NodePool(config) as nodes, SinkSet(config, configs["direct"].parent) as sinks:
+            run_flow(config, "fleet", nodes=nodes, sinks=sinks, request=request)
+        summary = run_prefect(configs["prefect"], "fleet", request)
+        only_m = run_prefect(configs["prefect"], "fleet", replace(request, nodes=("m",)))
+    assert [unit.key for unit in summary.units] == ["fleet@m", "fleet@n"]
+    assert all(unit.rows and unit.error is None for unit in summary.units)
+    assert [unit.key for unit in only_m.units] == ["fleet@m"]
+    assert only_m.units[0].chunks_done == only_m.units[0].chunks_planned > 0  # re-extracted
+    expected = contents(configs["direct"], "fleet", "tag_history")
+    assert {row[0] for row in expected["lake"]} == {"n", "m"}
+    assert contents(configs["prefect"], "fleet", "tag_history") == expected
+    assert summary.rows == len(expected["lake"])
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs()
+    fleet_runs = [run for run in runs if run.parameters.get("flow_name") == "fleet"]
+    assert {tuple(sorted(run.tags)) for run in fleet_runs} == {
+        ("node:m", "node:n"),
+        ("node:m",),
+    }
+    assert sorted(run.parameters.get("nodes") or ["all"] for run in fleet_runs) == [
+        ["all"],
+        ["m"],
+    ]
+    deployment = build_deployments(_scheduled(configs["prefect"]))[0]
+    assert {"node:n", "node:m"} <= set(deployment.tags)
+
+
+def _scheduled(path: Path) -> Path:
+    """The flows.yaml at `path` with a schedule on every flow."""
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for flow in document["flows"].values():
+        flow["schedule"] = {"interval": "1h"}
+    path.write_text(yaml.safe_dump(document, allow_unicode=True), encoding="utf-8")
+    return path

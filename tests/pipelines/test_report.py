@@ -84,7 +84,7 @@ def alarm_table(rows: list[tuple[str, datetime, int | None, int | None]]) -> pa.
 
 def scope(flow: str, kind: str, members: tuple[str, ...], window: Window, chunk: str) -> ChunkScope:
     return ChunkScope(
-        flow, flow, kind, members, window, f"{flow}-{chunk}", {"kind": kind, "node": "n"}
+        flow, flow, kind, members, window, f"{flow}-{chunk}", {"kind": kind}, node="n"
     )
 
 

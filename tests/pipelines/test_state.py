@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from connectors.timewindow import Window
 from pipelines.planning import batch_members, narrow_chunk, plan_chunks
 from pipelines.state import (
+    common_progress,
     flow_watermark,
     incremental_span,
     is_covered,
@@ -268,3 +269,31 @@ def test_a_narrowed_chunk_holds_only_the_lacking_tags_in_batches() -> None:
     assert [c.members for c in narrowed] == [("/b", "/c"), ("/d",)]
     assert all(c.by_paths and c.window == chunk.window for c in narrowed)
     assert len({c.chunk_id for c in narrowed} | {chunk.chunk_id}) == 3, "ids of their own"
+
+
+# -- a fleet flow's coverage: what every node holds ------------------------------------------
+
+
+def test_common_progress_is_what_every_node_completed() -> None:
+    a = Progress("f@a", {"/t1": [w(0, 4), w(6, 8)], "/t2": [w(0, 8)], "/only_a": [w(0, 1)]})
+    b = Progress("f@b", {"/t1": [w(1, 7)], "/t2": [w(0, 2), w(3, 8)]})
+    common = common_progress("f", [a, b])
+    assert common.flow == "f"
+    assert common.completed == {"/t1": [w(1, 4), w(6, 7)], "/t2": [w(0, 2), w(3, 8)]}
+    assert common_progress("f", [a]) is a
+    assert common_progress("f", []).completed == {}
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 40), st.integers(1, 10)), max_size=6),
+    st.lists(st.tuples(st.integers(0, 40), st.integers(1, 10)), max_size=6),
+)
+def test_common_progress_covers_an_hour_exactly_when_both_do(
+    left: list[tuple[int, int]], right: list[tuple[int, int]]
+) -> None:
+    a = Progress("a", {"/t": [w(s, s + n) for s, n in left]})
+    b = Progress("b", {"/t": [w(s, s + n) for s, n in right]})
+    both = common_progress("f", [a, b]).completed.get("/t", [])
+    for hour in range(52):
+        inside = [is_covered(p.windows_of("/t"), w(hour, hour + 1)) for p in (a, b)]
+        assert is_covered(both, w(hour, hour + 1)) == all(inside)

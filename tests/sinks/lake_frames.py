@@ -156,6 +156,7 @@ def scope(
     dataset: str = "hist",
     kind: str = schema.KIND_TAG_HISTORY,
     attrs: Mapping[str, object] | None = None,
+    node: str = "n1",
 ) -> ChunkScope:
     return ChunkScope(
         flow=flow,
@@ -165,6 +166,7 @@ def scope(
         window=win,
         chunk_id=chunk_id,
         attrs=dict(ATTRS if attrs is None else attrs),
+        node=node,
     )
 
 

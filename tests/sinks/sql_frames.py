@@ -62,14 +62,16 @@ def rows(kind: str, records: list[dict[str, object]]) -> pd.DataFrame:
     return schema.frame_from_table(pa.table(data, schema=target))
 
 
-def alarms(paths: Sequence[str], window: Window, step_s: int = 900) -> pd.DataFrame:
+def alarms(
+    paths: Sequence[str], window: Window, step_s: int = 900, node: str = "node1"
+) -> pd.DataFrame:
     """One alarm event per path every `step_s` in the window."""
     records: list[dict[str, object]] = []
     for ms in range(window.start_ms, window.end_ms, step_s * 1000):
         for index, path in enumerate(paths):
             records.append(
                 {
-                    "node": "node1",
+                    "node": node,
                     "path": path,
                     "ts": datetime.fromtimestamp(ms / 1000, tz=UTC),
                     "status": index % 3,
@@ -92,11 +94,12 @@ def scope(
     flow: str = "f1",
     kind: str = schema.KIND_TAG_HISTORY,
     attrs: dict[str, object] | None = None,
+    node: str = "node1",
 ) -> ChunkScope:
     """A chunk scope with a chunk id derived from what it covers."""
     chunk_id = f"{dataset}-{to_ms(window.start)}-{to_ms(window.end)}-{len(members)}"
     base = dict(ATTRS, kind=kind) if attrs is None else attrs
-    return ChunkScope(flow, dataset, kind, tuple(members), window, chunk_id, base)
+    return ChunkScope(flow, dataset, kind, tuple(members), window, chunk_id, base, node=node)
 
 
 def sort_key(frame: pd.DataFrame, kind: str) -> pd.DataFrame:

@@ -350,3 +350,35 @@ def test_s3_warehouse_with_a_postgres_catalog(s3: dict[str, str], pg_catalog: st
         pass
     other.close()
     sink.close()
+
+
+def test_a_commit_another_writer_beat_keeps_both_writers_rows(
+    sink: IcebergLake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer that takes no lock of ours (another tool, here pyiceberg itself)
+    commits another node's rows after this write loaded the table: the catalog refuses
+    this commit; pyiceberg rebases it on the new snapshot (its own retry; when it gives
+    up, `sinks.commit_retry` plans the write again), and both writers' rows are there once."""
+    import pyarrow as pa
+
+    from sinks.iceberg import iceberg_schema
+
+    write(sink, TAGS, window(0, 1), "c0")
+    south = history_frame(TAGS, window(0, 1), node="south")
+    planned = IcebergLake._delete_filter
+    calls = []
+
+    def beaten(target: Any, chunk_scope: Any) -> Any:
+        calls.append(chunk_scope.chunk_id)
+        if len(calls) == 1:  # after this write loaded the table, before it commits
+            rows = pa.Table.from_pandas(south, preserve_index=False)
+            other = IcebergLake(str(tmp_path / "ice"))._table("hist")
+            other.append(rows.cast(iceberg_schema("tag_history")))
+        return planned(target, chunk_scope)
+
+    monkeypatch.setattr(IcebergLake, "_delete_filter", staticmethod(beaten))
+    again = history_frame(TAGS, window(0, 1), step_s=300)
+    assert write(sink, TAGS, window(0, 1), "c1", frame=again) == len(again)
+    assert calls == ["c1"]
+    assert rows_of(sink.read("hist", "tag_history")) == rows_of(concat([again, south]))
+    assert snapshots(sink) == 4  # c0; the other writer's; c1's delete and its files

@@ -13,7 +13,8 @@ from sinks.base import SinkError
 from sinks.lake_dataset import DatasetFacts
 from sinks.lake_files import DATASET_KEY, OWNERS_KEY
 from sinks.lake_store import LakeStore
-from tests.sinks.lake_frames import ATTRS, scope, window
+from sinks.parquet import ParquetLake
+from tests.sinks.lake_frames import ATTRS, history_frame, scope, window
 
 
 def facts_at(root: Path, partition: str = "auto") -> DatasetFacts:
@@ -33,8 +34,9 @@ def test_the_first_chunk_records_the_facts_and_auto_picks_the_scheme(
     facts = facts_at(tmp_path).check(first)
     assert facts["partition"] == scheme
     stored = orjson.loads((tmp_path / "_historian/hist/dataset.json").read_bytes())
+    identity = {key: value for key, value in sorted(ATTRS.items()) if key != "node"}
     assert stored == {"dataset": "hist", "kind": "tag_history", "partition": scheme,
-                      "attrs": dict(sorted(ATTRS.items()))}  # fmt: skip
+                      "node_level": True, "attrs": identity}  # fmt: skip
     assert facts_at(tmp_path).scheme("hist") == scheme, "read back by another process"
 
 
@@ -62,3 +64,23 @@ def test_file_metadata_names_the_dataset_attrs_and_sorted_owners(tmp_path: Path)
     assert orjson.loads(metadata[OWNERS_KEY]) == [["f", "k1"], ["f", "k2"]]
     about = orjson.loads(metadata[DATASET_KEY])
     assert (about["dataset"], about["attrs"]["mode"]) == ("hist", "raw")
+
+
+def test_a_dataset_of_an_earlier_version_keeps_its_layout_and_takes_other_nodes(
+    tmp_path: Path,
+) -> None:
+    """Written before the node level: its node in the attrs, partitions under the dataset."""
+    (tmp_path / "_historian/hist").mkdir(parents=True)
+    earlier = {"dataset": "hist", "kind": "tag_history", "partition": "date", "attrs": ATTRS}
+    (tmp_path / "_historian/hist/dataset.json").write_bytes(orjson.dumps(earlier))
+    lake = ParquetLake(str(tmp_path))
+    frames = []
+    for node in ("n1", "n2"):
+        frame = history_frame(["/a"], window(0, 1), node=node)
+        lake.write(
+            scope(["/a"], window(0, 1), "k1", flow=f"f@{node}", node=node), frame, len(frame)
+        )
+        frames.append(frame)
+    assert sorted(p.name for p in (tmp_path / "hist").iterdir()) == ["date=2024-03-01"]
+    back = lake.read("hist", "tag_history")
+    assert sorted(back["node"].astype(str)) == ["n1"] * len(frames[0]) + ["n2"] * len(frames[1])

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -131,3 +132,44 @@ def test_readers_beside_a_writer_never_miss_a_row_nor_fail(tmp_lake: Path) -> No
     assert errors == [], f"{failed} reads failed"
     assert missing == 0, f"{missing} of {reads} reads missed rows complete before the writer"
     assert read_keys(tmp_lake).num_rows == before.num_rows, "once each when the writer is done"
+
+
+NODES = ("plant a/line 1", "ünïcödé 漢字", "site.eu-1", "50", "100% it's")
+
+
+def test_every_reader_sees_each_nodes_rows_with_its_node_column(tmp_lake: Path) -> None:
+    """One dataset, several nodes with the same tag paths, each under node=<encoded>/:
+    pyarrow.dataset, DuckDB and Polars read the Hive layout (the node column decoded,
+    whatever its name holds), pandas the files' own columns."""
+    import duckdb
+    import pandas as pd
+    import polars as pl
+
+    lake = ParquetLake(str(tmp_lake))
+    frames = []
+    for node in NODES:
+        frame = history_frame(TAGS[:2], window(0, 1), node=node)
+        lake.write(
+            scope(TAGS[:2], window(0, 1), "c1", flow=f"f@{node}", node=node), frame, len(frame)
+        )
+        frames.append(frame)
+
+    def rows(table: pa.Table) -> list[tuple[str, str, int]]:
+        ts = table.column("ts").cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64()).to_pylist()
+        return sorted(zip(table["node"].to_pylist(), table["tag"].to_pylist(), ts, strict=True))
+
+    expected = rows(pa.Table.from_pandas(pd.concat(frames), preserve_index=False))
+    top = tmp_lake / "hist"
+    assert sorted(p.name for p in top.iterdir()) == sorted(
+        "node=" + quote(node, safe="") for node in NODES
+    )
+    hive = pads.dataset(str(top), format="parquet", partitioning="hive")
+    assert rows(hive.to_table(columns=["node", "tag", "ts"])) == expected
+    found = duckdb.sql(
+        f"select node, tag, ts from read_parquet('{top}/**/*.parquet', hive_partitioning=1)"
+    ).fetch_arrow_table()
+    assert rows(found) == expected
+    polars = pl.scan_parquet(f"{top}/**/*.parquet", hive_partitioning=True).collect()
+    assert rows(polars.select(["node", "tag", "ts"]).to_arrow()) == expected
+    plain = pd.read_parquet(str(top), partitioning=None, columns=["node", "tag", "ts"])
+    assert rows(pa.Table.from_pandas(plain, preserve_index=False)) == expected

@@ -14,8 +14,9 @@ KIND = schema.KIND_TAG_HISTORY
 KEYS = schema.KEYS[KIND]
 
 
-def history(tags: list[str], start_h: int, end_h: int) -> pa.Table:
-    return table_of(history_frame(tags, window(start_h, end_h), step_s=3600), KIND, "test")
+def history(tags: list[str], start_h: int, end_h: int, node: str = "n1") -> pa.Table:
+    frame = history_frame(tags, window(start_h, end_h), step_s=3600, node=node)
+    return table_of(frame, KIND, "test")
 
 
 def test_a_frame_of_another_schema_or_with_nulls_in_a_key_is_a_one_line_error() -> None:
@@ -27,13 +28,14 @@ def test_a_frame_of_another_schema_or_with_nulls_in_a_key_is_a_one_line_error() 
         table_of(frame, KIND, "lake 'x': w")
 
 
-def test_the_scope_mask_takes_the_window_and_for_tag_history_the_members() -> None:
-    table = history(["/a", "/b"], 0, 3)
-    mask = scope_mask(table, KIND, window(1, 3), ["/b"])
+def test_the_scope_mask_takes_the_node_the_window_and_for_tag_history_the_members() -> None:
+    table = pa.concat_tables([history(["/a", "/b"], 0, 3), history(["/a", "/b"], 0, 3, "n2")])
+    mask = scope_mask(table, KIND, window(1, 3), ["/b"], "n1")
     picked = table.filter(mask)
     assert picked.column("tag").to_pylist() == ["/b", "/b"]
-    alarms = scope_mask(table, schema.KIND_ALARM_HISTORY, window(1, 3), ["/b"])
-    assert table.filter(alarms).num_rows == 4, "alarm scopes are every path in the window"
+    assert set(picked.column("node").to_pylist()) == {"n1"}
+    alarms = scope_mask(table, schema.KIND_ALARM_HISTORY, window(1, 3), ["/b"], "n2")
+    assert table.filter(alarms).num_rows == 4, "alarm scopes are the node's paths in the window"
 
 
 def test_sorted_rows_returns_the_same_table_when_already_in_order() -> None:

@@ -101,7 +101,7 @@ def test_a_value_the_column_cannot_hold_fails_the_write_and_commits_nothing(
         [{"node": "n", "path": "/a", "ts": window.start, "status": 1, "description": "long"}],
     )
     attrs = {"kind": ALARM}
-    alarm_scope = scope(["/"], window, dataset="alarms", kind=ALARM, attrs=attrs)
+    alarm_scope = scope(["/"], window, dataset="alarms", kind=ALARM, attrs=attrs, node="n")
     with pytest.raises(SinkError, match=r"1 of 1 rows loaded .*: Data truncated"):
         maria.write(alarm_scope, frame, 1)
     assert maria.read("alarms", ALARM).empty

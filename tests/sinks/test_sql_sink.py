@@ -28,7 +28,7 @@ import pytest
 import sqlalchemy as sa
 
 from connectors import schema
-from pipelines.runner import ChunkOutcome, FlowRun, RunSummary
+from pipelines.runner import ChunkOutcome, FlowRun, RunSummary, write_all
 from sinks.base import CountMismatch, FlowLocked, SinkError, SinkUnavailable
 from sinks.sql import SqlWarehouse
 from sinks.sql_copy import encode_binary_copy
@@ -138,7 +138,7 @@ def test_written_rows_read_back_with_exact_values_and_types(sink: SqlWarehouse) 
             },
         ],
     )
-    assert sink.write(scope(["a", "b"], window), frame, 4) == 4
+    assert sink.write(scope(["a", "b"], window, node="n"), frame, 4) == 4
     back = sink.read("hist", HIST)
     expected = frame.copy()
     if sink.dialect == "mysql":  # DOUBLE holds no NaN or infinity: stored as NULL
@@ -678,14 +678,15 @@ def test_state_tables_of_an_earlier_version_are_migrated(tmp_path: Path) -> None
 @pytest.mark.postgres
 def test_pg_narrow_history_keeps_node_tag_ts_seq_unique(pg_sink: SqlWarehouse) -> None:
     """The view's (node, tag, ts, seq) is unique: series <-> (node, tag) one to one, and the
-    rows table's key; the same tag on two nodes stays two series, replaced together."""
+    rows table's key; the same tag on two nodes stays two series, each node's replaced alone."""
     window = hours(0, 1)
     first = history(["a", "b"], window)
     other_node = history(["a"], window, node="node2")
+    assert pg_sink.write(scope(["a", "b"], window), first, 12) == 12
+    assert pg_sink.write(scope(["a"], window, flow="f2", node="node2"), other_node, 6) == 6
+    assert pg_sink.write(scope(["a", "b"], window), first, 12) == 12  # node2's "a" stays
     both = pd.concat([first, other_node], ignore_index=True)
-    assert pg_sink.write(scope(["a", "b"], window), both, 18) == 18
-    assert pg_sink.write(scope(["a", "b"], window), first, 12) == 12  # node2's "a" replaced
-    assert_same(pg_sink.read("hist", HIST), first, HIST)
+    assert_same(pg_sink.read("hist", HIST), both, HIST)
     series = pg_sink.layout.table("historian_series")
     rows_table = pg_sink.layout.table("historian_rows_hist")
     with pg_sink.engine.connect() as conn:
@@ -824,7 +825,7 @@ def test_binary_copy_by_shape_holds_the_same_rows_as_the_row_by_row_join() -> No
     assert len(_decoded_rows(grouped, fields)) == table.num_rows
 
 
-# -- the runner's overlapped writes (what `write_concurrency` 2 makes it do) -------------
+# -- the runner's overlapped writes (what `write_concurrency` 2 makes `write_all` do) -------------
 
 
 class _OverlappedRun(FlowRun):
@@ -862,7 +863,7 @@ def test_overlapped_writes_count_every_chunk_that_committed_then_raise_the_failu
     run = _OverlappedRun(["c1", "c2", "c3", "c4"], write)
     seen: list[str] = []
     with pytest.raises(SinkError, match="c2 failed"):
-        run._write_overlapped(2, lambda outcome, summary: seen.append(outcome.chunk_id))
+        write_all(((run, r) for r in run.results()), 2, lambda o, _: seen.append(o.chunk_id))
     assert seen == ["c1"]  # the write under way when c2 failed committed, and counts
     assert run.summary.chunks_done == 1
     assert run.summary.rows == 10
@@ -886,7 +887,7 @@ def test_overlapped_writes_keep_at_most_depth_chunks_in_flight() -> None:
             now[0] -= 1
 
     run = _OverlappedRun([f"c{i}" for i in range(8)], write)
-    run._write_overlapped(2, None)
+    write_all(((run, r) for r in run.results()), 2)
     assert run.summary.chunks_done == 8
     assert peak[0] == 2
 
