@@ -12,7 +12,9 @@ within each round, so machine noise hits them alike; the report gives medians an
 ratio of this pipeline to each peer. The `node` contender only downloads the answers: its
 line is the simulator's own serving rate on the same requests. `cli` is `historian` as a
 one-off command (it starts Prefect's ephemeral server); `cli-served` is the same command
-against a long-lived Prefect server (PREFECT_API_URL), as scheduled runs have.
+against a long-lived Prefect server (PREFECT_API_URL), as scheduled runs have;
+`cli-direct` is the same command with `--direct` (no Prefect), so that what Prefect adds
+reads apart from what the command line adds (its imports, reading flows.yaml).
 
 Incremental workloads first run each contender once over the span before (not measured,
 same output directory or schema), then measure the run that continues from there, as an
@@ -50,8 +52,8 @@ HISTORIAN = str(Path(sys.executable).with_name("historian"))
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 # `cli` starts Prefect's ephemeral server itself, as a one-off command does; `cli-served`
 # talks to a long-lived server (PREFECT_API_URL), as scheduled runs under `historian serve`
-# or a deployment do.
-CLI_CONTENDERS = ("cli", "cli-served")
+# or a deployment do; `cli-direct` runs the command with --direct, without Prefect.
+CLI_CONTENDERS = ("cli", "cli-served", "cli-direct")
 # Every workload ends here (a Thursday: on the grid of 1-day and 7-day windows alike).
 END = datetime(2026, 10, 29, tzinfo=UTC)
 
@@ -108,6 +110,13 @@ WORKLOADS = {
     "smoke": Workload("smoke", 20, HOUR, "CI smoke test: results only"),
     "small": Workload("small", 100, 6 * HOUR, "raw backfill, the 2026-11-22 comparison"),
     "raw-small": Workload("raw-small", 100, 6 * HOUR, "raw backfill, scaled down", period_ms=1000),
+    "raw-4m": Workload(
+        "raw-4m",
+        200,
+        6 * HOUR,
+        "raw backfill, ~4 M rows (peak RSS through Prefect)",
+        period_ms=1000,
+    ),
     "raw-1k-day": Workload(
         "raw-1k-day", 1000, DAY, "raw backfill, full size (86 M samples)", period_ms=1000
     ),
@@ -348,6 +357,8 @@ def _invoke(
                 "-c",
                 str(config),
             ]
+        if name == "cli-direct":
+            command.append("--direct")
         env = None
         if name == "cli-served":
             assert ctx.prefect_api is not None

@@ -172,6 +172,7 @@ class NodeClient:
             transport=transport,
             follow_redirects=False,
         )
+        self._base = str(self._http.base_url).removesuffix("/") + "/"
 
     def __repr__(self) -> str:
         return f"NodeClient(name={self.settings.name!r}, url={self.settings.base_url!r})"
@@ -245,8 +246,12 @@ class NodeClient:
         headers = {"Content-Type": "application/json"} if content is not None else None
         deadline_s = self.settings.deadline_s
         try:
+            target = self._absolute(url)
+        except httpx.InvalidURL as exc:
+            raise self._transport_error(operation, exc, None) from None
+        try:
             with self._slots, request_deadline(deadline_s) as deadline:
-                response = self._http.request(method, url, content=content, headers=headers)
+                response = self._http.request(method, target, content=content, headers=headers)
         except (httpx.TransportError, httpx.DecodingError, httpx.InvalidURL) as exc:
             expired = f"the request deadline ({deadline_s:g} s)" if deadline.expired else None
             raise self._transport_error(operation, exc, expired) from None
@@ -257,6 +262,12 @@ class NodeClient:
                 )
             return response
         raise _status_error(operation, response, self.settings.retry_server_errors)
+
+    def _absolute(self, url: str) -> httpx.URL:
+        """`url` (relative) on the node's base URL, parsed once: httpx parses a relative URL
+        twice (alone, then joined to the base), and parsing is Python work per character of
+        a history query's long percent-encoded paths."""
+        return httpx.URL(f"{self._base}{url.lstrip('/')}")
 
     def _transport_error(self, operation: str, exc: Exception, deadline: str | None) -> NodeError:
         """What a failed exchange means: a timeout, a broken connection, or a TLS failure or

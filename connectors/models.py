@@ -14,7 +14,11 @@ from pydantic.alias_generators import to_camel
 
 
 class NodeModel(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True, alias_generator=to_camel)
+    # defer_build: a model's validator is built on its first use, not at import; a run
+    # that fetches history never validates one, and building ~40 cost its start-up.
+    model_config = ConfigDict(
+        extra="allow", populate_by_name=True, alias_generator=to_camel, defer_build=True
+    )
 
 
 # -- alarms -----------------------------------------------------------------------------

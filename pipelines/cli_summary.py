@@ -140,10 +140,8 @@ def read_hints(config: Config, base: Path, summaries: Sequence[RunSummary]) -> l
                 root = _relative(_local_path(sink.url, base))
                 hints.append(
                     python_command(
-                        # partitioning=None: pandas' Hive columns (categories) would clash
-                        # with the files' own `node` column (sinks/parquet.py).
                         "import pandas as pd; print(pd.read_parquet("
-                        f"{_literal(root + '/' + dataset)}, partitioning=None))"
+                        f"{_literal(root + '/' + dataset)}))"
                     )
                 )
             elif isinstance(sink, SqlSinkConfig) and sink.url.startswith("duckdb:///"):

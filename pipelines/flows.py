@@ -6,7 +6,8 @@ count, watermark). Prefect only decides how the work is submitted:
 
 * the plan is a `plan` task, and each pending chunk a `fetch` task on the flow's task
   runner, at most the node's `max_connections` at once (`_fetch_in_tasks`); the run's
-  own loop joins, writes and counts what they return, as in the direct path;
+  own loop joins, writes and counts what they fetched, as in the direct path (on
+  threads the rows reach it through a `Handover`, not as the task's return value);
 * retries: a fetch task is retried when the engine says a chunk retry may help
   (`pipelines.engine.chunk_retry_may_help`; docs/architecture.md, "Retries");
 * concurrency across runs: when a Prefect global concurrency limit named
@@ -27,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -205,35 +207,70 @@ def plan_run(run: FlowRun) -> Plan:
     retry_delay_seconds=RETRY_DELAY_S,
     retry_condition_fn=_retry_if_transient,
 )
-def fetch_chunk(source: FlowRun | FetchJob, chunk: Chunk, node_limit: str | None) -> ChunkResult:
-    """One chunk's rows from the node (network and parsing only; writes stay in the run)."""
+def fetch_chunk(
+    source: FlowRun | FetchJob, chunk: Chunk, node_limit: str | None, handover: Handover | None
+) -> ChunkResult | None:
+    """One chunk's rows from the node (network and parsing only; writes stay in the run).
+
+    With a `handover` (tasks on threads of the run's process) the rows go there and the
+    task returns None; otherwise (Dask) they are the task's return value."""
     with _holding(node_limit):
-        return source.fetch(chunk)
+        result = source.fetch(chunk)
+    if handover is None:
+        return result
+    handover.put(chunk, result)
+    return None
+
+
+class Handover:
+    """Fetched rows passed from fetch tasks to the run in the same process, beside Prefect.
+
+    Why: Prefect's task engine keeps a task's return value in reference cycles (engine,
+    transaction, state) that only the garbage collector's next full pass frees, so rows
+    returned through Prefect outlived their write and raised the run's peak memory
+    (BENCHMARKS.md, "Prefect's cost")."""
+
+    def __init__(self) -> None:
+        self._results: dict[str, ChunkResult] = {}
+        self._lock = threading.Lock()
+
+    def put(self, chunk: Chunk, result: ChunkResult) -> None:
+        with self._lock:
+            self._results[chunk.chunk_id] = result
+
+    def take(self, chunk: Chunk) -> ChunkResult:
+        with self._lock:
+            return self._results.pop(chunk.chunk_id)
 
 
 def _fetch_in_tasks(run: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResult]:
     """The run's chunks as `fetch` tasks, at most `max_connections` under way, yielded as
     they finish (the core's `Fetcher`). After a failure, or when the run stops reading,
     tasks not started are cancelled and running ones end before the node closes."""
-    source: FlowRun | FetchJob = run if _runs_in_process() else _fetch_job(run)
+    in_process = _runs_in_process()
+    source: FlowRun | FetchJob = run if in_process else _fetch_job(run)
+    handover = Handover() if in_process else None
     limit = _node_limit(run.node.name)
     bound = run.config.nodes[run.node_name].max_connections
-    done: queue.SimpleQueue[PrefectFuture[ChunkResult]] = queue.SimpleQueue()
-    outstanding: set[PrefectFuture[ChunkResult]] = set()
+    done: queue.SimpleQueue[PrefectFuture[ChunkResult | None]] = queue.SimpleQueue()
+    outstanding: dict[PrefectFuture[ChunkResult | None], Chunk] = {}
     todo = iter(chunks)
     try:
         while True:
             while len(outstanding) < bound and (chunk := next(todo, None)) is not None:
-                future = fetch_chunk.submit(source, chunk, limit)
+                future = fetch_chunk.submit(source, chunk, limit, handover)
                 future.add_done_callback(done.put)
-                outstanding.add(future)
+                outstanding[future] = chunk
             if not outstanding:
                 return
             finished = done.get()
-            outstanding.discard(finished)
-            yield finished.result()  # the task's own exception once its retries are spent
+            fetched = outstanding.pop(finished)
+            returned = finished.result()  # the task's own exception once its retries are spent
+            del finished
+            yield handover.take(fetched) if handover is not None else cast(ChunkResult, returned)
+            del returned
     finally:
-        _abandon(outstanding)
+        _abandon(set(outstanding))
 
 
 def _runs_in_process() -> bool:
@@ -244,7 +281,7 @@ def _runs_in_process() -> bool:
     return context is not None and isinstance(context.task_runner, ThreadPoolTaskRunner)
 
 
-def _abandon(futures: set[PrefectFuture[ChunkResult]]) -> None:
+def _abandon(futures: set[PrefectFuture[ChunkResult | None]]) -> None:
     """Cancel fetches not started; wait for running ones (their rows are dropped and
     fetched again by the next run)."""
     for future in futures:

@@ -5,7 +5,7 @@ rows extracted with other settings (another mode, interval) never land silently 
 the old ones (`sinks.identity`; the node is a column, not identity). The partition
 scheme is recorded too: under `partition: auto` each dataset picks its scheme once, from
 its flow's chunk size, and keeps it. So is the node level (`node_level`): datasets
-created now keep each node's rows under `node=<name>/`, so writers of different nodes
+created now keep each node's rows under `node-<name>/`, so writers of different nodes
 touch disjoint directories; datasets of earlier versions (one node each) have none and
 keep their layout.
 """
@@ -95,7 +95,7 @@ class DatasetFacts:
         return str(scheme)
 
     def node_dir(self, dataset: str, node: str) -> str:
-        """Where a node's partitions live inside the dataset: `node=<name>` (encoded), or
+        """Where a node's partitions live inside the dataset: `node-<name>` (encoded), or
         the dataset's top for a dataset of an earlier version (no node level)."""
         facts = self.get(dataset) or {}
         return node_dir(node) if facts.get("node_level") else ""

@@ -88,12 +88,21 @@ def key_of_name(name: str) -> str | None:
     return unquote(name)
 
 
+NODE_DIR_PREFIX = "node-"
+
+
 def node_dir(node: str) -> str:
-    """A node's directory in a dataset: `node=<name>`, Hive style, the name percent-encoded
-    as Hive readers decode it (pyarrow, DuckDB, Polars); SinkError when too long."""
+    """A node's directory in a dataset: `node-<name>`, the name percent-encoded (so it holds
+    no `/` and no `=`); SinkError when too long.
+
+    Not Hive style (`node=<name>`) on purpose: every file holds the `node` column, and a
+    Hive key of the same name makes pandas' default reader fail (its partition column, a
+    category, clashes with the files' strings). Readers of Hive layouts (pyarrow, DuckDB,
+    Polars, pandas) pass over a directory without `=`, and take `node` from the files; the
+    prefix keeps a node named `_x` or `.x` from becoming a directory they skip as hidden."""
     if not isinstance(node, str) or not node:
         raise SinkError(f"node name {node!r} is empty")
-    name = "node=" + quote(node, safe="")
+    name = NODE_DIR_PREFIX + quote(node, safe="")
     if len(name) > _MAX_COMPONENT:
         raise SinkError(
             f"node name {node[:40]!r}... is too long for a lake directory "

@@ -2,10 +2,10 @@
 
 Layout (under the lake's root, a local directory or any fsspec URL such as s3://b/prefix)::
 
-    <root>/<dataset>/node=<node>/date=YYYY-MM-DD/part-<chunk_id>[-<n>].parquet  "date"
-    <root>/<dataset>/node=<node>/month=YYYY-MM/part-<chunk_id>[-<n>].parquet    "month"
-    <root>/<dataset>/node=<node>/year=YYYY/part-<chunk_id>[-<n>].parquet        "year"
-    <root>/<dataset>/node=<node>/part-<chunk_id>[-<n>].parquet                  "none"
+    <root>/<dataset>/node-<node>/date=YYYY-MM-DD/part-<chunk_id>[-<n>].parquet  "date"
+    <root>/<dataset>/node-<node>/month=YYYY-MM/part-<chunk_id>[-<n>].parquet    "month"
+    <root>/<dataset>/node-<node>/year=YYYY/part-<chunk_id>[-<n>].parquet        "year"
+    <root>/<dataset>/node-<node>/part-<chunk_id>[-<n>].parquet                  "none"
     <root>/tag_metadata/part-tag_metadata.parquet                    the tag dimension
     <root>/_historian/                                               the sink's own state
         _flows/<key>/markers/<chunk_id>.json    one per committed chunk: flow, dataset,
@@ -21,8 +21,8 @@ Layout (under the lake's root, a local directory or any fsspec URL such as s3://
         <dataset>/write.lock, locks/<key>.lock  flocks (local disk)
         <dataset>/write.lease, locks/<key>.lease.json   leases (object storage)
 
-A dataset holds many nodes' rows: each under `node=<node>` (the name percent-encoded,
-as Hive readers decode it; `node` is also a column of every file), so writers of
+A dataset holds many nodes' rows: each under `node-<node>` (the name percent-encoded;
+not a Hive key: `node` is a column of every file, sinks/lake_layout.py), so writers of
 different nodes touch disjoint directories. Datasets created by earlier versions (one
 node each, `dataset.json` without `node_level`) keep their partitions right under
 `<dataset>/`. `<key>` is a progress or lock key (`flow`, `flow@node`, `flow@node#2-of-4`),
@@ -35,9 +35,8 @@ chunk is one file, not one per day; `dataset.json` records the scheme and the da
 keeps it. Readers see the partition column its directories name (`date`, `month` or
 `year`); `ts` is in every file, so filter on `ts`. The Hive names let pyarrow.dataset,
 DuckDB (`read_parquet('<root>/<dataset>/**/*.parquet', hive_partitioning=1)`), Polars
-`scan_parquet` and `pandas.read_parquet('<root>/<dataset>', partitioning=None)` read a
-dataset directly (pandas infers Hive columns as categories, which clash with the files'
-`node` column: the files hold node and ts anyway).
+`scan_parquet` and `pandas.read_parquet('<root>/<dataset>')` read a dataset directly;
+the node directories are no Hive key, so `node` comes from the files.
 `ts` is `timestamp[ms, tz=UTC]`; the dataset's attrs (mode, method, interval...) are in
 each file's schema metadata under `historian`, and the chunks whose rows a file holds
 under `historian.owners`.

@@ -140,7 +140,7 @@ def test_plan_is_a_dry_run_that_estimates_and_knows_what_is_done(tmp_path: Path,
 
     ran = historian("backfill", "avg", "--direct", *span, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
-    rows = len(pd.read_parquet(tmp_path / "lake" / "avg", partitioning=None))
+    rows = len(pd.read_parquet(tmp_path / "lake" / "avg"))
     assert rows == estimate
     again = historian("plan", "avg", *span, cwd=tmp_path)
     assert "chunks: 3 planned, 3 already done in every sink, 0 to fetch" in again.stdout

@@ -40,7 +40,7 @@ def group_flow() -> dict[str, Any]:
 
 
 def lake_rows(tmp_path: Path, dataset: str) -> pd.DataFrame:
-    return pd.read_parquet(tmp_path / "lake" / dataset, partitioning=None)
+    return pd.read_parquet(tmp_path / "lake" / dataset)
 
 
 def duck_count(tmp_path: Path, dataset: str) -> tuple[int, int]:

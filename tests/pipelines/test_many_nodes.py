@@ -38,9 +38,9 @@ START = NOW - timedelta(hours=2)
 SEEDS = {"plant_a": 11, "plant_b": 12, "plant_c": 13}
 PATHS = tag_paths(18)
 GROUP = "/Plant A/"
-# Sinks replace a chunk's scope by (node, tag) once h20s lands; until then each node
-# serves its paths under a group of its own.
-SAME_PATHS = False
+# Every node serves the same paths (False: each under a group of its own, to tell a
+# fleet failure from a sink that replaces by tag alone while debugging).
+SAME_PATHS = True
 
 
 def node_paths(name: str) -> list[str]:

@@ -111,11 +111,11 @@ def test_the_compactor_merges_one_partition_into_its_last_file_and_repoints_mark
         lake.write(scope(TAGS, win, f"k{number}"), frame, len(frame))
     compactor = lake.parts.compactor
     assert compactor.partitions("hist", "tag_history") == [
-        "node=n1/date=2024-03-01",
-        "node=n1/date=2024-03-02",
+        "node-n1/date=2024-03-01",
+        "node-n1/date=2024-03-02",
     ]
-    assert compactor.compact_partition("hist", "tag_history", "node=n1/date=2024-03-01", 1000) == 3
-    assert compactor.compact_partition("hist", "tag_history", "node=n1/date=2024-03-01", 1000) == 0
+    assert compactor.compact_partition("hist", "tag_history", "node-n1/date=2024-03-01", 1000) == 3
+    assert compactor.compact_partition("hist", "tag_history", "node-n1/date=2024-03-01", 1000) == 0
     sizes = {p.name: pq.read_metadata(p).num_rows for p in (tmp_lake / "hist").rglob("*.parquet")}
     assert sizes == {
         "part-k0.parquet": 0,
@@ -125,4 +125,4 @@ def test_the_compactor_merges_one_partition_into_its_last_file_and_repoints_mark
     }
     for chunk in ("k0", "k1", "k2"):
         marker = orjson.loads((tmp_lake / f"_historian/_flows/f/markers/{chunk}.json").read_bytes())
-        assert marker["files"] == [{"path": "node=n1/date=2024-03-01/part-k2.parquet", "rows": 54}]
+        assert marker["files"] == [{"path": "node-n1/date=2024-03-01/part-k2.parquet", "rows": 54}]

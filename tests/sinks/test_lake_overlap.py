@@ -19,7 +19,7 @@ from tests.sinks.lake_frames import history_frame, scope, window
 
 TAGS = ("/plant/a", "/plant/b", "/plant/c", "/plant/d")
 KIND = schema.KIND_TAG_HISTORY
-DAY = "node=n1/date=2024-03-01"
+DAY = "node-n1/date=2024-03-01"
 
 
 @pytest.fixture

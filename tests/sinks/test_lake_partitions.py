@@ -69,7 +69,7 @@ def test_auto_writes_a_week_chunk_as_one_file_and_records_its_scheme(tmp_lake: P
     lake = ParquetLake(str(tmp_lake))
     assert lake.describe().endswith("(partition=auto)")
     write(lake, window(0, 7 * 24), "w1", 7 * DAY)
-    assert files(tmp_lake) == ["node=n1/month=2024-03/part-w1.parquet"]
+    assert files(tmp_lake) == ["node-n1/month=2024-03/part-w1.parquet"]
     assert recorded_scheme(tmp_lake) == "month"
 
 
@@ -79,8 +79,8 @@ def test_auto_follows_the_flows_chunk_size_not_a_clipped_first_window(tmp_lake: 
     write(lake, window(22, 24 * 5), "next", 7 * DAY)
     assert recorded_scheme(tmp_lake) == "month"
     assert files(tmp_lake) == [
-        "node=n1/month=2024-03/part-clipped.parquet",
-        "node=n1/month=2024-03/part-next.parquet",
+        "node-n1/month=2024-03/part-clipped.parquet",
+        "node-n1/month=2024-03/part-next.parquet",
     ]
     # Without the flow's size, the chunk's own window decides.
     write(lake, window(0, 2), "alone", None)
@@ -96,7 +96,7 @@ def test_a_dataset_keeps_the_scheme_it_was_created_with(tmp_lake: Path) -> None:
     auto = ParquetLake(str(tmp_lake))
     write(auto, window(48, 48 + 7 * 24), "w1", 7 * DAY)
     assert recorded_scheme(tmp_lake) == "date"
-    assert all(name.startswith("node=n1/date=") for name in files(tmp_lake))
+    assert all(name.startswith("node-n1/date=") for name in files(tmp_lake))
     assert len(files(tmp_lake)) == 2 + 7
     expected = rows_of(history_frame(TAGS, window(0, 48 + 7 * 24), step_s=3600))
     assert rows_of(auto.read("hist", "tag_history")) == expected
@@ -111,7 +111,7 @@ def test_readers_see_the_partition_column_the_scheme_names(tmp_lake: Path) -> No
     win = window(0, 31 * 24)
     frame = history_frame(TAGS, win, step_s=3600)
     year.write(scope(TAGS, win, "y1", dataset="yearly"), frame, len(frame))
-    assert files(tmp_lake, "yearly") == ["node=n1/year=2024/part-y1.parquet"]
+    assert files(tmp_lake, "yearly") == ["node-n1/year=2024/part-y1.parquet"]
     con = duckdb.connect()
     for dataset, column, value in (("hist", "month", "2024-03"), ("yearly", "year", "2024")):
         glob = f"{tmp_lake}/{dataset}/**/*.parquet"
@@ -135,8 +135,8 @@ def test_compaction_merges_small_files_and_leaves_well_sized_ones(tmp_lake: Path
     before = rows_of(lake.read("hist", "tag_history"))
     assert lake.compact("hist") == 4
     after = files(tmp_lake)
-    assert after == [*big, "node=n1/part-small3.parquet"], "merged into the last small file's name"
-    assert pq.read_metadata(tmp_lake / "hist/node=n1/part-small3.parquet").num_rows == 4 * 24
+    assert after == [*big, "node-n1/part-small3.parquet"], "merged into the last small file's name"
+    assert pq.read_metadata(tmp_lake / "hist/node-n1/part-small3.parquet").num_rows == 4 * 24
     assert {name: (tmp_lake / "hist" / name).stat().st_mtime_ns for name in big} == big
     assert rows_of(lake.read("hist", "tag_history")) == before
     assert lake.compact("hist") == 0, "one small file is left alone"

@@ -138,9 +138,9 @@ NODES = ("plant a/line 1", "ünïcödé 漢字", "site.eu-1", "50", "100% it's")
 
 
 def test_every_reader_sees_each_nodes_rows_with_its_node_column(tmp_lake: Path) -> None:
-    """One dataset, several nodes with the same tag paths, each under node=<encoded>/:
-    pyarrow.dataset, DuckDB and Polars read the Hive layout (the node column decoded,
-    whatever its name holds), pandas the files' own columns."""
+    """One dataset, several nodes with the same tag paths, each under node-<encoded>/:
+    pyarrow.dataset, DuckDB and Polars read it as a Hive layout and pandas with its
+    defaults, every one with the files' own node column, whatever the name holds."""
     import duckdb
     import pandas as pd
     import polars as pl
@@ -161,7 +161,7 @@ def test_every_reader_sees_each_nodes_rows_with_its_node_column(tmp_lake: Path) 
     expected = rows(pa.Table.from_pandas(pd.concat(frames), preserve_index=False))
     top = tmp_lake / "hist"
     assert sorted(p.name for p in top.iterdir()) == sorted(
-        "node=" + quote(node, safe="") for node in NODES
+        "node-" + quote(node, safe="") for node in NODES
     )
     hive = pads.dataset(str(top), format="parquet", partitioning="hive")
     assert rows(hive.to_table(columns=["node", "tag", "ts"])) == expected
@@ -171,5 +171,5 @@ def test_every_reader_sees_each_nodes_rows_with_its_node_column(tmp_lake: Path) 
     assert rows(found) == expected
     polars = pl.scan_parquet(f"{top}/**/*.parquet", hive_partitioning=True).collect()
     assert rows(polars.select(["node", "tag", "ts"]).to_arrow()) == expected
-    plain = pd.read_parquet(str(top), partitioning=None, columns=["node", "tag", "ts"])
+    plain = pd.read_parquet(str(top), columns=["node", "tag", "ts"])
     assert rows(pa.Table.from_pandas(plain, preserve_index=False)) == expected

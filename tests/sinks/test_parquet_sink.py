@@ -113,8 +113,8 @@ def test_write_lays_out_hive_partitions_and_reads_back_typed(
     frame = history_frame(TAGS, win, twins=True)
     assert lake.write(scope(TAGS, win, "c1"), frame, len(frame)) == len(frame)
     assert data_files(tmp_lake) == [
-        "node=n1/date=2024-03-01/part-c1.parquet",
-        "node=n1/date=2024-03-02/part-c1.parquet",
+        "node-n1/date=2024-03-01/part-c1.parquet",
+        "node-n1/date=2024-03-02/part-c1.parquet",
     ]
     got = lake.read("hist", "tag_history")
     assert list(got.columns) == schema.TAG_HISTORY_SCHEMA.names
@@ -123,7 +123,7 @@ def test_write_lays_out_hive_partitions_and_reads_back_typed(
     assert rows_of(got) == rows_of(frame)
     ordered = got.sort_values(KEY, kind="stable").reset_index(drop=True)
     assert got.reset_index(drop=True).equals(ordered), "read() is sorted by the key"
-    meta = pq.read_schema(tmp_lake / "hist/node=n1/date=2024-03-01/part-c1.parquet").metadata
+    meta = pq.read_schema(tmp_lake / "hist/node-n1/date=2024-03-01/part-c1.parquet").metadata
     assert b'"mode":"raw"' in meta[b"historian"]
     assert lake.read("other", "tag_history").empty
     assert lake.read("other", "tag_history").dtypes.equals(got.dtypes)
@@ -162,9 +162,9 @@ def test_overlap_with_another_window_size_leaves_every_row_once(
         assert progress.windows_of(tag) == [window(0, 48)]
     names = data_files(tmp_lake)
     expected_dirs = {
-        "date": "node=n1/date=2024-03-0",
-        "month": "node=n1/month=2024-03/",
-        "none": "node=n1/part-",
+        "date": "node-n1/date=2024-03-0",
+        "month": "node-n1/month=2024-03/",
+        "none": "node-n1/part-",
     }
     assert all(name.startswith(expected_dirs[partition]) for name in names), names
 
@@ -174,12 +174,12 @@ def test_a_chunk_split_over_target_rows_replaces_its_pieces(tmp_lake: Path) -> N
     win = window(0, 12)
     write(sink, TAGS, win, "big", step_s=600)  # 288 rows -> 6 pieces
     assert data_files(tmp_lake) == [
-        f"node=n1/date=2024-03-01/part-big-{n}.parquet" for n in range(1, 7)
+        f"node-n1/date=2024-03-01/part-big-{n}.parquet" for n in range(1, 7)
     ]
     write(sink, TAGS, win, "big", step_s=1200)  # 144 rows -> 3 pieces, old pieces emptied
     pieces = data_files(tmp_lake)
     assert len(pieces) == 3
-    assert all(name.startswith("node=n1/date=2024-03-01/part-big-") for name in pieces), pieces
+    assert all(name.startswith("node-n1/date=2024-03-01/part-big-") for name in pieces), pieces
     assert rows_of(sink.read("hist", "tag_history")) == rows_of(
         history_frame(TAGS, win, step_s=1200)
     )
@@ -255,7 +255,7 @@ def test_dataset_attrs_must_not_change(lake: ParquetLake, tmp_lake: Path) -> Non
     monthly = ParquetLake(str(tmp_lake), partition="month")
     with pytest.raises(SinkError, match="partitioned by date, not month"):
         write(monthly, TAGS, window(1, 2), "c2")
-    assert data_files(tmp_lake) == ["node=n1/date=2024-03-01/part-c1.parquet"]
+    assert data_files(tmp_lake) == ["node-n1/date=2024-03-01/part-c1.parquet"]
 
 
 def test_progress_reads_each_marker_once_with_ten_thousand_markers(
@@ -402,7 +402,7 @@ def test_readers_see_the_same_rows_and_types(lake: ParquetLake, tmp_lake: Path) 
 
     # pandas infers Hive columns as categories, which clash with the files' own `node`
     # column: it reads the files' columns (README).
-    panda = pd.read_parquet(tmp_lake / "hist", partitioning=None)
+    panda = pd.read_parquet(tmp_lake / "hist")
     assert str(panda["ts"].dtype) == "datetime64[ms, UTC]"
     assert str(panda["value"].dtype) == "float64"
     assert len(panda) == len(frame)
@@ -446,8 +446,8 @@ def test_compact_merges_small_files_and_keeps_rows_and_markers(tmp_lake: Path) -
     assert merged == 32
     files = data_files(tmp_lake)
     assert files == [
-        "node=n1/date=2024-03-01/part-k7x1.parquet",
-        "node=n1/date=2024-03-02/part-k9x1.parquet",
+        "node-n1/date=2024-03-01/part-k7x1.parquet",
+        "node-n1/date=2024-03-02/part-k9x1.parquet",
     ], "each day merged into its last file's name"
     assert rows_of(sink.read("hist", "tag_history")) == before
     assert sink.progress("f") == progress
@@ -823,8 +823,8 @@ def test_s3_write_overwrite_overlap_and_read_back(s3: dict[str, Any]) -> None:
     fs = s3fs.S3FileSystem(**s3)
     names = sorted(p.split("/one/", 1)[1] for p in fs.find("lake/one/hist"))
     assert names == [
-        "hist/node=n1/date=2024-03-01/part-c1.parquet",
-        "hist/node=n1/date=2024-03-02/part-c1.parquet",  # c2's rows joined the file they replace
+        "hist/node-n1/date=2024-03-01/part-c1.parquet",
+        "hist/node-n1/date=2024-03-02/part-c1.parquet",  # c2's rows joined the file they replace
     ]
     assert fs.find("lake/one/_historian/hist/tmp") == []
     other = ParquetLake("s3://lake/one", storage_options=s3)
