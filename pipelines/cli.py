@@ -269,11 +269,42 @@ def backfill(
     config: ConfigOption = Path(DEFAULT_CONFIG),
     direct: Annotated[bool, typer.Option("--direct", help="Run without Prefect.")] = False,
     node: NodeOption = None,
+    shards: Annotated[
+        int | None,
+        typer.Option("--shards", help="Split into N flow runs on a work pool (needs --pool)."),
+    ] = None,
+    per_node: Annotated[
+        bool, typer.Option("--per-node", help="One flow run per node (needs --pool).")
+    ] = False,
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="Prefect work pool the shards run on.")
+    ] = None,
+    by: Annotated[
+        str, typer.Option("--by", help="Shard by tag batches (tags) or by time windows (time).")
+    ] = "tags",
     verbose: VerboseOption = False,
 ) -> None:
-    """Extract a range; chunks already in every sink are skipped, so a killed backfill resumes."""
+    """Extract a range; chunks already in every sink are skipped, so a killed backfill resumes.
+    With --shards N (and/or --per-node) --pool P: as flow runs on a Prefect work pool."""
     _setup_logging(verbose)
     with user_errors():
+        if shards is not None or per_node or pool is not None:
+            from pipelines.cli_fleet import sharded_backfill
+
+            begin = _moment(start, "--start")
+            assert begin is not None  # --start is required
+            sharded_backfill(
+                config,
+                flow,
+                start=begin,
+                end=_moment(end, "--end"),
+                shards=1 if shards is None else shards,
+                per_node=per_node,
+                pool=pool,
+                by=by,
+                nodes=node,
+            )
+            return
         _run_flows(
             config,
             [flow],
@@ -549,8 +580,9 @@ def deploy(
     config: ConfigOption = Path(DEFAULT_CONFIG),
     flow: Annotated[list[str] | None, typer.Option("--flow", help="Only these flows.")] = None,
 ) -> None:
-    """Register every scheduled flow as a deployment of a work pool on the Prefect server
-    PREFECT_API_URL names; `prefect worker start --pool POOL` runs them on schedule."""
+    """Register the flows as deployments of a work pool on the Prefect server PREFECT_API_URL
+    names (scheduled ones with their schedule, every one as <flow>-backfill for sharded
+    backfills), and a concurrency limit per node; `prefect worker start --pool POOL` runs them."""
     with user_errors():
         cfg = _load(config)
         for name in flow or []:
@@ -566,12 +598,12 @@ def deploy(
                 )
         from pipelines.flows import deploy_flows
 
-        names = [n for n, f in cfg.flows.items() if f.schedule and (not flow or n in flow)]
-        if not names:
-            raise UserError(f"{config.name}: no flow has a schedule", EXIT_USAGE)
+        names = [n for n in cfg.flows if not flow or n in flow]
         deploy_flows(config, pool, names=names)
+        scheduled = [n for n in names if cfg.flows[n].schedule]
         out.print(
-            f"deployed {len(names)} scheduled flows ({', '.join(names)}) to work pool {pool}; "
+            f"deployed {len(names)} flows ({', '.join(names)}; scheduled: "
+            f"{', '.join(scheduled) or 'none'}) to work pool {pool}; "
             f"workers run them: prefect worker start --pool {pool}",
             highlight=False,
             soft_wrap=True,

@@ -138,6 +138,9 @@ def state_show(
             for line in warnings:
                 out.print(line, highlight=False, soft_wrap=True)
             mismatches = _print_logs(cfg, logs)
+            from pipelines.cli_fleet import print_last_backfills
+
+            print_last_backfills(names)
             if mismatches:
                 raise UserError(f"{mismatches} chunks committed a different row count than fetched")
 

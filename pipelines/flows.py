@@ -64,6 +64,7 @@ from pipelines.engine import (  # noqa: E402
     HistoryEngine,
     chunk_retry_may_help,
 )
+from pipelines.fleet import NODE_LIMIT_PREFIX, SHARD_ARTIFACT_PREFIX, heartbeat_env  # noqa: E402
 from pipelines.nodes import NodePool  # noqa: E402
 from pipelines.planning import Chunk  # noqa: E402
 from pipelines.runner import (  # noqa: E402
@@ -75,6 +76,7 @@ from pipelines.runner import (  # noqa: E402
     RunSummary,
     run_flow,
 )
+from pipelines.shards import Shard  # noqa: E402
 from sinks.base import SinkError  # noqa: E402
 
 log = logging.getLogger("historian.flows")
@@ -84,8 +86,8 @@ PlanCallback = Callable[[Plan], None]
 
 TASK_RUNNER_ENV = "HISTORIAN_TASK_RUNNER"
 DASK_ADDRESS_ENV = "HISTORIAN_DASK_ADDRESS"
-NODE_LIMIT_PREFIX = "historian-node-"
 RETRIES = CHUNK_RETRIES
+SLOT_LEASE_S = 60
 RETRY_DELAY_S = CHUNK_RETRY_DELAY_S
 
 
@@ -136,9 +138,14 @@ def _fetch_job(run: FlowRun) -> FetchJob:
 
 
 def _retry_if_transient(task_: Any, task_run: Any, state: Any) -> bool:
-    """Prefect's retry condition: the engine's decision, `chunk_retry_may_help`."""
+    """Prefect's retry condition: the engine's decision, `chunk_retry_may_help`; or a
+    node slot the Prefect server could not grant just then (a busy server answers 503)."""
+    from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
+
     try:
         state.result()
+    except ConcurrencySlotAcquisitionError:
+        return True
     except BaseException as exc:
         return chunk_retry_may_help(exc)
     return False
@@ -157,16 +164,39 @@ def _flow_run_name() -> str:
     from prefect.runtime import flow_run
 
     name = flow_run.parameters.get("flow_name", "flow")
+    shard = Shard.from_parameter(flow_run.parameters.get("shard"))
+    if shard is not None:
+        name = f"{name} {shard.label}"
     return f"{name} {datetime.now(UTC):%Y-%m-%dT%H:%MZ}"
 
 
 # -- tasks -----------------------------------------------------------------------------
 
 
-@task(name="plan", cache_policy=NO_CACHE)
+def _holding(node_limit: str | None) -> Any:
+    """One slot of the node's global concurrency limit while asking the node (waiting for
+    it when every slot is taken by runs on any worker); nothing without a limit."""
+    if node_limit is None:
+        return nullcontext()
+    from prefect.concurrency.sync import concurrency
+
+    # A worker that dies holding a slot gives it back when the lease lapses (the least
+    # Prefect allows); a live one renews it for as long as the request lasts.
+    return concurrency(node_limit, occupy=1, strict=False, lease_duration=SLOT_LEASE_S)
+
+
+@task(
+    name="plan",
+    cache_policy=NO_CACHE,
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAY_S,
+    retry_condition_fn=_retry_if_transient,
+)
 def plan_run(run: FlowRun) -> Plan:
-    """Resolve the tags, write metadata and list the chunks still to fetch."""
-    return run.plan()
+    """Resolve the tags, write metadata and list the chunks still to fetch (asking the
+    node one request at a time, under one slot of its limit)."""
+    with _holding(_node_limit(run.node.name)):
+        return run.plan()
 
 
 @task(
@@ -184,12 +214,7 @@ def fetch_chunk(
 
     With a `handover` (tasks on threads of the run's process) the rows go there and the
     task returns None; otherwise (Dask) they are the task's return value."""
-    holding: Any = nullcontext()
-    if node_limit is not None:
-        from prefect.concurrency.sync import concurrency
-
-        holding = concurrency(node_limit, occupy=1, strict=False)
-    with holding:
+    with _holding(node_limit):
         result = source.fetch(chunk)
     if handover is None:
         return result
@@ -309,6 +334,7 @@ def extract(
     kind: str,
     report_dir: str | None = None,
     nodes: list[str] | None = None,
+    shard: Shard | None = None,
 ) -> RunSummary:
     """The body of both flows: the core's `run_flow` with tasks for the plan and fetches,
     then the report (when asked) and the summary artifact."""
@@ -330,6 +356,7 @@ def extract(
         end=_moment(end),
         backfill=backfill,
         nodes=tuple(nodes) if nodes is not None else None,
+        shard=shard,
     )
     with (
         NodePool(config) as pool,
@@ -354,6 +381,8 @@ def extract(
         if report_dir:
             caller.report = _write_report(config, flow_name, Path(report_dir), sinks)
     _summary_artifact(summary, plans[0] if plans else None, caller.report)
+    if shard is not None:
+        _shard_artifact(summary)
     _say(f"{flow_name}: {summary.rows:,} rows in {summary.seconds:.1f} s")
     return summary
 
@@ -396,6 +425,22 @@ def _summary_artifact(summary: RunSummary, plan: Plan | None, report: Path | Non
         markdown=summary_markdown(summary, plan.members if plan else (), report),
         key=artifact_key(summary.flow),
         description=f"{summary.flow}: what this run extracted",
+    )
+
+
+def _shard_artifact(summary: RunSummary) -> None:
+    """A one-row table a sharded backfill reads back (`pipelines.fleet.wait_for_shards`)."""
+    from prefect.artifacts import create_table_artifact
+
+    counts = {
+        key: summary.as_dict()[key]
+        for key in ("shard", "chunks_planned", "chunks_skipped", "chunks_done", "rows")
+    }
+    slug = artifact_key(summary.flow).removeprefix("historian-")
+    create_table_artifact(
+        table=[counts],
+        key=f"{SHARD_ARTIFACT_PREFIX}{slug}"[:100],
+        description=f"{summary.flow} shard {summary.shard}: chunks and rows",
     )
 
 
@@ -486,9 +531,11 @@ def tag_history_flow(
     backfill: bool = False,
     report_dir: str | None = None,
     nodes: list[str] | None = None,
+    shard: dict[str, Any] | None = None,
 ) -> dict[str, object]:
     """Extract one tag_history flow of flows.yaml (incremental unless start is given);
-    `nodes`: only these nodes of a fleet flow (None: all of them)."""
+    `nodes`: only these nodes of a fleet flow (None: all of them); `shard`: one part of a
+    sharded backfill (pipelines/shards.py)."""
     summary = extract(
         flow_name,
         config_path,
@@ -498,6 +545,7 @@ def tag_history_flow(
         kind=KIND_TAG_HISTORY,
         report_dir=report_dir,
         nodes=nodes,
+        shard=Shard.from_parameter(shard),
     )
     return summary.as_dict()
 
@@ -511,9 +559,11 @@ def alarm_history_flow(
     backfill: bool = False,
     report_dir: str | None = None,
     nodes: list[str] | None = None,
+    shard: dict[str, Any] | None = None,
 ) -> dict[str, object]:
     """Extract one alarm_history flow of flows.yaml (incremental unless start is given);
-    `nodes`: only these nodes of a fleet flow (None: all of them)."""
+    `nodes`: only these nodes of a fleet flow (None: all of them); `shard`: one part of a
+    sharded backfill (pipelines/shards.py)."""
     summary = extract(
         flow_name,
         config_path,
@@ -523,6 +573,7 @@ def alarm_history_flow(
         kind=KIND_ALARM_HISTORY,
         report_dir=report_dir,
         nodes=nodes,
+        shard=Shard.from_parameter(shard),
     )
     return summary.as_dict()
 
@@ -588,6 +639,7 @@ def run_prefect(
                 end=request.end.isoformat() if request.end else None,
                 backfill=request.backfill,
                 report_dir=str(report_dir.resolve()) if report_dir else None,
+                shard=request.shard.as_parameter() if request.shard else None,
                 nodes=list(request.nodes) if request.nodes is not None else None,
             )
     except RunFailed:
@@ -605,13 +657,27 @@ def run_prefect(
 # -- deployments -------------------------------------------------------------------------------
 
 
+BACKFILL_SUFFIX = "-backfill"
+
+
+def backfill_deployment(flow_name: str, kind: str) -> str:
+    """`tag-history/<flow>-backfill`: the deployment a sharded backfill's runs are made of."""
+    return f"{prefect_flow_for(kind).name}/{flow_name}{BACKFILL_SUFFIX}"
+
+
 def build_deployments(
-    config_path: Path, names: list[str] | None = None, *, by_module: bool = False
+    config_path: Path,
+    names: list[str] | None = None,
+    *,
+    by_module: bool = False,
+    backfills: bool = False,
 ) -> list[Any]:
     """One deployment per flow with a schedule: its cron or interval, timezone, parameters.
 
     `by_module` names the flow by import path (`pipelines.flows.tag_history_flow`) instead of
     by file, so a worker of a process work pool with this package installed can load it.
+    `backfills`: also `<flow>-backfill` for every flow (scheduled or not), without a
+    schedule or a run limit: the deployment a sharded backfill submits its shards to.
     """
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.types.entrypoint import EntrypointType
@@ -623,17 +689,34 @@ def build_deployments(
     entrypoint = EntrypointType.MODULE_PATH if by_module else EntrypointType.FILE_PATH
     deployments = []
     for name, flow_config in config.flows.items():
-        schedule = flow_config.schedule
-        if schedule is None or (names and name not in names):
+        if names and name not in names:
             continue
+        parameters = {"flow_name": name, "config_path": str(config_path.resolve())}
+        # One deployment per flow: each of its runs covers every node (one unit each).
         fleet = config.flow_nodes(name)
+        tags = ["historian", flow_config.kind, *(f"node:{node}" for node in fleet)]
+        if backfills:
+            deployments.append(
+                prefect_flow_for(flow_config.kind).to_deployment(
+                    name=f"{name}{BACKFILL_SUFFIX}",
+                    parameters=parameters,
+                    tags=[*tags, "backfill"],
+                    # heartbeats: a run whose worker dies is marked Crashed (fleet.py)
+                    job_variables={"env": heartbeat_env()},
+                    description=f"historian backfill of flow {name} (sharded: historian "
+                    f"backfill {name} --shards N --pool POOL)",
+                    entrypoint_type=entrypoint,
+                )
+            )
+        schedule = flow_config.schedule
+        if schedule is None:
+            continue
         deployments.append(
             prefect_flow_for(flow_config.kind).to_deployment(
                 name=name,
                 schedules=[prefect_schedule(schedule)],
-                parameters={"flow_name": name, "config_path": str(config_path.resolve())},
-                # One deployment per flow: each of its runs covers every node (one unit each).
-                tags=["historian", flow_config.kind, *(f"node:{node}" for node in fleet)],
+                parameters=parameters,
+                tags=tags,
                 # A run due while the last one still runs is cancelled (it would stop at
                 # the flow's lock anyway); the next one catches up from the watermark.
                 concurrency_limit=ConcurrencyLimitConfig(
@@ -650,7 +733,10 @@ def build_deployments(
 def deploy_flows(
     config_path: Path, work_pool: str, *, names: list[str] | None = None
 ) -> list[uuid.UUID]:
-    """Register the scheduled flows as deployments of a work pool (docs/scaling.md).
+    """Register the flows as deployments of a work pool (docs/scaling.md): the scheduled
+    ones with their schedules, and every flow's `<flow>-backfill` for sharded backfills;
+    then the per-node concurrency limits and the crashed-run detection
+    (`pipelines/fleet.py`).
 
     Unlike `serve_flows`, nothing keeps running here: workers of the pool
     (`prefect worker start --pool <name>`) pick the runs up wherever this package and
@@ -660,9 +746,11 @@ def deploy_flows(
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
-    deployments = build_deployments(config_path, names, by_module=True)
+    from pipelines.fleet import ensure_crash_detection, ensure_node_limits
+
+    deployments = build_deployments(config_path, names, by_module=True, backfills=True)
     if not deployments:
-        raise ConfigError(f"{config_path.name}: no flow has a schedule")
+        raise ConfigError(f"{config_path.name}: no flow to deploy")
     with get_client(sync_client=True) as client:
         try:
             client.read_work_pool(work_pool)
@@ -678,6 +766,9 @@ def deploy_flows(
         push=False,
         print_next_steps_message=False,
     )
+    config = load_config(config_path)
+    ensure_node_limits(config, names)
+    ensure_crash_detection()
     return cast(list[uuid.UUID], ids)
 
 

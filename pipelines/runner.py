@@ -61,6 +61,7 @@ from pipelines.planning import (
     window_for_density,
 )
 from pipelines.selection import resolve_tags
+from pipelines.shards import Shard
 from pipelines.state import flow_watermark, incremental_span, lacking_members, pending_chunks
 from sinks.base import ChunkScope, Progress, Sink, SinkError
 
@@ -85,7 +86,8 @@ class RunRequest:
     """What to extract: incremental by default, or an explicit [start, end) range.
 
     `backfill` skips chunks every sink already holds (resume); a plain explicit range
-    re-extracts everything in it (replacing, never duplicating).
+    re-extracts everything in it (replacing, never duplicating). `shard`: only that part
+    of the plan (a sharded backfill's flow run, pipelines/shards.py).
     """
 
     start: datetime | None = None
@@ -93,6 +95,7 @@ class RunRequest:
     backfill: bool = False
     # The nodes of a fleet flow to extract (`--node`); None: every node of the flow.
     nodes: tuple[str, ...] | None = None
+    shard: Shard | None = None
 
 
 @dataclass
@@ -176,6 +179,8 @@ class RunSummary:
     # per node in `units` (pipelines/units.py).
     key: str = ""
     units: list[RunSummary] = field(default_factory=list)
+    # `2-of-4` for a shard of a sharded backfill.
+    shard: str | None = None
 
     @property
     def window_label(self) -> str:
@@ -242,6 +247,7 @@ class RunSummary:
             "rows_out_of_range": self.rows_out_of_range,
             "notes": self.remarks,
             "window": self.window_label,
+            "shard": self.shard,
             "error": self.error,
             "units": [unit.as_dict() for unit in self.units],
         }
@@ -332,6 +338,8 @@ class FlowRun:
         self._sink_guard = sink_guard or nullcontext()
         self.plan_: Plan | None = None
         self.summary = RunSummary(self.name, self.dataset, self.kind, node, key=self.key)
+        self.shard = self.request.shard
+        self.summary.shard = self.shard.label if self.shard is not None else None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -350,10 +358,15 @@ class FlowRun:
             self._node = self._nodes.get(self.node_name)
         return self._node
 
+    @property
+    def lock_key(self) -> str:
+        """What this run locks: its unit's key, or `<key>#<i>-of-<n>` for a shard of it."""
+        return self.shard.lock_key(self.key) if self.shard is not None else self.key
+
     def __enter__(self) -> FlowRun:
         try:
             for sink in self.sinks:
-                self._stack.enter_context(sink.lock(self.key))
+                self._stack.enter_context(sink.lock(self.lock_key))
         except BaseException:
             self._stack.close()
             raise
@@ -386,7 +399,8 @@ class FlowRun:
                 node.client, node.name, flow.tags, where=f"flows.{self.name}.tags"
             )
             members = resolved.members
-            if flow.metadata and resolved.metadata.num_rows:
+            first = self.shard is None or self.shard.writes_metadata()
+            if flow.metadata and first and resolved.metadata.num_rows:
                 frame = resolved.metadata.to_pandas(types_mapper=pd.ArrowDtype)
                 with self._sink_guard:
                     for sink in self.sinks:
@@ -442,6 +456,8 @@ class FlowRun:
         chunks = plan_chunks(
             self.key, self.dataset, self.kind, batches, span, size, options_key(flow)
         )
+        if self.shard is not None:
+            chunks = self.shard.select(chunks)
         if self.request.start is not None and not self.request.backfill:
             pending = list(chunks)
             skipped = 0
@@ -712,9 +728,10 @@ class FlowRun:
 
         Every chunk is committed by now, so a sink failing here (a database gone again,
         a full disk during compaction) is logged and leaves the run complete: the next
-        run compacts.
+        run compacts. A shard does not compact: the other shards of its backfill write
+        next to the files compaction would rewrite; the unit's next unsharded run compacts.
         """
-        if not self.summary.chunks_done:
+        if not self.summary.chunks_done or self.shard is not None:
             return
         for sink in self.sinks:
             try:

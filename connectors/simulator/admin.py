@@ -578,6 +578,9 @@ class Admin:
                     "cpu": ["Simulated CPU", 2, 2400],
                     "usage": {"cpu": [5, 100], "ram": [512, 24576], "disk": [10, 100]},
                 },
+                # Not in the spec: the simulator's own request counters (the peak of
+                # concurrent requests shows whether clients kept to a node's limit).
+                "simulator": {"requests": self._node.request_stats()},
             }
         )
 

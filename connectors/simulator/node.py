@@ -11,7 +11,8 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from connectors.options import AlarmFilter, HistoryOptions
@@ -101,6 +102,10 @@ class SimulatedNode:
         self._cache_bytes = 0
         self.faults = Faults()
         self.requests_served = 0
+        # Requests being answered now, and the most at once since start or `reset_peak`:
+        # how a test sees that several workers never asked more than a node's limit.
+        self.in_flight = 0
+        self.peak_in_flight = 0
         self.tags = TagService(self)
         self.subscriptions = Subscriptions(self.tags.model)
         self.alarms = AlarmService(self, build_alarms(local, self.config.seed))
@@ -310,9 +315,32 @@ class SimulatedNode:
 
     # -- dispatch ----------------------------------------------------------------------------
 
-    def count_request(self) -> None:
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        """Count one request in flight while it is answered (`in_flight`, `peak_in_flight`)."""
         with self._lock:
             self.requests_served += 1
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def reset_peak(self) -> None:
+        """Start counting the peak of concurrent requests again from those in flight now."""
+        with self._lock:
+            self.peak_in_flight = self.in_flight
+
+    def request_stats(self) -> dict[str, int]:
+        """Requests served, in flight now, and the most in flight at once."""
+        with self._lock:
+            return {
+                "served": self.requests_served,
+                "inFlight": self.in_flight,
+                "peakInFlight": self.peak_in_flight,
+            }
 
     def handle(
         self, method: str, resource: str, cmd: str, params: Mapping[str, Any], body: Any

@@ -117,8 +117,11 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def _serve(self, method: str) -> None:
+        with self.server.node.answering():
+            self._answer(method)
+
+    def _answer(self, method: str) -> None:
         node = self.server.node
-        node.count_request()
         parts = urlsplit(self.path)
         resource = parts.path.strip("/")
         params = dict(parse_qsl(parts.query, keep_blank_values=True))

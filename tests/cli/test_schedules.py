@@ -267,7 +267,7 @@ def test_a_work_pool_deployment_fires_on_a_prefect_server_with_a_worker(tmp_path
             timeout=120,
         )
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        assert "deployed 1 scheduled flows (f) to work pool plant" in deployed.stdout
+        assert "deployed 1 flows (f; scheduled: f) to work pool plant" in deployed.stdout
         out = tmp_path / "worker.out"
         with out.open("wb") as sink:
             worker = subprocess.Popen(
@@ -378,3 +378,20 @@ def test_serving_a_flow_without_a_schedule_is_refused(tmp_path: Path) -> None:
     config_with_schedule(tmp_path, None)
     line = one_error_line(run_cli("serve", "--flow", "f", cwd=tmp_path), 2)
     assert "flows.f: has no schedule to serve" in line
+
+
+def test_a_sharded_backfill_without_a_pool_is_refused_in_one_line(tmp_path: Path) -> None:
+    config_with_schedule(tmp_path, None)
+    for flags in (["--shards", "4"], ["--per-node"]):
+        result = run_cli("backfill", "f", "--start", "-2h", *flags, cwd=tmp_path)
+        line = one_error_line(result, 2)
+        assert "--shards and --per-node need --pool NAME" in line
+        assert not (tmp_path / "lake").exists(), "nothing was written"
+
+
+def test_a_sharded_backfill_without_a_prefect_server_is_refused(tmp_path: Path) -> None:
+    config_with_schedule(tmp_path, None)
+    result = run_cli(
+        "backfill", "f", "--start", "-2h", "--shards", "2", "--pool", "p", cwd=tmp_path
+    )
+    assert "PREFECT_API_URL" in one_error_line(result, 2)

@@ -377,3 +377,28 @@ def test_links_redundancy_and_system(c: httpx.Client, node: SimulatedNode) -> No
     assert get(c, "system", "errorCount") == 0
     assert get(c, "redundancy", "status")["mode"] == "primary"
     assert c.get("/system", params={"cmd": "restartService"}).status_code == 405
+
+
+def test_the_simulator_counts_requests_in_flight_and_their_peak() -> None:
+    import threading
+
+    sim = SimulatedNode(SimConfig(seed=22, tags=10))
+    sim.faults.configure(rate=1.0, kinds=["slow"], slow_s=0.5, operations=["tag.browse"])
+    with run_server(sim, https_port=None) as server:
+
+        def ask() -> None:
+            httpx.get(f"{server.http_url}/tag", params={"cmd": "browse", "path": "/"}, timeout=10)
+
+        askers = [threading.Thread(target=ask) for _ in range(3)]
+        for asker in askers:
+            asker.start()
+        for asker in askers:
+            asker.join()
+        sim.faults.clear()
+        stats = httpx.get(f"{server.http_url}/system", params={"cmd": "status"}).json()
+    requests = stats["simulator"]["requests"]
+    assert requests["peakInFlight"] == 3, "three slow answers overlapped"
+    assert requests["inFlight"] == 1  # the status request itself
+    assert requests["served"] == 4
+    sim.reset_peak()
+    assert sim.peak_in_flight == 0

@@ -269,7 +269,8 @@ def test_a_run_is_named_summarised_reported_and_holds_the_node_limit(
     summary = run_prefect(
         path, "f", RunRequest(start=START, end=START + timedelta(minutes=30)), report_dir=reports
     )
-    assert held == ["historian-node-n"] * summary.chunks_done
+    # the plan's requests under one slot, then each fetch under its own
+    assert held == ["historian-node-n"] * (1 + summary.chunks_done)
 
     with get_client(sync_client=True) as client:
         limit = client.read_global_concurrency_limit_by_name("historian-node-n")
@@ -343,9 +344,12 @@ def test_deployments_carry_the_schedules_of_flows_yaml(tmp_path: Path, server: A
 
 
 def test_flows_deploy_to_a_process_work_pool_by_module_path(tmp_path: Path, server: Any) -> None:
+    from prefect.automations import Automation
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.workers.process import ProcessWorker
+
+    from pipelines.fleet import CRASH_AUTOMATION
 
     path = write_config(tmp_path, node={"url": server.http_url}, flows=flows(), sinks=["lake"])
     with get_client(sync_client=True) as client:
@@ -356,13 +360,32 @@ def test_flows_deploy_to_a_process_work_pool_by_module_path(tmp_path: Path, serv
                 base_job_template=ProcessWorker.get_default_base_job_template(),
             )
         )
-    assert len(deploy_flows(path, "historian")) == 2
+    # two scheduled flows, and every flow's backfill deployment (the shards' runs)
+    assert len(deploy_flows(path, "historian")) == 2 + 3
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("tag-history/f")
+        backfill = client.read_deployment_by_name("tag-history/once-backfill")
+        limit = client.read_global_concurrency_limit_by_name("historian-node-n")
     assert deployment.work_pool_name == "historian"
     assert deployment.entrypoint == "pipelines.flows.tag_history_flow"
     assert deployment.parameters == {"flow_name": "f", "config_path": str(path.resolve())}
     assert deployment.schedules[0].schedule.cron == "5 * * * *"
+    assert backfill.work_pool_name == "historian"
+    assert backfill.schedules == []
+    assert backfill.global_concurrency_limit is None
+    assert backfill.job_variables == {"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}
+    assert limit.limit == load(path).nodes["n"].max_connections
+    assert Automation.read(name=CRASH_AUTOMATION).actions[0].state.value == "CRASHED"
+
+    # a changed max_connections updates the limit; deploying again makes no second automation
+    changed = write_config(
+        tmp_path, node={"url": server.http_url, "max_connections": 3}, flows=flows(), sinks=["lake"]
+    )
+    deploy_flows(changed, "historian")
+    with get_client(sync_client=True) as client:
+        assert client.read_global_concurrency_limit_by_name("historian-node-n").limit == 3
+        automations = client.read_automations_by_name(CRASH_AUTOMATION)
+    assert len(automations) == 1
 
 
 @pytest.mark.slow
