@@ -21,9 +21,6 @@ import orjson
 if TYPE_CHECKING:
     from pipelines.destinations import SinkSet
 
-_DUCKDB_LOCK = re.compile(
-    r'Could not set lock on file "(?P<path>[^"]+)".*?\(PID (?P<pid>\d+)\)', re.IGNORECASE
-)
 _SINK = re.compile(r"^sink (?P<sink>[A-Za-z0-9_.-]+):")
 
 
@@ -54,16 +51,17 @@ def held_flows(database: str) -> list[tuple[str, int | None]]:
 def busy_line(exc: BaseException) -> str | None:
     """The project's one line for an error that is a DuckDB file held by another
     process; None for any other error."""
-    text = " ".join(str(exc).split())
-    match = _DUCKDB_LOCK.search(text)
-    if match is None:
+    from sinks.sql_errors import duckdb_holder
+
+    holder = duckdb_holder(exc)
+    if holder is None:
         return None
-    pid = int(match["pid"])
-    sink = _SINK.match(text)
+    path, pid = holder
+    sink = _SINK.match(" ".join(str(exc).split()))
     what = (
         "warehouse" if sink is None or sink["sink"] == "warehouse" else f"warehouse {sink['sink']}"
     )
-    flows = [flow for flow, holder in held_flows(match["path"]) if holder in (None, pid)]
+    flows = [flow for flow, holder in held_flows(path) if holder in (None, pid)]
     if flows:
         return f"{what} busy: flow {flows[0]} is writing (pid {pid}); try again when it ends"
     return f"{what} busy: another process has it open (pid {pid}); try again when it ends"

@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -70,7 +69,13 @@ from sinks.identity import differences, identity
 from sinks.scope import check_scope
 from sinks.sql_copy import dense_codes
 from sinks.sql_dialects import dialect_of, quote
-from sinks.sql_errors import is_database_error, is_duplicate_key, is_transient, one_line
+from sinks.sql_errors import (
+    duckdb_holder,
+    is_database_error,
+    is_duplicate_key,
+    is_transient,
+    one_line,
+)
 from sinks.sql_load import (
     copy_binary,
     load_duckdb,
@@ -108,8 +113,6 @@ RETRY_S = 60.0
 RETRY_FIRST_DELAY_S = 0.25
 RETRY_MAX_DELAY_S = 5.0
 T = TypeVar("T")
-# DuckDB's error for a file another process holds (one writing process per file).
-_DUCKDB_HOLDER = re.compile(r"Could not set lock on file .*?\(PID (?P<pid>\d+)\)", re.IGNORECASE)
 
 
 class SqlWarehouse:
@@ -245,7 +248,7 @@ class SqlWarehouse:
                 self._open()
                 return
             except SinkError as exc:
-                holder = _DUCKDB_HOLDER.search(" ".join(str(exc).split()))
+                holder = duckdb_holder(exc)
                 left = deadline - time.monotonic()
                 if holder is None or left <= 0:
                     raise
@@ -256,7 +259,7 @@ class SqlWarehouse:
                         "waiting up to %s s",
                         self.name,
                         self._database_file,
-                        holder.group("pid"),
+                        holder[1],
                         f"{self.busy_wait_s:g}",
                     )
                 time.sleep(min(delay, left))

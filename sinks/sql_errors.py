@@ -8,6 +8,8 @@ database error is a `SinkError`. Messages are one line and never carry the passw
 
 from __future__ import annotations
 
+import re
+
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 # SQLSTATE classes and codes that mean "try again later" (PostgreSQL Appendix A).
@@ -39,6 +41,18 @@ _TRANSIENT_TEXT = (
     "the database system is shutting down",
     "could not set lock on file",  # DuckDB file held by another process
 )
+
+
+# DuckDB's error for a file another process holds (DuckDB takes one writing process).
+_DUCKDB_HELD = re.compile(
+    r'Could not set lock on file "(?P<path>[^"]+)".*?\(PID (?P<pid>\d+)\)', re.IGNORECASE
+)
+
+
+def duckdb_holder(exc: BaseException) -> tuple[str, int] | None:
+    """(file, pid) when `exc` says another process holds a DuckDB file, else None."""
+    match = _DUCKDB_HELD.search(" ".join(str(exc).split()))
+    return (match["path"], int(match["pid"])) if match else None
 
 
 def _driver_error(exc: BaseException) -> BaseException:
