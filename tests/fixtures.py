@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -158,3 +160,21 @@ def server_missing(reason: str) -> NoReturn:
         if os.environ.get(variable) == "1":
             pytest.fail(f"{reason} ({variable}=1)")
     pytest.skip(reason)
+
+
+@contextmanager
+def own_database(pg_url: str, prefix: str) -> Iterator[str]:
+    """A database of the test's own (`<prefix>_<random>`) in the real PostgreSQL at
+    `pg_url`, dropped after (connections still open included); yields its URL."""
+    import sqlalchemy as sa
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'create database "{name}"'))
+    try:
+        yield pg_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'drop database if exists "{name}" with (force)'))
+        admin.dispose()

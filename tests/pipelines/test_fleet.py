@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -34,7 +33,7 @@ from tests.cli.test_schedules import (
     prefect_server,
     stopped_at_exit,
 )
-from tests.fixtures import history_rows, load, truth_history_rows
+from tests.fixtures import history_rows, load, own_database, truth_history_rows
 from tests.sinks.moto_s3 import moto_process
 
 SEEDS = (41, 42, 43, 44)
@@ -46,23 +45,6 @@ WAIT_S = 600  # a backfill of four flows over two workers on a shared, busy 2-co
 
 def hours_ago(hours: int) -> datetime:
     return (datetime.now(UTC) - timedelta(hours=hours)).replace(minute=0, second=0, microsecond=0)
-
-
-@contextmanager
-def database(pg_url: str) -> Iterator[str]:
-    """A database of this test's own in the real PostgreSQL, dropped after."""
-    import sqlalchemy as sa
-
-    name = f"h20b_fleet_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'create database "{name}"'))
-    try:
-        yield pg_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'drop database if exists "{name}" with (force)'))
-        admin.dispose()
 
 
 @contextmanager
@@ -210,7 +192,7 @@ def test_a_sharded_backfill_on_two_workers_is_exact_within_the_node_limits(
     with ExitStack() as stack:
         servers = [stack.enter_context(run_server(n, http_port=0, https_port=None)) for n in nodes]
         s3 = stack.enter_context(bucket())
-        pg = stack.enter_context(database(pg_url))
+        pg = stack.enter_context(own_database(pg_url, "fleet"))
         config = fleet_config(tmp_path, [s.http_url for s in servers], s3, pg)
         _api, env = stack.enter_context(prefect_server(tmp_path))
         env = {**env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from pipelines.config import ConfigError, parse_config
 from pipelines.destinations import make_sink
 from sinks.base import CountMismatch, FlowLocked, SinkError
 from sinks.iceberg import IcebergLake
+from tests.fixtures import own_database
 from tests.sinks.lake_frames import (
     HOSTILE_TAGS,
     concat,
@@ -238,18 +238,8 @@ def test_type_iceberg_in_flows_yaml_makes_an_iceberg_sink(tmp_path: Path) -> Non
 @pytest.fixture
 def pg_catalog(pg_url: str) -> Iterator[str]:
     """A database of its own in the real PostgreSQL for the catalog, dropped after."""
-    import sqlalchemy as sa
-
-    name = f"h18b_ice_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'create database "{name}"'))
-    try:
-        yield pg_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'drop database if exists "{name}" with (force)'))
-        admin.dispose()
+    with own_database(pg_url, "iceberg_catalog") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

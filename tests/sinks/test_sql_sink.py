@@ -8,6 +8,7 @@ binary COPY of awkward values.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import signal
@@ -903,16 +904,31 @@ sink.close()
 """
 
 
-def test_a_duckdb_file_another_process_writes_is_waited_for_up_to_busy_wait(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    url = f"duckdb:///{tmp_path / 'w.duckdb'}"
+@contextlib.contextmanager
+def duckdb_held(url: str, seconds: float) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the DuckDB file at `url` open for `seconds` (killed after)."""
     child = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, url, "3"], cwd=REPO, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLDER, url, str(seconds)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "open"
+        yield child
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+def test_a_duckdb_file_another_process_writes_is_waited_for_up_to_busy_wait(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"duckdb:///{tmp_path / 'w.duckdb'}"
+    with duckdb_held(url, 3) as child:
         impatient = SqlWarehouse(url, name="wh")
         with pytest.raises(SinkError, match=r"^sink wh: connect: .*Could not set lock"):
             impatient.open()
@@ -924,29 +940,14 @@ def test_a_duckdb_file_another_process_writes_is_waited_for_up_to_busy_wait(
         frame = history(["a"], window)
         assert patient.write(scope(["a"], window), frame, len(frame)) == len(frame)
         patient.close()
-    finally:
-        child.kill()
-        child.wait(timeout=10)
-        if child.stdout is not None:
-            child.stdout.close()
     (warning,) = [r.getMessage() for r in caplog.records if "another process" in r.getMessage()]
     assert f"(pid {child.pid}); waiting up to 60 s" in warning
 
 
 def test_busy_wait_runs_out_with_the_lock_error(tmp_path: Path) -> None:
     url = f"duckdb:///{tmp_path / 'w.duckdb'}"
-    child = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, url, "60"], cwd=REPO, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "open"
+    with duckdb_held(url, 60):
         started = time.monotonic()
         with pytest.raises(SinkError, match="Could not set lock"):
             SqlWarehouse(url, name="wh", busy_wait_s=1.5).open()
         assert 1.5 <= time.monotonic() - started < 30
-    finally:
-        child.kill()
-        child.wait(timeout=10)
-        if child.stdout is not None:
-            child.stdout.close()
