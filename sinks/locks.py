@@ -92,13 +92,14 @@ def dataset_flock(path: str) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-class Lease:
-    """A flow's lease object on object storage (see the module docstring)."""
+class _ObjectLease:
+    """A lease object on object storage: created with a conditional PUT, renewed by a
+    thread while held, removed on release; renewal and release touch it only while it is
+    still this holder's (a holder that stalled past its lease may have lost it)."""
 
-    def __init__(self, store: LakeStore, path: str, flow: str, ttl_s: float = LEASE_TTL_S) -> None:
+    def __init__(self, store: LakeStore, path: str, ttl_s: float) -> None:
         self.store = store
         self.path = path
-        self.flow = flow
         self.ttl_s = ttl_s
         self.owner = token()
         self._stop = threading.Event()
@@ -108,6 +109,7 @@ class Lease:
         return orjson.dumps({**_holder(), "owner": self.owner, "expires": time.time() + self.ttl_s})
 
     def _current(self) -> dict[str, object] | None:
+        """The lease as stored; None when there is none or it is torn."""
         raw = self.store.read_bytes(self.path)
         if raw is None:
             return None
@@ -117,28 +119,29 @@ class Lease:
             return None
         return value if isinstance(value, dict) else None
 
-    def _refuse(self, current: dict[str, object]) -> FlowLocked:
-        holder = _describe_holder(orjson.dumps(current))
-        return FlowLocked(
-            f"flow '{self.flow}' is already running "
-            f"(lease held in {self.store.display(self.path)}{holder})"
-        )
+    def _held_by_other(self, current: dict[str, object] | None) -> bool:
+        """Whether `current` is another holder's lease that has not lapsed."""
+        expires = current.get("expires") if current else None
+        return isinstance(expires, int | float) and expires > time.time()
 
-    def acquire(self) -> None:
+    def _take(self) -> bool:
+        """Create the lease, or take over a lapsed or torn one; False while another holds it."""
         while not self.store.create_new(self.path, self._body()):
-            current = self._current()
-            expires = current.get("expires") if current else None
-            if current and isinstance(expires, int | float) and expires > time.time():
-                raise self._refuse(current)
+            if self._held_by_other(self._current()):
+                return False
             self.store.remove(self.path)  # lapsed (its holder died) or torn: take it over
         self._thread = threading.Thread(target=self._renew, name="lake-lease", daemon=True)
         self._thread.start()
+        return True
+
+    def _ours(self) -> bool:
+        current = self._current()
+        return current is not None and current.get("owner") == self.owner
 
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl_s / 4):
             with contextlib.suppress(Exception):
-                current = self._current()
-                if current and current.get("owner") == self.owner:
+                if self._ours():
                     self.store.write_bytes(self.path, self._body())
 
     def release(self) -> None:
@@ -146,9 +149,25 @@ class Lease:
         if self._thread is not None:
             self._thread.join(timeout=5)
         with contextlib.suppress(Exception):
-            current = self._current()
-            if current and current.get("owner") == self.owner:
+            if self._ours():
                 self.store.remove(self.path)
+
+
+class Lease(_ObjectLease):
+    """A flow's lease object on object storage (see the module docstring): a second run
+    of the flow is refused while the first holds it."""
+
+    def __init__(self, store: LakeStore, path: str, flow: str, ttl_s: float = LEASE_TTL_S) -> None:
+        super().__init__(store, path, ttl_s)
+        self.flow = flow
+
+    def acquire(self) -> None:
+        if not self._take():
+            holder = _describe_holder(orjson.dumps(self._current() or {}))
+            raise FlowLocked(
+                f"flow '{self.flow}' is already running "
+                f"(lease held in {self.store.display(self.path)}{holder})"
+            )
 
 
 @contextlib.contextmanager
@@ -163,38 +182,18 @@ def flow_lease(
         lease.release()
 
 
-class DatasetLease:
-    """One writer of a dataset at a time on object storage (module docstring)."""
+class DatasetLease(_ObjectLease):
+    """One writer of a dataset at a time on object storage (module docstring): the next
+    writer waits its turn."""
 
     def __init__(self, store: LakeStore, path: str, ttl_s: float = DATASET_LEASE_TTL_S) -> None:
-        self.store = store
-        self.path = path
-        self.ttl_s = ttl_s
-        self.owner = token()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _body(self) -> bytes:
-        return orjson.dumps({**_holder(), "owner": self.owner, "expires": time.time() + self.ttl_s})
-
-    def _expired(self) -> bool:
-        raw = self.store.read_bytes(self.path)
-        if raw is None:
-            return False
-        try:
-            expires = orjson.loads(raw).get("expires")
-        except (orjson.JSONDecodeError, AttributeError):
-            return True
-        return not isinstance(expires, int | float) or expires < time.time()
+        super().__init__(store, path, ttl_s)
 
     def acquire(self, timeout_s: float) -> None:
         """Wait (polling, with jitter) until the lease is ours; SinkError after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         delay = 0.02
-        while not self.store.create_new(self.path, self._body()):
-            if self._expired():  # its holder died: take it over
-                self.store.remove(self.path)
-                continue
+        while not self._take():
             if time.monotonic() > deadline:
                 raise SinkError(
                     f"no turn to write in {timeout_s:.0f} s: {self.store.display(self.path)} "
@@ -202,20 +201,6 @@ class DatasetLease:
                 )
             time.sleep(delay * random.uniform(0.5, 1.5))
             delay = min(delay * 1.5, 0.5)
-        self._thread = threading.Thread(target=self._renew, name="dataset-lease", daemon=True)
-        self._thread.start()
-
-    def _renew(self) -> None:
-        while not self._stop.wait(self.ttl_s / 4):
-            with contextlib.suppress(Exception):
-                self.store.write_bytes(self.path, self._body())
-
-    def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        with contextlib.suppress(Exception):
-            self.store.remove(self.path)
 
 
 @contextlib.contextmanager
