@@ -92,14 +92,13 @@ def dataset_flock(path: str) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-class _ObjectLease:
-    """A lease object on object storage: created with a conditional PUT, renewed by a
-    thread while held, removed on release; renewal and release touch it only while it is
-    still this holder's (a holder that stalled past its lease may have lost it)."""
+class Lease:
+    """A flow's lease object on object storage (see the module docstring)."""
 
-    def __init__(self, store: LakeStore, path: str, ttl_s: float) -> None:
+    def __init__(self, store: LakeStore, path: str, flow: str, ttl_s: float = LEASE_TTL_S) -> None:
         self.store = store
         self.path = path
+        self.flow = flow
         self.ttl_s = ttl_s
         self.owner = token()
         self._stop = threading.Event()
@@ -109,7 +108,6 @@ class _ObjectLease:
         return orjson.dumps({**_holder(), "owner": self.owner, "expires": time.time() + self.ttl_s})
 
     def _current(self) -> dict[str, object] | None:
-        """The lease as stored; None when there is none or it is torn."""
         raw = self.store.read_bytes(self.path)
         if raw is None:
             return None
@@ -119,29 +117,28 @@ class _ObjectLease:
             return None
         return value if isinstance(value, dict) else None
 
-    def _held_by_other(self, current: dict[str, object] | None) -> bool:
-        """Whether `current` is another holder's lease that has not lapsed."""
-        expires = current.get("expires") if current else None
-        return isinstance(expires, int | float) and expires > time.time()
+    def _refuse(self, current: dict[str, object]) -> FlowLocked:
+        holder = _describe_holder(orjson.dumps(current))
+        return FlowLocked(
+            f"flow '{self.flow}' is already running "
+            f"(lease held in {self.store.display(self.path)}{holder})"
+        )
 
-    def _take(self) -> bool:
-        """Create the lease, or take over a lapsed or torn one; False while another holds it."""
+    def acquire(self) -> None:
         while not self.store.create_new(self.path, self._body()):
-            if self._held_by_other(self._current()):
-                return False
+            current = self._current()
+            expires = current.get("expires") if current else None
+            if current and isinstance(expires, int | float) and expires > time.time():
+                raise self._refuse(current)
             self.store.remove(self.path)  # lapsed (its holder died) or torn: take it over
         self._thread = threading.Thread(target=self._renew, name="lake-lease", daemon=True)
         self._thread.start()
-        return True
-
-    def _ours(self) -> bool:
-        current = self._current()
-        return current is not None and current.get("owner") == self.owner
 
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl_s / 4):
             with contextlib.suppress(Exception):
-                if self._ours():
+                current = self._current()
+                if current and current.get("owner") == self.owner:
                     self.store.write_bytes(self.path, self._body())
 
     def release(self) -> None:
@@ -149,25 +146,9 @@ class _ObjectLease:
         if self._thread is not None:
             self._thread.join(timeout=5)
         with contextlib.suppress(Exception):
-            if self._ours():
+            current = self._current()
+            if current and current.get("owner") == self.owner:
                 self.store.remove(self.path)
-
-
-class Lease(_ObjectLease):
-    """A flow's lease object on object storage (see the module docstring): a second run
-    of the flow is refused while the first holds it."""
-
-    def __init__(self, store: LakeStore, path: str, flow: str, ttl_s: float = LEASE_TTL_S) -> None:
-        super().__init__(store, path, ttl_s)
-        self.flow = flow
-
-    def acquire(self) -> None:
-        if not self._take():
-            holder = _describe_holder(orjson.dumps(self._current() or {}))
-            raise FlowLocked(
-                f"flow '{self.flow}' is already running "
-                f"(lease held in {self.store.display(self.path)}{holder})"
-            )
 
 
 @contextlib.contextmanager
@@ -182,18 +163,38 @@ def flow_lease(
         lease.release()
 
 
-class DatasetLease(_ObjectLease):
-    """One writer of a dataset at a time on object storage (module docstring): the next
-    writer waits its turn."""
+class DatasetLease:
+    """One writer of a dataset at a time on object storage (module docstring)."""
 
     def __init__(self, store: LakeStore, path: str, ttl_s: float = DATASET_LEASE_TTL_S) -> None:
-        super().__init__(store, path, ttl_s)
+        self.store = store
+        self.path = path
+        self.ttl_s = ttl_s
+        self.owner = token()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _body(self) -> bytes:
+        return orjson.dumps({**_holder(), "owner": self.owner, "expires": time.time() + self.ttl_s})
+
+    def _expired(self) -> bool:
+        raw = self.store.read_bytes(self.path)
+        if raw is None:
+            return False
+        try:
+            expires = orjson.loads(raw).get("expires")
+        except (orjson.JSONDecodeError, AttributeError):
+            return True
+        return not isinstance(expires, int | float) or expires < time.time()
 
     def acquire(self, timeout_s: float) -> None:
         """Wait (polling, with jitter) until the lease is ours; SinkError after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         delay = 0.02
-        while not self._take():
+        while not self.store.create_new(self.path, self._body()):
+            if self._expired():  # its holder died: take it over
+                self.store.remove(self.path)
+                continue
             if time.monotonic() > deadline:
                 raise SinkError(
                     f"no turn to write in {timeout_s:.0f} s: {self.store.display(self.path)} "
@@ -201,6 +202,20 @@ class DatasetLease(_ObjectLease):
                 )
             time.sleep(delay * random.uniform(0.5, 1.5))
             delay = min(delay * 1.5, 0.5)
+        self._thread = threading.Thread(target=self._renew, name="dataset-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl_s / 4):
+            with contextlib.suppress(Exception):
+                self.store.write_bytes(self.path, self._body())
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self.store.remove(self.path)
 
 
 @contextlib.contextmanager
