@@ -231,8 +231,8 @@ def fetch_chunks(
             result = source.fetch(chunk)
         if handover is None:
             results.append(result)
-        else:
-            handover.put(result)
+        elif not handover.put(result):
+            return None  # the run stopped reading: the rest is fetched by the next run
         del result
     return None if handover is not None else results
 
@@ -244,35 +244,56 @@ class Handover:
     transaction, state) that only the garbage collector's next full pass frees, so rows
     returned through Prefect outlived their write and raised the run's peak memory
     (BENCHMARKS.md, "Prefect's cost"). And a task of several chunks hands each over as it
-    comes, so the run writes it while the task fetches the next."""
+    comes, so the run writes it while the task fetches the next; at most `room` chunks
+    wait for the run at once (a task hands its next one over when the run has taken one),
+    so fetching never runs ahead of writing by more than the direct path's in-flight
+    chunks."""
 
-    def __init__(self, deliver: Callable[[ChunkResult], None]) -> None:
+    def __init__(self, deliver: Callable[[ChunkResult], None], room: int) -> None:
         self._deliver = deliver
         self._delivered: set[str] = set()
         self._lock = threading.Lock()
+        self._room = threading.Semaphore(room)
+        self._closed = threading.Event()
 
-    def put(self, result: ChunkResult) -> None:
+    def put(self, result: ChunkResult) -> bool:
+        """Hand a chunk over (waiting for room); False when the run no longer reads."""
+        while not self._room.acquire(timeout=0.1):
+            if self._closed.is_set():
+                return False
         with self._lock:
             self._delivered.add(result.chunk.chunk_id)
         self._deliver(result)
+        return True
+
+    def taken(self) -> None:
+        """The run is done with a chunk handed over: room for the next."""
+        self._room.release()
+
+    def close(self) -> None:
+        """The run reads no more: tasks waiting for room stop."""
+        self._closed.set()
 
     def delivered(self, chunk: Chunk) -> bool:
         with self._lock:
             return chunk.chunk_id in self._delivered
 
 
-# A task fetches several chunks when they are small and quick: up to about this many rows
-# and seconds of fetching in all (each task run costs the engine ~10 ms of CPU, as much as a
-# chunk of a few hundred rows).
-GROUP_ROWS = 25_000
-GROUP_SECONDS = 0.5
+# A task fetches several chunks: up to about this many rows and seconds of fetching in all
+# (each task run costs ~10 ms of the engine's CPU in the run's process and about as much of
+# the server's, as much as fetching a chunk of a few thousand rows). Its chunks reach the
+# run one by one as they come (`Handover`), so a group holds no more rows in memory than
+# single-chunk tasks would.
+GROUP_ROWS = 1_000_000
+GROUP_SECONDS = 1.0
 
 
 @dataclass
 class ChunkGroups:
     """How many chunks the next fetch task takes: one until chunks have been seen, then as
     many as fit GROUP_ROWS and GROUP_SECONDS at the rows and seconds per chunk seen so far,
-    never so many that a connection would be left idle."""
+    never so many that a connection would be left idle; always one without `connections`
+    (Dask)."""
 
     connections: int
     chunks: int = 0
@@ -285,7 +306,7 @@ class ChunkGroups:
         self.seconds += result.seconds
 
     def size(self, remaining: int) -> int:
-        if not self.chunks or remaining <= 0:
+        if not self.chunks or remaining <= 0 or self.connections <= 0:
             return 1
         by_rows = GROUP_ROWS * self.chunks // max(1, self.rows)
         by_time = int(GROUP_SECONDS * self.chunks / max(self.seconds, 1e-6))
@@ -302,10 +323,11 @@ def _fetch_in_tasks(run: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResu
     source: FlowRun | FetchJob = run if in_process else _fetch_job(run)
     arrived: queue.SimpleQueue[ChunkResult | PrefectFuture[list[ChunkResult] | None]]
     arrived = queue.SimpleQueue()
-    handover = Handover(arrived.put) if in_process else None
-    limit = _node_limit(run.node.name)
     bound = run.config.nodes[run.node_name].max_connections
-    groups = ChunkGroups(bound)
+    handover = Handover(arrived.put, room=bound) if in_process else None
+    limit = _node_limit(run.node.name)
+    # On Dask a task's rows are its return value, all of them at once: one chunk a task.
+    groups = ChunkGroups(bound if in_process else 0)
     outstanding: set[PrefectFuture[list[ChunkResult] | None]] = set()
     todo = list(chunks)
     taken = 0
@@ -324,6 +346,8 @@ def _fetch_in_tasks(run: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResu
                 groups.saw(item)
                 yield item
                 del item
+                assert handover is not None
+                handover.taken()
                 continue
             outstanding.discard(item)
             returned = item.result()  # the task's own exception once its retries are spent
@@ -333,6 +357,8 @@ def _fetch_in_tasks(run: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResu
                 yield result
             del returned
     finally:
+        if handover is not None:
+            handover.close()
         _abandon(outstanding)
 
 

@@ -333,17 +333,55 @@ def test_small_chunks_are_fetched_a_few_to_a_task(tmp_path: Path, server: Any) -
 
 
 def test_a_fetch_task_takes_chunks_by_the_rows_and_seconds_seen() -> None:
-    from pipelines.flows import GROUP_ROWS, ChunkGroups
+    from pipelines.flows import GROUP_ROWS, GROUP_SECONDS, ChunkGroups
 
     groups = ChunkGroups(connections=2)
     assert groups.size(remaining=100) == 1  # nothing seen yet
     groups.chunks, groups.rows, groups.seconds = 4, 4 * 400, 4 * 0.01
-    assert groups.size(remaining=100) == 50  # 0.5 s at 10 ms a chunk; ~62 by rows
-    assert groups.size(remaining=10) == 5  # both connections kept busy
+    assert groups.size(remaining=100) == 50  # half each: both connections kept busy
+    groups.chunks, groups.rows, groups.seconds = 4, 4 * 400, 4 * GROUP_SECONDS / 20
+    assert groups.size(remaining=100) == 20  # a second's worth
     groups.chunks, groups.rows, groups.seconds = 2, 2 * GROUP_ROWS, 2 * 0.01
     assert groups.size(remaining=100) == 1  # large chunks go one to a task
-    groups.chunks, groups.rows, groups.seconds = 2, 20, 2 * 0.5
+    groups.chunks, groups.rows, groups.seconds = 2, 20, 2 * GROUP_SECONDS
     assert groups.size(remaining=100) == 1  # slow ones too
+    dask = ChunkGroups(connections=0)  # a task's rows all come back at its end
+    dask.chunks, dask.rows, dask.seconds = 4, 4 * 400, 4 * 0.01
+    assert dask.size(remaining=100) == 1
+
+
+def test_a_handover_holds_back_a_task_until_the_run_takes_its_chunks() -> None:
+    import threading
+
+    from pipelines.flows import Handover
+
+    def result(n: int) -> Any:
+        class Result:
+            chunk = type("C", (), {"chunk_id": f"c{n}"})()
+
+        return Result()
+
+    arrived: list[Any] = []
+    handover = Handover(arrived.append, room=2)
+    assert handover.put(result(1))
+    assert handover.put(result(2))
+    third: list[bool] = []
+    putter = threading.Thread(target=lambda: third.append(handover.put(result(3))))
+    putter.start()
+    putter.join(timeout=0.5)
+    assert putter.is_alive()
+    assert len(arrived) == 2
+    handover.taken()
+    putter.join(timeout=5)
+    assert third == [True]
+    assert len(arrived) == 3
+    fourth: list[bool] = []
+    putter = threading.Thread(target=lambda: fourth.append(handover.put(result(4))))
+    putter.start()
+    handover.close()  # the run stopped reading: the task stops instead of waiting
+    putter.join(timeout=5)
+    assert fourth == [False]
+    assert len(arrived) == 3
 
 
 def recorded_task_runs(
