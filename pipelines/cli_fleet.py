@@ -102,10 +102,8 @@ def wait_out_crashed_leases(
     if not any(uses_leases(config.sinks[name]) for name in config.flows[flow].sinks):
         return
     wanted = {key for run in runs for key in run.lock_keys(config)}
-    keys = list(
-        dict.fromkeys(
-            key for run in crashed_shards(flow) for key in run.lock_keys(config) if key in wanted
-        )
+    keys = sorted(
+        {key for run in crashed_shards(flow) for key in run.lock_keys(config) if key in wanted}
     )
     if not keys:
         return
