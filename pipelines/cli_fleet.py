@@ -95,7 +95,7 @@ def wait_out_crashed_leases(
     """Before submitting: for the shards about to run whose last run Prefect reports
     Crashed, wait (bounded, one line says why) until their leases on object storage lapse
     (pipelines/stale_leases.py), so the re-run does not find them still "running"."""
-    from pipelines.fleet import SILENT_FOR, crashed_shards
+    from pipelines.fleet import crashed_shards
     from pipelines.stale_leases import lease_probes, uses_leases, wait_for_leases
     from sinks.locks import LEASE_TTL_S
 
@@ -113,7 +113,7 @@ def wait_out_crashed_leases(
         out.print(
             f"{', '.join(held)}: held by a run Prefect reports crashed; waiting up to "
             f"{timeout_s:.0f} s for the lease to lapse (a killed run's lease outlives it by up "
-            f"to {LEASE_TTL_S:.0f} s, the crash is reported after {SILENT_FOR.seconds} s)",
+            f"to {LEASE_TTL_S:.0f} s)",
             highlight=False,
             soft_wrap=True,
         )

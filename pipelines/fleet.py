@@ -357,6 +357,10 @@ def _shard_summary(client: Any, flow_run_id: uuid.UUID) -> dict[str, Any]:
     return {}
 
 
+# The events API refuses larger pages (422 "less than or equal to 50"); the rest are paged.
+EVENTS_PAGE = 50
+
+
 def workers_of(client: Any, flow_run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
     """Which worker submitted each flow run (the workers' `submitted-flow-run` events)."""
     from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
@@ -367,7 +371,7 @@ def workers_of(client: Any, flow_run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID
             event=EventNameFilter(name=["prefect.worker.submitted-flow-run"]),
             related=EventRelatedFilter(id=list(wanted)),
         ),
-        limit=max(50, 2 * len(wanted)),
+        limit=EVENTS_PAGE,
     )
     found: dict[uuid.UUID, str] = {}
     while True:

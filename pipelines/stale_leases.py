@@ -1,9 +1,10 @@
 """Waiting out a crashed shard's lease before the backfill runs that shard again.
 
 On an object-storage lake a flow's lock is a lease (sinks/locks.py) that outlives a killed
-holder by up to its time to live (`LEASE_TTL_S`, 120 s), while Prefect's crash automation
-marks the holder's flow run Crashed after 90 s without heartbeats (pipelines/fleet.py). A
-re-run submitted as soon as the backfill reports the crash would find that shard "already
+holder by up to its time to live (`LEASE_TTL_S`). Prefect's crash automation reports a run
+whose worker machine died after 90 s without heartbeats (pipelines/fleet.py), later than
+that; but a worker that lives reports its flow-run process Crashed as soon as it exits (the
+kernel's OOM killer, a SIGKILL), and a re-run submitted then would find that shard "already
 running". So `historian backfill --shards` first takes and releases, in each object-storage
 sink of the flow, the lock of every shard whose last run crashed, polling until each is
 granted (its lease lapsed, then is taken over and deleted) or the time to live has passed.

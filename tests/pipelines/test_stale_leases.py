@@ -20,7 +20,7 @@ from pipelines.stale_leases import LeaseProbe, lease_probes, uses_leases, wait_f
 from sinks.base import FlowLocked
 from sinks.lake_layout import LOCKS_DIR, STATE_DIR, key_name
 from sinks.lake_store import LakeStore
-from sinks.locks import Lease
+from sinks.locks import LEASE_TTL_S, Lease
 from tests.fixtures import load
 from tests.sinks.moto_s3 import moto_process
 
@@ -231,7 +231,8 @@ def test_the_backfill_waits_out_only_the_crashed_shards_it_is_about_to_run(
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith(
-        "f@plant_a#1-of-2 in sink lake: held by a run Prefect reports crashed; waiting up to 130 s"
+        "f@plant_a#1-of-2 in sink lake: held by a run Prefect reports crashed; "
+        f"waiting up to {LEASE_TTL_S + 10:.0f} s"
     )
     with SinkSet(config, tmp_path) as sinks, sinks.get("lake").lock("f@plant_a#1-of-2"):
         pass  # the re-run of that shard takes its lock
