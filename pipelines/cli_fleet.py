@@ -127,8 +127,8 @@ def wait_out_crashed_leases(
         return
     if still:
         out.print(
-            f"still held after {timeout_s:.0f} s: {', '.join(still)}; its holder is alive, "
-            "so that shard will report it is already running",
+            f"still held after {timeout_s:.0f} s: {', '.join(still)}; a live run holds it "
+            "(not dead after all), and the shard will report it is already running",
             highlight=False,
             soft_wrap=True,
         )
