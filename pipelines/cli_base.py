@@ -168,9 +168,9 @@ def prefect_api_error(exc: BaseException) -> str | None:
     from prefect.settings import get_current_settings
 
     api = os.environ.get("PREFECT_API_URL") or get_current_settings().api.url or ""
-    parts = urlsplit(api)
-    where = f"the Prefect API at {parts.scheme}://{parts.hostname}:{parts.port or ''}{parts.path}"
-    where += " (PREFECT_API_URL)"
+    parts = urlsplit(api)  # shown without userinfo or query, where secrets could be
+    host = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+    where = f"the Prefect API at {parts.scheme}://{host}{parts.path} (PREFECT_API_URL)"
     if isinstance(exc, PrefectHTTPStatusError):
         status = exc.response.status_code
         return f"{where} answered HTTP {status} to {exc.request.method} {exc.request.url.path}"
