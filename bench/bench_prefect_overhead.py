@@ -9,9 +9,10 @@ median wall time, CPU time and peak RSS of each and the overhead in percent (tar
 < 10 %), plus the chunk count so the overhead per task can be read off.
 
 `--server long-lived` runs the Prefect contenders against a Prefect server started for
-the bench (`pipelines/prefect_server.py`, as `historian serve` starts one), so flow-run
-heartbeats stay on, as scheduled runs have them. `--server ephemeral` (default) is Prefect's own throwaway
-server, as a one-off `historian run` without PREFECT_API_URL.
+the bench (`pipelines/prefect_server.py`, as `historian serve` starts one), as a
+`historian run` with PREFECT_API_URL uses one (without flow-run heartbeats, as that command
+runs: `pipelines/prefect_env.py`). `--server ephemeral` (default) is Prefect's own
+throwaway server, as a one-off `historian run` without PREFECT_API_URL.
 
 Peak RSS is this process's resident size sampled every 10 ms during each run (the runs
 share one process, so the kernel's high-water mark would be the largest run's): what a

@@ -709,12 +709,15 @@ def assign_seq(table: pa.Table) -> pa.Table:
     )
 
 
+def history_table(table: pa.Table) -> pa.Table:
+    """The tag-history table in the kind's schema, `node` and `tag` dictionary-encoded
+    when the table's tag is."""
+    return table.cast(_schema(pa.types.is_dictionary(table.schema.field("tag").type)))
+
+
 def history_frame(table: pa.Table) -> pd.DataFrame:
-    """The tag-history table as a DataFrame with Arrow-backed dtypes, `node` and `tag`
-    dictionary-encoded when the table's tag is."""
-    return frame_from_table(
-        table.cast(_schema(pa.types.is_dictionary(table.schema.field("tag").type)))
-    )
+    """`history_table` as a DataFrame with Arrow-backed dtypes."""
+    return frame_from_table(history_table(table))
 
 
 # -- alarm history --------------------------------------------------------------------------

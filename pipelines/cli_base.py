@@ -149,6 +149,42 @@ def user_errors() -> Iterator[None]:
         fail("interrupted; committed chunks are kept and the next run continues", 130)
     except OSError as exc:
         fail(one_line(exc), EXIT_FAILED)
+    except Exception as exc:
+        line = prefect_api_error(exc)
+        if line is None:
+            raise
+        fail(line, EXIT_FAILED)
+
+
+def prefect_api_error(exc: BaseException) -> str | None:
+    """One line for a Prefect API that cannot be reached or refused a call (a wrong
+    PREFECT_API_URL, a server that is down); None for any other error."""
+    if "prefect" not in sys.modules:
+        return None
+    from urllib.parse import urlsplit
+
+    import httpx
+    from prefect.exceptions import PrefectHTTPStatusError
+    from prefect.settings import get_current_settings
+
+    api = os.environ.get("PREFECT_API_URL") or get_current_settings().api.url or ""
+    parts = urlsplit(api)  # shown without userinfo or query, where secrets could be
+    host = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+    where = f"the Prefect API at {parts.scheme}://{host}{parts.path} (PREFECT_API_URL)"
+    if isinstance(exc, PrefectHTTPStatusError):
+        status = exc.response.status_code
+        return f"{where} answered HTTP {status} to {exc.request.method} {exc.request.url.path}"
+    if isinstance(exc, httpx.TransportError):
+        try:
+            url = str(exc.request.url)
+        except RuntimeError:  # no request attached: not a call this can name
+            return None
+        if api and url.startswith(api.rstrip("/")):
+            return f"{where} cannot be reached: {one_line(exc)}"
+        return None
+    if isinstance(exc, RuntimeError) and str(exc).startswith("Failed to reach API at"):
+        return f"{where} cannot be reached"
+    return None
 
 
 def _json_line(level: str, message: str, flow: str | None, chunk: str | None) -> None:

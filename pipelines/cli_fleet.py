@@ -5,10 +5,21 @@ independent flow runs on a Prefect work pool, waited for and reported one line e
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipelines.cli_base import EXIT_FAILED, EXIT_USAGE, UserError, check_flow, load, out
+from pipelines.config import Config
+from pipelines.destinations import SinkSet
+from sinks.base import SinkError
+
+if TYPE_CHECKING:
+    from pipelines.fleet import ShardRun
+
+# Lease expiries are the holders' wall clocks: allow for machines a little apart.
+LEASE_SKEW_S = 10.0
 
 
 def sharded_backfill(
@@ -50,6 +61,7 @@ def sharded_backfill(
             f"--start {start.isoformat()} is not before the end {end.isoformat()}", EXIT_USAGE
         )
     runs = plan_shards(config, flow, shards=shards, per_node=per_node, by=by, only=nodes)  # type: ignore[arg-type]
+    wait_out_crashed_leases(config, config_path, flow, runs)
     submitted = submit_backfill(config, flow, runs, pool=pool, start=start, end=end)
     out.print(
         f"submitted {len(submitted)} flow runs of {flow} to work pool {pool}; waiting",
@@ -74,6 +86,51 @@ def sharded_backfill(
             f"{len(failed)} shards did not complete: {names}; run the same backfill again "
             "to finish them (committed chunks are skipped)",
             EXIT_FAILED,
+        )
+
+
+def wait_out_crashed_leases(
+    config: Config, config_path: Path, flow: str, runs: Sequence[ShardRun]
+) -> None:
+    """Before submitting: for the shards about to run whose last run Prefect reports
+    Crashed, wait (bounded, one line says why) until their leases on object storage lapse
+    (pipelines/stale_leases.py), so the re-run does not find them still "running"."""
+    from pipelines.fleet import crashed_shards
+    from pipelines.stale_leases import lease_probes, uses_leases, wait_for_leases
+    from sinks.locks import LEASE_TTL_S
+
+    if not any(uses_leases(config.sinks[name]) for name in config.flows[flow].sinks):
+        return
+    wanted = {key for run in runs for key in run.lock_keys(config)}
+    keys = sorted(
+        {key for run in crashed_shards(flow) for key in run.lock_keys(config) if key in wanted}
+    )
+    if not keys:
+        return
+    timeout_s = LEASE_TTL_S + LEASE_SKEW_S
+
+    def say(held: list[str]) -> None:
+        out.print(
+            f"{', '.join(held)}: held by a run Prefect reports crashed; waiting up to "
+            f"{timeout_s:.0f} s for the lease to lapse (a killed run's lease outlives it by up "
+            f"to {LEASE_TTL_S:.0f} s)",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    try:
+        with SinkSet(config, config_path.resolve().parent) as sinks:
+            probes = lease_probes(config, sinks, flow, keys)
+            still = wait_for_leases(probes, timeout_s=timeout_s, on_wait=say)
+    except SinkError as exc:
+        out.print(f"leases of crashed shards not checked: {exc}", highlight=False, soft_wrap=True)
+        return
+    if still:
+        out.print(
+            f"still held after {timeout_s:.0f} s: {', '.join(still)}; a live run holds it "
+            "(not dead after all), and the shard will report it is already running",
+            highlight=False,
+            soft_wrap=True,
         )
 
 

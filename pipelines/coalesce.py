@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from connectors.schema import frame_from_table, table_from_frame
+from connectors.schema import table_from_frame
 from connectors.timewindow import Window
 from pipelines.engine import ChunkResult
 from pipelines.planning import Chunk, chunk_label
@@ -101,7 +101,7 @@ def join(results: list[ChunkResult]) -> ChunkResult:
     )
     return ChunkResult(
         chunk=joined,
-        frame=frame_from_table(_concat(results, first.kind)),
+        rows=_concat(results, first.kind),
         rows_fetched=sum(result.rows_fetched for result in results),
         requests=sum(result.requests for result in results),
         bytes_received=sum(result.bytes_received for result in results),
@@ -124,7 +124,7 @@ def joined_id(chunks: list[Chunk]) -> str:
 def _concat(results: list[ChunkResult], kind: str) -> pa.Table:
     """The results' rows as one table, one chunk per column, dictionaries unified."""
     with_rows = [result for result in results if result.rows_fetched] or results[:1]
-    tables = [pa.Table.from_pandas(result.frame, preserve_index=False) for result in with_rows]
+    tables = [result.table for result in with_rows]
     try:
         table = pa.concat_tables(tables)
     except (pa.ArrowInvalid, pa.ArrowTypeError):

@@ -27,6 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 import pandas as pd
+import pyarrow as pa
 
 from connectors.errors import TransientNodeError, UnknownTag
 from connectors.fetch import (
@@ -38,7 +39,7 @@ from connectors.fetch import (
     HistoryClient,
     HistoryFetcher,
 )
-from connectors.normalise import history_frame
+from connectors.normalise import history_table
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.pager import CapGuess
 from connectors.schema import frame_from_table
@@ -77,10 +78,15 @@ def chunk_retry_may_help(error: BaseException) -> bool:
 
 @dataclass
 class ChunkResult:
-    """A chunk's rows and what it cost to get them."""
+    """A chunk's rows and what it cost to get them.
+
+    `rows` is the fetched Arrow table until something asks for `frame`: the small chunks
+    of an hourly run are joined (pipelines/coalesce.py) as tables, and only the joined
+    write becomes a DataFrame (a DataFrame per chunk and back cost more than parsing it).
+    """
 
     chunk: Chunk
-    frame: pd.DataFrame
+    rows: pd.DataFrame | pa.Table
     rows_fetched: int
     requests: int = 0
     bytes_received: int = 0
@@ -97,6 +103,20 @@ class ChunkResult:
     def chunks(self) -> int:
         """Planned chunks this result completes."""
         return len(self.parts) or 1
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame with Arrow-backed dtypes (made once, on first use)."""
+        if isinstance(self.rows, pa.Table):
+            self.rows = frame_from_table(self.rows)
+        return self.rows
+
+    @property
+    def table(self) -> pa.Table:
+        """The rows as an Arrow table."""
+        if isinstance(self.rows, pa.Table):
+            return self.rows
+        return pa.Table.from_pandas(self.rows, preserve_index=False)
 
 
 class HistoryEngine:
@@ -146,7 +166,7 @@ class HistoryEngine:
         done = chunk
         if fetched.missing:
             done = self._without(chunk, fetched.missing)
-        return _result(done, fetched, history_frame(fetched.table), began)
+        return _result(done, fetched, history_table(fetched.table), began)
 
     def _without(self, chunk: Chunk, missing: tuple[str, ...]) -> Chunk:
         """The chunk whose scope leaves `missing` out (recorded as missing there), or,
@@ -212,17 +232,17 @@ class AlarmEngine:
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
         began = time.perf_counter()
         fetched = self.fetcher.fetch(chunk.window, chunk.label)
-        return _result(chunk, fetched, frame_from_table(fetched.table), began)
+        return _result(chunk, fetched, fetched.table, began)
 
     def stream(self, chunks: Iterable[Chunk]) -> Iterator[ChunkResult]:
         yield from stream_bounded(self.fetch_chunk, chunks, self.max_in_flight)
 
 
-def _result(chunk: Chunk, fetched: Fetched, frame: pd.DataFrame, began: float) -> ChunkResult:
+def _result(chunk: Chunk, fetched: Fetched, rows: pa.Table, began: float) -> ChunkResult:
     """A chunk's result from what the fetcher got (`began`: perf_counter at the start)."""
     return ChunkResult(
         chunk=chunk,
-        frame=frame,
+        rows=rows,
         rows_fetched=fetched.table.num_rows,
         requests=fetched.requests,
         bytes_received=fetched.bytes_received,

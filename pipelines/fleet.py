@@ -3,7 +3,9 @@
 * `historian backfill FLOW --shards N --pool P` (`submit_backfill`, `wait_for_shards`):
   one flow run of the flow's `<flow>-backfill` deployment per shard (pipelines/shards.py),
   created with Prefect's `run_deployment` and picked up by whichever worker of the pool
-  is free; the command waits for all of them and reports each.
+  is free; the command waits for all of them and reports each. Before submitting, it
+  waits out the object-storage leases of shards whose last run crashed (`crashed_shards`,
+  pipelines/stale_leases.py).
 * `historian deploy --pool P` (`ensure_node_limits`, `ensure_crash_detection`): a global
   concurrency limit `historian-node-<node>` per node with the node's `max_connections`
   slots, which every fetch task of every worker holds while it asks the node; and
@@ -139,6 +141,21 @@ class ShardRun:
         """`raw 2-of-4`, `raw@plant_a`, `raw@plant_a 1-of-2`."""
         unit = self.flow if not self.nodes else f"{self.flow}@{','.join(self.nodes)}"
         return unit if self.shard is None else f"{unit} {self.shard.label}"
+
+    @classmethod
+    def from_parameters(cls, parameters: dict[str, Any]) -> ShardRun:
+        """The shard run a flow run's parameters (`parameters`) describe."""
+        nodes = parameters.get("nodes")
+        return cls(
+            str(parameters["flow_name"]),
+            list(nodes) if nodes is not None else None,
+            Shard.from_parameter(parameters.get("shard")),
+        )
+
+    def lock_keys(self, config: Config) -> list[str]:
+        """What the run locks in every sink: each of its units' key, `#i-of-n` for a shard."""
+        units = config.flow_units(self.flow, self.nodes)
+        return [key if self.shard is None else self.shard.lock_key(key) for _, key in units]
 
     def parameters(self, start: datetime, end: datetime) -> dict[str, Any]:
         parameters: dict[str, Any] = {
@@ -340,6 +357,10 @@ def _shard_summary(client: Any, flow_run_id: uuid.UUID) -> dict[str, Any]:
     return {}
 
 
+# The events API refuses larger pages (422 "less than or equal to 50"); the rest are paged.
+EVENTS_PAGE = 50
+
+
 def workers_of(client: Any, flow_run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
     """Which worker submitted each flow run (the workers' `submitted-flow-run` events)."""
     from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
@@ -350,7 +371,7 @@ def workers_of(client: Any, flow_run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID
             event=EventNameFilter(name=["prefect.worker.submitted-flow-run"]),
             related=EventRelatedFilter(id=list(wanted)),
         ),
-        limit=max(50, 2 * len(wanted)),
+        limit=EVENTS_PAGE,
     )
     found: dict[uuid.UUID, str] = {}
     while True:
@@ -362,6 +383,42 @@ def workers_of(client: Any, flow_run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID
         if not page.next_page or len(found) == len(wanted):
             return found
         page = client.read_events_page(page.next_page)
+
+
+def crashed_shards(flow: str, *, page: int = 200, pages: int = 10) -> list[ShardRun]:
+    """The shards of the flow's sharded backfills whose last run that ended, completed or
+    crashed, crashed (a failed run, e.g. one that found the shard still locked, changes
+    nothing): their workers died and their leases on object storage may not have lapsed
+    yet (pipelines/stale_leases.py). The newest `page * pages` runs are read."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    settled: set[str] = set()
+    crashed: list[ShardRun] = []
+    with get_client(sync_client=True) as client:
+        for number in range(pages):
+            runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    tags=FlowRunFilterTags(all_=[f"{BACKFILL_TAG}{flow}"])
+                ),
+                sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+                limit=page,
+                offset=number * page,
+            )
+            for run in runs:
+                state = run.state.type.value if run.state is not None else None
+                if "flow_name" not in run.parameters:
+                    continue  # not a run `submit_backfill` made
+                shard = ShardRun.from_parameters(run.parameters)
+                if shard.label in settled or state not in ("COMPLETED", "CRASHED"):
+                    continue
+                settled.add(shard.label)
+                if state == "CRASHED":
+                    crashed.append(shard)
+            if len(runs) < page:
+                break
+    return crashed
 
 
 def last_backfill(flow: str) -> list[dict[str, Any]]:

@@ -4,10 +4,12 @@ A flow run reads top to bottom (`extract`): load flows.yaml, open the node and t
 and call `run_flow`, the same loop the direct path runs (lock, plan, fetch, join, write,
 count, watermark). Prefect only decides how the work is submitted:
 
-* the plan is a `plan` task, and each pending chunk a `fetch` task on the flow's task
-  runner, at most the node's `max_connections` at once (`_fetch_in_tasks`); the run's
-  own loop joins, writes and counts what they fetched, as in the direct path (on
-  threads the rows reach it through a `Handover`, not as the task's return value);
+* the plan is a `plan` task, and the pending chunks `fetch` tasks on the flow's task
+  runner, one chunk each, or several small ones (`ChunkGroups`: an hourly run's hundred
+  chunks of a few hundred rows are a few tasks), at most the node's `max_connections` at
+  once (`_fetch_in_tasks`); the run's own loop joins, writes and counts what they
+  fetched, as in the direct path (on threads each chunk's rows reach it through a
+  `Handover` as soon as they are in, not as the task's return value);
 * retries: a fetch task is retried when the engine says a chunk retry may help
   (`pipelines.engine.chunk_retry_may_help`; docs/architecture.md, "Retries");
 * concurrency across runs: when a Prefect global concurrency limit named
@@ -152,7 +154,9 @@ def _retry_if_transient(task_: Any, task_run: Any, state: Any) -> bool:
 
 
 def _fetch_name(parameters: dict[str, Any]) -> str:
-    return f"fetch {parameters['chunk'].label}"
+    chunks: Sequence[Chunk] = parameters["chunks"]
+    more = f" and {len(chunks) - 1} more chunks" if len(chunks) > 1 else ""
+    return f"fetch {chunks[0].label}{more}"
 
 
 # Prefect calls a run-name function with the task's parameters when it takes `parameters`.
@@ -207,19 +211,30 @@ def plan_run(run: FlowRun) -> Plan:
     retry_delay_seconds=RETRY_DELAY_S,
     retry_condition_fn=_retry_if_transient,
 )
-def fetch_chunk(
-    source: FlowRun | FetchJob, chunk: Chunk, node_limit: str | None, handover: Handover | None
-) -> ChunkResult | None:
-    """One chunk's rows from the node (network and parsing only; writes stay in the run).
+def fetch_chunks(
+    source: FlowRun | FetchJob,
+    chunks: Sequence[Chunk],
+    node_limit: str | None,
+    handover: Handover | None,
+) -> list[ChunkResult] | None:
+    """A group of chunks' rows from the node, one request at a time (network and parsing
+    only; writes stay in the run).
 
-    With a `handover` (tasks on threads of the run's process) the rows go there and the
-    task returns None; otherwise (Dask) they are the task's return value."""
-    with _holding(node_limit):
-        result = source.fetch(chunk)
-    if handover is None:
-        return result
-    handover.put(chunk, result)
-    return None
+    With a `handover` (tasks on threads of the run's process) each chunk's rows go there
+    as soon as they are in, and the task returns None; a retry skips the chunks already
+    handed over. Otherwise (Dask) they are the task's return value."""
+    results = []
+    for chunk in chunks:
+        if handover is not None and handover.delivered(chunk):
+            continue
+        with _holding(node_limit):
+            result = source.fetch(chunk)
+        if handover is None:
+            results.append(result)
+        elif not handover.put(result):
+            return None  # the run stopped reading: the rest is fetched by the next run
+        del result
+    return None if handover is not None else results
 
 
 class Handover:
@@ -228,49 +243,123 @@ class Handover:
     Why: Prefect's task engine keeps a task's return value in reference cycles (engine,
     transaction, state) that only the garbage collector's next full pass frees, so rows
     returned through Prefect outlived their write and raised the run's peak memory
-    (BENCHMARKS.md, "Prefect's cost")."""
+    (BENCHMARKS.md, "Prefect's cost"). And a task of several chunks hands each over as it
+    comes, so the run writes it while the task fetches the next; at most `room` chunks
+    wait for the run at once (a task hands its next one over when the run has taken one),
+    so fetching never runs ahead of writing by more than the direct path's in-flight
+    chunks."""
 
-    def __init__(self) -> None:
-        self._results: dict[str, ChunkResult] = {}
+    def __init__(self, deliver: Callable[[ChunkResult], None], room: int) -> None:
+        self._deliver = deliver
+        self._delivered: set[str] = set()
         self._lock = threading.Lock()
+        self._room = threading.Semaphore(room)
+        self._closed = threading.Event()
 
-    def put(self, chunk: Chunk, result: ChunkResult) -> None:
+    def put(self, result: ChunkResult) -> bool:
+        """Hand a chunk over (waiting for room); False when the run no longer reads."""
+        while not self._room.acquire(timeout=0.1):
+            if self._closed.is_set():
+                return False
         with self._lock:
-            self._results[chunk.chunk_id] = result
+            self._delivered.add(result.chunk.chunk_id)
+        self._deliver(result)
+        return True
 
-    def take(self, chunk: Chunk) -> ChunkResult:
+    def taken(self) -> None:
+        """The run is done with a chunk handed over: room for the next."""
+        self._room.release()
+
+    def close(self) -> None:
+        """The run reads no more: tasks waiting for room stop."""
+        self._closed.set()
+
+    def delivered(self, chunk: Chunk) -> bool:
         with self._lock:
-            return self._results.pop(chunk.chunk_id)
+            return chunk.chunk_id in self._delivered
+
+
+# A task fetches several chunks: up to about this many rows and seconds of fetching in all
+# (each task run costs ~10 ms of the engine's CPU in the run's process and about as much of
+# the server's, as much as fetching a chunk of a few thousand rows). Its chunks reach the
+# run one by one as they come (`Handover`), so a group holds no more rows in memory than
+# single-chunk tasks would.
+GROUP_ROWS = 1_000_000
+GROUP_SECONDS = 1.0
+
+
+@dataclass
+class ChunkGroups:
+    """How many chunks the next fetch task takes: one until chunks have been seen, then as
+    many as fit GROUP_ROWS and GROUP_SECONDS at the rows and seconds per chunk seen so far,
+    never so many that a connection would be left idle; always one without `connections`
+    (Dask)."""
+
+    connections: int
+    chunks: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+
+    def saw(self, result: ChunkResult) -> None:
+        self.chunks += 1
+        self.rows += result.rows_fetched
+        self.seconds += result.seconds
+
+    def size(self, remaining: int) -> int:
+        if not self.chunks or remaining <= 0 or self.connections <= 0:
+            return 1
+        by_rows = GROUP_ROWS * self.chunks // max(1, self.rows)
+        by_time = int(GROUP_SECONDS * self.chunks / max(self.seconds, 1e-6))
+        spread = -(-remaining // max(1, self.connections))
+        return max(1, min(by_rows, by_time, spread))
 
 
 def _fetch_in_tasks(run: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResult]:
-    """The run's chunks as `fetch` tasks, at most `max_connections` under way, yielded as
-    they finish (the core's `Fetcher`). After a failure, or when the run stops reading,
-    tasks not started are cancelled and running ones end before the node closes."""
+    """The run's chunks as `fetch` tasks (one chunk each, or a few small ones:
+    `ChunkGroups`), at most `max_connections` under way, yielded as they are fetched (the
+    core's `Fetcher`). After a failure, or when the run stops reading, tasks not started
+    are cancelled and running ones end before the node closes."""
     in_process = _runs_in_process()
     source: FlowRun | FetchJob = run if in_process else _fetch_job(run)
-    handover = Handover() if in_process else None
-    limit = _node_limit(run.node.name)
+    arrived: queue.SimpleQueue[ChunkResult | PrefectFuture[list[ChunkResult] | None]]
+    arrived = queue.SimpleQueue()
     bound = run.config.nodes[run.node_name].max_connections
-    done: queue.SimpleQueue[PrefectFuture[ChunkResult | None]] = queue.SimpleQueue()
-    outstanding: dict[PrefectFuture[ChunkResult | None], Chunk] = {}
-    todo = iter(chunks)
+    handover = Handover(arrived.put, room=bound) if in_process else None
+    limit = _node_limit(run.node.name)
+    # On Dask a task's rows are its return value, all of them at once: one chunk a task.
+    groups = ChunkGroups(bound if in_process else 0)
+    outstanding: set[PrefectFuture[list[ChunkResult] | None]] = set()
+    todo = list(chunks)
+    taken = 0
     try:
         while True:
-            while len(outstanding) < bound and (chunk := next(todo, None)) is not None:
-                future = fetch_chunk.submit(source, chunk, limit, handover)
-                future.add_done_callback(done.put)
-                outstanding[future] = chunk
+            while len(outstanding) < bound and taken < len(todo):
+                group = todo[taken : taken + groups.size(len(todo) - taken)]
+                taken += len(group)
+                future = fetch_chunks.submit(source, group, limit, handover)
+                future.add_done_callback(arrived.put)
+                outstanding.add(future)
             if not outstanding:
                 return
-            finished = done.get()
-            fetched = outstanding.pop(finished)
-            returned = finished.result()  # the task's own exception once its retries are spent
-            del finished
-            yield handover.take(fetched) if handover is not None else cast(ChunkResult, returned)
+            item = arrived.get()
+            if isinstance(item, ChunkResult):
+                groups.saw(item)
+                yield item
+                del item
+                assert handover is not None
+                handover.taken()
+                continue
+            outstanding.discard(item)
+            returned = item.result()  # the task's own exception once its retries are spent
+            del item
+            for result in returned or ():
+                groups.saw(result)
+                yield result
             del returned
     finally:
-        _abandon(set(outstanding))
+        if handover is not None:
+            handover.close()
+        _abandon(outstanding)
 
 
 def _runs_in_process() -> bool:
@@ -281,7 +370,7 @@ def _runs_in_process() -> bool:
     return context is not None and isinstance(context.task_runner, ThreadPoolTaskRunner)
 
 
-def _abandon(futures: set[PrefectFuture[ChunkResult | None]]) -> None:
+def _abandon(futures: set[PrefectFuture[list[ChunkResult] | None]]) -> None:
     """Cancel fetches not started; wait for running ones (their rows are dropped and
     fetched again by the next run)."""
     for future in futures:

@@ -19,11 +19,15 @@
   (`PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED=false`) also silences it, but loses
   the task runs a later `prefect server start` on the same PREFECT_HOME would show.
   With `PREFECT_API_URL` set (a real server) the recorder settings are left alone.
-* On the ephemeral server, `historian run` turns flow-run heartbeats off (`cli_run()`):
-  Prefect's heartbeat thread sleeps in 1 s steps and the flow waits for it at the end,
-  which added ~1 s to every run (an empty flow: 1.1 s with, 0.13 s without). Heartbeats
-  let a server notice crashed runs; a throwaway server that ends with the command has
-  nothing to notice. With a real server (`PREFECT_API_URL` or a profile), they stay on.
+* `historian run` turns flow-run heartbeats off (`cli_run()`), on any server: Prefect's
+  heartbeat thread (on by default, every 180 s) sleeps in 1 s steps and the synchronous
+  flow engine joins it when the run ends, so every run ended on the next whole second
+  after its start (an empty flow: 1.1 s with, 0.13 s without; a run of 1.1 s took 2.0 s).
+  Heartbeats serve an automation that marks a run Crashed when its process vanishes
+  unseen (`pipelines/fleet.py`, for runs on work-pool workers); a one-off command's run
+  is its terminal's foreground process. An explicit `PREFECT_FLOWS_HEARTBEAT_FREQUENCY`
+  (environment or Prefect profile) is kept. Scheduled runs (`historian serve`) and
+  work-pool runs keep Prefect's heartbeats.
 * Without `PREFECT_API_URL` (or a profile naming an API), a run goes to Prefect's own
   ephemeral server, which Prefect's client starts on first use and stops at exit
   (`PREFECT_SERVER_ALLOW_EPHEMERAL_MODE`, Prefect's default); `historian serve` starts a
@@ -89,14 +93,27 @@ def cli_run() -> Iterator[None]:
     with ExitStack() as stack:
         stack.enter_context(quiet_run_console())
         if _on_ephemeral_server():
-            from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-
             _ephemeral_server_ends_with_us()
+        if not _heartbeats_asked_for():
+            from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
             stack.enter_context(
                 temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
             )
         yield
+
+
+HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")
+
+
+def _heartbeats_asked_for() -> bool:
+    """Whether the user set flow-run heartbeats, in the environment or the active profile."""
+    if any(name in os.environ for name in HEARTBEAT_SETTINGS):
+        return True
+    from prefect.context import get_settings_context
+
+    profile = get_settings_context().profile
+    return any(setting.name in HEARTBEAT_SETTINGS for setting in profile.settings)
 
 
 def _ephemeral_server_ends_with_us() -> None:

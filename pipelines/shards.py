@@ -1,9 +1,9 @@
 """Shards of a backfill: independent parts of one flow's work, each a flow run of its own.
 
 A sharded backfill (`historian backfill FLOW --shards N --pool P`) splits a unit's planned
-chunks into N contiguous parts, by tag batch (whole batches of the sorted selection) or by
-time (whole windows of the flow's grid), and submits each part as a flow run to a Prefect
-work pool (`pipelines/fleet.py`). The core (`runner.FlowRun.plan`) keeps only the shard's
+chunks into N contiguous parts, by tag batch (equal chunk counts, batch by batch: whole
+batches where they divide evenly, `Shard.select`) or by time (whole windows of the flow's
+grid), and submits each part as a flow run to a Prefect work pool (`pipelines/fleet.py`). The core (`runner.FlowRun.plan`) keeps only the shard's
 chunks; their ids are those of the unsharded plan, so progress is shared: a re-run of the
 same backfill, sharded or not, skips every chunk already committed.
 
@@ -61,12 +61,22 @@ class Shard:
         return self.index * total // self.count <= position < (self.index + 1) * total // self.count
 
     def select(self, chunks: Sequence[Chunk]) -> list[Chunk]:
-        """This shard's chunks of a plan, in plan order: whole batches of members (`tags`)
-        or whole windows (`time`), contiguous, every chunk in exactly one shard."""
+        """This shard's chunks of a plan, in plan order, every chunk in exactly one shard.
+
+        `time`: whole windows, contiguous. `tags`: the chunks taken batch by batch (in the
+        plan's batch order), each batch window by window, cut into `count` contiguous runs
+        of equal chunk count (one apart at most): whole batches when the batches divide
+        evenly among the shards, otherwise a batch at a cut has its windows split between
+        two neighbouring shards, so 3 batches over 2 shards are 1.5 batches each, not 2 + 1.
+        """
         if self.by == "tags":
-            keys: list[Any] = list(dict.fromkeys(chunk.members for chunk in chunks))
-            position = {key: i for i, key in enumerate(keys)}
-            return [c for c in chunks if self._mine(position[c.members], len(keys))]
+            batch = {key: i for i, key in enumerate(dict.fromkeys(c.members for c in chunks))}
+            order = sorted(
+                range(len(chunks)),
+                key=lambda i: (batch[chunks[i].members], chunks[i].window.start),
+            )
+            rank = {at: position for position, at in enumerate(order)}
+            return [c for i, c in enumerate(chunks) if self._mine(rank[i], len(chunks))]
         windows = sorted({chunk.window.start for chunk in chunks})
         at = {start: i for i, start in enumerate(windows)}
         return [c for c in chunks if self._mine(at[c.window.start], len(windows))]

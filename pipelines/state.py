@@ -26,7 +26,8 @@ class _Coverage:
     """Merged completed windows of one member, searchable by start (bisect)."""
 
     def __init__(self, completed: Sequence[Window]) -> None:
-        self.merged = merge_windows(list(completed))
+        # One window (most members' progress once a flow runs on schedule) is merged as it is.
+        self.merged = list(completed) if len(completed) <= 1 else merge_windows(list(completed))
         self.starts = [window.start for window in self.merged]
 
     def run_at(self, moment: datetime) -> Window | None:

@@ -2,8 +2,10 @@
 
 Local disk uses the OS directly (`os.replace` is an atomic rename, files are fsynced
 before they are renamed into place). Object storage goes through fsspec: an object PUT
-is atomic, a "rename" is a copy then a delete, and listings are never served from
-fsspec's cache because other processes change the lake.
+is atomic, a "rename" is a copy then a delete, and nothing is answered from fsspec's
+listings cache (its `use_listings_cache` is off): other processes change the lake, and
+a cached listing of a directory makes its newer files unknown to `info`, `exists` and
+`open` of a long-lived process (a `historian serve`, a worker, a reader that read before).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ class LakeStore:
 
     def __init__(self, url: str, storage_options: Mapping[str, object] | None = None) -> None:
         options = dict(storage_options or {})
+        protocol, _ = fsspec.core.split_protocol(url)
+        if protocol not in (None, "file", "local"):
+            options.setdefault("use_listings_cache", False)
         fs, root = fsspec.core.url_to_fs(url, **options)
         self.fs: fsspec.AbstractFileSystem = fs
         self.local = isinstance(fs, LocalFileSystem)

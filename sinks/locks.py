@@ -7,8 +7,10 @@ the holder's process dies (even by SIGKILL), so a crash never leaves a stale loc
 Object storage has no such primitive. There a flow lock is a *lease*: an object naming
 its owner and an expiry, created with a conditional PUT (If-None-Match: of two runs
 starting at once, exactly one creates it), renewed by a background thread while held and
-deleted on exit. A killed holder's lease lapses after its time to live; the next run
-then takes it over (that takeover is the one best-effort step: two runs taking over the
+deleted on exit. A killed holder's lease lapses after its time to live (`LEASE_TTL_S`,
+shorter than the 90 s after which Prefect's crash automation marks a silent run Crashed,
+so a backfill re-run once the crash is reported finds it lapsed); the next run then takes
+it over (that takeover is the one best-effort step: two runs taking over the
 same lapsed lease at one instant may both delete and recreate it).
 
 A dataset's write lock on object storage (`dataset_lease`) is such a lease too, held for
@@ -34,7 +36,7 @@ import orjson
 from sinks.base import FlowLocked, SinkError
 from sinks.lake_store import LakeStore, token
 
-LEASE_TTL_S = 120.0
+LEASE_TTL_S = 60.0
 DATASET_LEASE_TTL_S = 30.0
 
 
@@ -177,6 +179,16 @@ class DatasetLease:
     def _body(self) -> bytes:
         return orjson.dumps({**_holder(), "owner": self.owner, "expires": time.time() + self.ttl_s})
 
+    def _owned(self) -> bool:
+        """Is the lease object still this holder's? A holder that stalled past its time to
+        live may find another writer's lease in its place: that one it must not renew or
+        delete."""
+        raw = self.store.read_bytes(self.path)
+        try:
+            return raw is not None and orjson.loads(raw).get("owner") == self.owner
+        except (orjson.JSONDecodeError, AttributeError):
+            return False
+
     def _expired(self) -> bool:
         raw = self.store.read_bytes(self.path)
         if raw is None:
@@ -208,14 +220,16 @@ class DatasetLease:
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl_s / 4):
             with contextlib.suppress(Exception):
-                self.store.write_bytes(self.path, self._body())
+                if self._owned():
+                    self.store.write_bytes(self.path, self._body())
 
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         with contextlib.suppress(Exception):
-            self.store.remove(self.path)
+            if self._owned():
+                self.store.remove(self.path)
 
 
 @contextlib.contextmanager

@@ -155,3 +155,28 @@ def test_a_long_flow_name_on_the_command_line_is_cut_in_the_line(tmp_path: Path)
         f"no flow named {'f' * 80!r}... ({LONG:,} characters) (flows: f)",
     )
     assert len(line) < 400
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "f"],
+        ["deploy", "--pool", "plant"],
+        ["backfill", "f", "--start", "-1d", "--shards", "2", "--pool", "plant"],
+    ],
+    ids=["run", "deploy", "sharded-backfill"],
+)
+def test_a_prefect_api_that_cannot_be_reached_is_one_line_naming_it(
+    tmp_path: Path, sim_url: str, command: list[str]
+) -> None:
+    write_config(tmp_path, node={"url": sim_url}, flows={"f": small_flow()}, sinks=["lake"])
+    down = "http://127.0.0.1:9/api"  # the discard port: nothing listens
+    result = historian(*command, cwd=tmp_path, env={"PREFECT_API_URL": down}, timeout=120)
+    assert_clean_failure(
+        result,
+        1,
+        "the Prefect API at http://127.0.0.1:9/api",
+        "PREFECT_API_URL",
+        "cannot be reached",
+    )
+    assert nothing_written(tmp_path)

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from connectors.options import HistoryOptions
 from connectors.simulator import SimConfig, SimulatedNode
@@ -177,6 +178,68 @@ def test_serve_fires_the_schedule_on_its_own_server_and_stops_it(tmp_path: Path)
     output = out.read_text()
     assert "Traceback" not in output, output
     assert assert_rows_are_the_truth(config, tags, start) > 0
+
+
+FLEET_SEEDS = {"plant_a": SEED, "plant_b": SEED + 1}
+
+
+def fleet_scheduled_config(tmp_path: Path, start: datetime) -> tuple[Path, list[str]]:
+    """`scheduled_config` over two simulator nodes (one flow, `node: [plant_a, plant_b]`)."""
+    path, tags = scheduled_config(tmp_path, start)
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    document["nodes"] = {
+        name: {"simulator": {"seed": seed, "tags": TAGS}} for name, seed in FLEET_SEEDS.items()
+    }
+    document["flows"]["f"]["node"] = list(FLEET_SEEDS)
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return path, tags
+
+
+@pytest.mark.slow
+def test_serve_fires_a_fleet_flow_and_each_node_gets_its_own_rows(tmp_path: Path) -> None:
+    start = (datetime.now(UTC) - timedelta(minutes=30)).replace(second=0, microsecond=0)
+    config, tags = fleet_scheduled_config(tmp_path, start)
+    out = tmp_path / "serve.out"
+    with out.open("wb") as sink:
+        serve = subprocess.Popen(
+            [HISTORIAN, "serve", "--config", str(config)],
+            cwd=tmp_path,
+            env=prefect_env(tmp_path),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    with stopped_at_exit(serve):
+        line = first_line(out, "local Prefect server", serve)
+        api = line.split(" API ")[1].split()[0]
+        runs = wait_for_runs(api, config, 2, lambda: serve.poll() is None)
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(timeout=60) == 0, out.read_text()
+    assert {run["name"].split()[0] for run in runs} == {"f"}, runs
+    output = out.read_text()
+    assert "Traceback" not in output, output
+    cfg = load(config)
+    with SinkSet(cfg, config.parent) as sinks:
+        lake = sinks.get("lake")
+        units = dict(cfg.flow_units("f"))
+        assert sorted(units) == sorted(FLEET_SEEDS)
+        covered = {
+            node: flow_watermark(lake.progress(key), tags, start) for node, key in units.items()
+        }
+        frame = lake.read("f", "tag_history")
+    for node, seed in FLEET_SEEDS.items():
+        watermark = covered[node]
+        assert watermark is not None, f"{node}: nothing extracted"
+        assert watermark > start, f"{node}: nothing extracted"
+        expected = truth_history_rows(
+            SimulatedNode(SimConfig(seed=seed, tags=TAGS)),
+            tags,
+            [Window(start, watermark)],
+            HistoryOptions(mode="raw"),
+        )
+        assert expected, f"{node}: the node had rows in the span"
+        mine = frame[frame["node"].astype(str) == node].reset_index(drop=True)
+        assert history_rows(mine) == expected, f"{node}: rows differ from its ground truth"
+    assert set(frame["node"].astype(str)) == set(FLEET_SEEDS)
 
 
 @pytest.mark.slow

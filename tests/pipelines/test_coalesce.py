@@ -23,7 +23,9 @@ def window(index: int) -> Window:
     return Window(T0 + index * HOUR, T0 + (index + 1) * HOUR)
 
 
-def result(tags: list[str], at: Window, rows_per_tag: int) -> ChunkResult:
+def result(
+    tags: list[str], at: Window, rows_per_tag: int, *, as_table: bool = False
+) -> ChunkResult:
     chunk = Chunk(
         flow="f",
         dataset="d",
@@ -46,7 +48,8 @@ def result(tags: list[str], at: Window, rows_per_tag: int) -> ChunkResult:
             "value": pa.array([float(i) for i in range(len(names))]),
         }
     )
-    return ChunkResult(chunk, frame_from_table(table), len(names), requests=1, bytes_received=10)
+    rows = table if as_table else frame_from_table(table)
+    return ChunkResult(chunk, rows, len(names), requests=1, bytes_received=10)
 
 
 def rows_of(joined: ChunkResult) -> list[tuple[str, float]]:
@@ -140,7 +143,7 @@ def test_only_chunks_of_one_window_can_be_joined() -> None:
 
 def test_empty_chunks_join_with_the_others() -> None:
     empty = result(["/quiet"], window(0), 1)
-    empty.frame, empty.rows_fetched = empty.frame.iloc[0:0], 0
+    empty.rows, empty.rows_fetched = empty.frame.iloc[0:0], 0
     [joined] = coalesce(
         [empty, result(["/a"], window(0), 2)], Counter({window(0): 2}), small_rows=10
     )
@@ -160,7 +163,7 @@ def full_result(tags: list[str], *, dictionary: bool) -> ChunkResult:
     columns["ts"] = pa.array([start_ms] * len(tags), pa.timestamp("ms", tz="UTC"))
     columns["seq"] = pa.array([0] * len(tags), empty.schema.field("seq").type)
     base = result(tags, window(0), 1)
-    base.frame = frame_from_table(pa.table(columns))
+    base.rows = frame_from_table(pa.table(columns))
     return base
 
 
@@ -170,3 +173,14 @@ def test_frames_typed_apart_join_in_the_kinds_schema() -> None:
     )
     assert sorted(joined.frame["tag"].astype(str)) == ["/a", "/b", "/c"]
     assert len(joined.frame) == joined.rows_fetched == 3
+
+
+def test_fetched_tables_join_without_a_dataframe_per_chunk() -> None:
+    """The engine's results carry Arrow tables: joined as tables, one DataFrame in all."""
+    tables = [result([f"/t{b}"], window(0), 2, as_table=True) for b in range(3)]
+    frames = [result([f"/t{b}"], window(0), 2) for b in range(3)]
+    [joined] = coalesce(tables, Counter({window(0): 3}), small_rows=100)
+    [expected] = coalesce(frames, Counter({window(0): 3}), small_rows=100)
+    assert all(isinstance(part.rows, pa.Table) for part in tables)
+    assert rows_of(joined) == rows_of(expected)
+    assert len(rows_of(joined)) == 6

@@ -1,21 +1,25 @@
 """A fleet on a work pool, all real parts on loopback: `prefect server start` (the session's,
 tests/prefect_server.py), a process work pool with TWO `prefect worker start`, FOUR simulated
 nodes, a moto S3 lake and PostgreSQL. A sharded backfill completes with both workers doing
-work and the lake and the warehouse equal to the nodes' ground truth row for row, and no
-node is asked more than its `max_connections` at once across both workers (the simulators
-count).
+work and the lake and the warehouse equal to the nodes' ground truth row for row; then a
+worker is SIGKILLed mid-run: the rest completes, the backfill names the crashed shard, and
+running it again (once Prefect reports the crash) completes that shard, still exact. All
+along, no node is asked more than its `max_connections` at once across both workers (the
+simulators count).
 
-Not here yet: a worker SIGKILLed mid-run. The rest completes and the re-run completes
-the crashed shard, but then the S3 lake lists a file of the *earlier* range that is gone
-(FileNotFoundError on read): the recovery of the killed write, which had merged into an
-earlier small file of the same partition, is wrong on object storage. Open in issue 20."""
+This process reads the lake before the workers write it again and keeps its filesystem
+object: what it reads afterwards is what a long-lived reader sees."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,7 @@ from connectors.options import HistoryOptions
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from connectors.timewindow import Window
 from pipelines.destinations import SinkSet
-from tests.cli.test_schedules import HISTORIAN, stopped_at_exit
+from tests.cli.test_schedules import HISTORIAN, descendants, stopped_at_exit
 from tests.fixtures import history_rows, load, own_database, truth_history_rows
 from tests.prefect_server import PREFECT, delete_pool_deployments
 from tests.sinks.moto_s3 import moto_process
@@ -144,12 +148,7 @@ def finished(processes: list[subprocess.Popen[str]]) -> list[tuple[int, str]]:
 
 def assert_exact(config: Path, nodes: list[SimulatedNode], start: datetime, end: datetime) -> int:
     """Lake and warehouse hold exactly each node's rows of [start, end), every flow, as a
-    fresh reader sees them (a `historian` command is a process of its own)."""
-    import fsspec
-
-    # This process read the lake before the workers wrote it again: s3fs keeps the
-    # listings it saw on its cached instance.
-    fsspec.AbstractFileSystem.clear_instance_cache()
+    reader that read the lake before sees them."""
     cfg = load(config)
     total = 0
     with SinkSet(cfg, config.parent) as sinks:
@@ -179,7 +178,42 @@ def start_worker(name: str, env: dict[str, str], tmp_path: Path) -> subprocess.P
         )
 
 
-def test_a_sharded_backfill_on_two_workers_is_exact_within_the_node_limits(
+def runs_of(api: str, worker: str, state: str) -> list[str]:
+    """Ids of the flow runs in `state` the worker submitted (from the API)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from pipelines.fleet import workers_of
+
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType(state)]))
+            )
+        )
+        by = workers_of(client, [r.id for r in runs])
+    return [str(r.id) for r in runs if by.get(r.id) == worker]
+
+
+def kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a worker and every process below it (its flow runs): a machine lost."""
+    below = descendants(process.pid)
+    process.kill()
+    for pid in below:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_sharded_backfill_on_two_workers_survives_losing_one(
     tmp_path: Path, pg_url: str, prefect_api: tuple[str, dict[str, str]]
 ) -> None:
     pytest.importorskip("s3fs")
@@ -221,3 +255,36 @@ def test_a_sharded_backfill_on_two_workers_is_exact_within_the_node_limits(
         peaks = [node.peak_in_flight for node in nodes]
         assert max(peaks) <= MAX_CONNECTIONS, peaks
         assert max(peaks) > 1, f"fetches overlapped on a node: {peaks}"
+
+        # 2. w1 dies mid-run: the other shards complete, the crashed one is named
+        second = (hours_ago(27), hours_ago(24))
+        for node in nodes:
+            node.reset_peak()
+        pending = backfills(config, env, *second)
+        deadline = time.monotonic() + WAIT_S
+        # a run of w1 under way, none still starting (a run that never started has no
+        # heartbeat to miss: nothing would mark it crashed)
+        while not runs_of(api, "w1", "RUNNING") or runs_of(api, "w1", "PENDING"):
+            assert time.monotonic() < deadline, "w1 never ran a shard"
+            time.sleep(0.5)
+        time.sleep(3)  # into its fetches
+        kill_tree(workers["w1"])
+        outcomes = finished(pending)
+        failed = [out for code, out in outcomes if code != 0]
+        assert failed, "a shard of the killed worker crashed"
+        for out in failed:
+            assert re.search(r"shards did not complete: f\d \d-of-2 \(crashed\)", out), out
+        for code, out in outcomes:
+            assert code in (0, 1), out
+
+        # 3. the same backfills again, as soon as they report the crash (the lost run's
+        # lake lease lapses before Prefect calls it crashed), with a worker in place of
+        # the lost one: only what is left runs, and it is exact
+        workers["w3"] = start_worker("w3", env, tmp_path)
+        stack.enter_context(stopped_at_exit(workers["w3"]))
+        outcomes = finished(backfills(config, env, *second))
+        assert all(code == 0 for code, _ in outcomes), [out for code, out in outcomes if code]
+        assert assert_exact(config, nodes, *first) > 0
+        assert assert_exact(config, nodes, *second) > 0
+        peaks = [node.peak_in_flight for node in nodes]
+        assert max(peaks) <= MAX_CONNECTIONS, peaks

@@ -280,13 +280,14 @@ def test_a_run_is_named_summarised_reported_and_holds_the_node_limit(
         )
     assert limit.active_slots == 0, "every slot is given back"
     assert any(re.fullmatch(r"f \d{4}-\d\d-\d\dT\d\d:\d\dZ", run.name) for run in runs)
-    # Fetch task runs, named by their chunks, cover every chunk once (the server records
-    # them as events arrive).
+    # Fetch task runs, named by their (first) chunks, cover every chunk once (the server
+    # records them as events arrive).
     latest = max(runs, key=lambda run: run.created or NOW)
-    task_name = re.compile(r"fetch \d tags? /.+ \[20\S+Z, \+15m\)")
+    task_name = re.compile(r"fetch \d tags? /.+ \[20\S+Z, \+15m\)(?: and (\d+) more chunks)?")
 
     def chunks_named(names: list[str]) -> int:
-        return sum(1 for n in names if task_name.fullmatch(n))
+        found = [task_name.fullmatch(n) for n in names]
+        return sum(1 + int(m.group(1) or 0) for m in found if m)
 
     names = recorded_task_runs(
         latest.id, lambda names: chunks_named(names) >= summary.chunks_planned
@@ -305,6 +306,82 @@ def test_a_run_is_named_summarised_reported_and_holds_the_node_limit(
     assert len(tags) == summary.tags == len(node.tag_paths())
     for tag in tags:
         assert html.escape(tag) in page
+
+
+def test_small_chunks_are_fetched_a_few_to_a_task(tmp_path: Path, server: Any) -> None:
+    """80 chunks of a few hundred rows: fewer fetch task runs than chunks, every chunk in
+    exactly one of them, and every row written."""
+    from prefect.client.orchestration import get_client
+
+    path = write_config(
+        tmp_path, node={"url": server.http_url}, flows=flows(batch=1), sinks=["lake"]
+    )
+    summary = run_prefect(path, "f", RunRequest(start=START, end=NOW))
+    assert summary.chunks_done == summary.chunks_planned == 80
+    with get_client(sync_client=True) as client:
+        latest = max(client.read_flow_runs(), key=lambda run: run.created or NOW)
+    grouped = re.compile(r"fetch 1 tag /.+ \[20\S+Z, \+15m\)(?: and (\d+) more chunks)?")
+
+    def fetches(names: list[str]) -> list[int]:
+        found = [grouped.fullmatch(name) for name in names]
+        return [1 + int(m.group(1) or 0) for m in found if m]
+
+    names = recorded_task_runs(latest.id, lambda names: sum(fetches(names)) >= 80)
+    assert sum(fetches(names)) == 80, names
+    assert len(fetches(names)) < 40, names
+    assert len(contents(path, "f", "tag_history")["lake"]) == summary.rows > 0
+
+
+def test_a_fetch_task_takes_chunks_by_the_rows_and_seconds_seen() -> None:
+    from pipelines.flows import GROUP_ROWS, GROUP_SECONDS, ChunkGroups
+
+    groups = ChunkGroups(connections=2)
+    assert groups.size(remaining=100) == 1  # nothing seen yet
+    groups.chunks, groups.rows, groups.seconds = 4, 4 * 400, 4 * 0.01
+    assert groups.size(remaining=100) == 50  # half each: both connections kept busy
+    groups.chunks, groups.rows, groups.seconds = 4, 4 * 400, 4 * GROUP_SECONDS / 20
+    assert groups.size(remaining=100) == 20  # a second's worth
+    groups.chunks, groups.rows, groups.seconds = 2, 2 * GROUP_ROWS, 2 * 0.01
+    assert groups.size(remaining=100) == 1  # large chunks go one to a task
+    groups.chunks, groups.rows, groups.seconds = 2, 20, 2 * GROUP_SECONDS
+    assert groups.size(remaining=100) == 1  # slow ones too
+    dask = ChunkGroups(connections=0)  # a task's rows all come back at its end
+    dask.chunks, dask.rows, dask.seconds = 4, 4 * 400, 4 * 0.01
+    assert dask.size(remaining=100) == 1
+
+
+def test_a_handover_holds_back_a_task_until_the_run_takes_its_chunks() -> None:
+    import threading
+
+    from pipelines.flows import Handover
+
+    def result(n: int) -> Any:
+        class Result:
+            chunk = type("C", (), {"chunk_id": f"c{n}"})()
+
+        return Result()
+
+    arrived: list[Any] = []
+    handover = Handover(arrived.append, room=2)
+    assert handover.put(result(1))
+    assert handover.put(result(2))
+    third: list[bool] = []
+    putter = threading.Thread(target=lambda: third.append(handover.put(result(3))))
+    putter.start()
+    putter.join(timeout=0.5)
+    assert putter.is_alive()
+    assert len(arrived) == 2
+    handover.taken()
+    putter.join(timeout=5)
+    assert third == [True]
+    assert len(arrived) == 3
+    fourth: list[bool] = []
+    putter = threading.Thread(target=lambda: fourth.append(handover.put(result(4))))
+    putter.start()
+    handover.close()  # the run stopped reading: the task stops instead of waiting
+    putter.join(timeout=5)
+    assert fourth == [False]
+    assert len(arrived) == 3
 
 
 def recorded_task_runs(

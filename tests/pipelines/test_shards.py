@@ -32,6 +32,11 @@ def chunks() -> list[Any]:
     )
 
 
+def batch_major(chunk: Any) -> tuple[Any, ...]:
+    """A chunk's place taken batch by batch (in the plan's batch order), window by window."""
+    return (BATCHES.index(chunk.members), chunk.window.start)
+
+
 @pytest.mark.parametrize("by", ["tags", "time"])
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 7, 9])
 def test_every_chunk_is_in_exactly_one_shard_and_shards_are_contiguous(by: str, count: int) -> None:
@@ -40,22 +45,53 @@ def test_every_chunk_is_in_exactly_one_shard_and_shards_are_contiguous(by: str, 
     ids = [c.chunk_id for part in parts for c in part]
     assert sorted(ids) == sorted(c.chunk_id for c in planned)
     assert len(ids) == len(set(ids))
-    key = (lambda c: c.members) if by == "tags" else (lambda c: c.window.start)
-    order = list(dict.fromkeys(key(c) for c in planned))
-    if by == "time":
-        order.sort()
-    seen: list[Any] = []
     for part in parts:
-        keys = list(dict.fromkeys(key(c) for c in part))
-        # whole batches / windows: a key in this shard has all its chunks here
-        assert all(
-            sum(1 for c in part if key(c) == k) == sum(1 for c in planned if key(c) == k)
-            for k in keys
-        )
-        seen.extend(sorted(keys, key=order.index))
-    assert seen == order, "contiguous ranges, in order"
+        assert part == [c for c in planned if c in part], "plan order kept"
     sizes = [len(part) for part in parts]
-    assert max(sizes) - min(sizes) <= max(1, len(planned) // len(order)), "even split"
+    if by == "tags":
+        # contiguous batch by batch, window by window; equal chunk counts
+        seen = [c for part in parts for c in sorted(part, key=batch_major)]
+        assert seen == sorted(planned, key=batch_major)
+        assert max(sizes) - min(sizes) <= 1, "even split by chunk count"
+        return
+    order = sorted({c.window.start for c in planned})
+    seen_windows: list[Any] = []
+    for part in parts:
+        windows = sorted({c.window.start for c in part})
+        # whole windows: a window in this shard has all its chunks here
+        assert all(sum(1 for c in part if c.window.start == w) == len(BATCHES) for w in windows)
+        seen_windows.extend(windows)
+    assert seen_windows == order, "contiguous ranges, in order"
+    assert max(sizes) - min(sizes) <= len(BATCHES), "even split by windows"
+
+
+def test_batches_that_divide_evenly_stay_whole_and_the_rest_are_split_by_windows() -> None:
+    span = Window(START, START + timedelta(hours=3))  # 9 windows of 20 minutes
+    plan = plan_chunks("f", "f", "tag_history", BATCHES[:4], span, timedelta(minutes=20), "")
+    whole = [Shard(i, 2).select(plan) for i in range(2)]
+    assert [sorted({c.members for c in part}) for part in whole] == [
+        sorted(BATCHES[:2]),
+        sorted(BATCHES[2:4]),
+    ], "4 batches over 2 shards: 2 whole batches each"
+
+    plan = plan_chunks("f", "f", "tag_history", BATCHES[:3], span, timedelta(minutes=20), "")
+    first, second = [Shard(i, 2).select(plan) for i in range(2)]
+    assert (len(first), len(second)) == (13, 14), "3 batches of 9 windows: 13 + 14, not 18 + 9"
+    middle = BATCHES[1]
+    assert {c.members for c in first} == {BATCHES[0], middle}
+    assert {c.members for c in second} == {middle, BATCHES[2]}
+    split = sorted(c.window.start for c in plan if c.members == middle)
+    assert [c.window.start for c in first if c.members == middle] == split[:4]
+    assert [c.window.start for c in second if c.members == middle] == split[4:]
+
+
+def test_one_batch_is_shared_out_by_windows() -> None:
+    """A selection read in one batch (a group filter, an alarm flow) still spreads."""
+    plan = plan_chunks(
+        "f", "f", "tag_history", BATCHES[:1], Window(START, END), timedelta(minutes=20), ""
+    )
+    parts = [Shard(i, 3).select(plan) for i in range(3)]
+    assert [len(part) for part in parts] == [3, 3, 3]
 
 
 def test_a_shard_that_does_not_exist_is_refused() -> None:

@@ -10,14 +10,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from sinks.base import SinkError
 from sinks.lake_store import LakeStore
 from sinks.locks import DatasetLease
+from sinks.parquet import ParquetLake
 from tests.sinks.contract_sinks import build
 from tests.sinks.contract_writers import assert_every_scope_once, run_writers
 from tests.sinks.moto_s3 import moto_process
+from tests.sinks.sql_frames import history, hours, scope
+from tests.sinks.test_contract import assert_holds
 
 BUCKET = "fleet"
 
@@ -97,9 +101,44 @@ def test_the_dataset_lease_is_one_writer_at_a_time_and_taken_over_when_expired(
     first.release()
     second.acquire(timeout_s=5)  # free again once released
     second.release()
-    stale = DatasetLease(store, path, ttl_s=0.0)  # a holder that died: its lease lapsed
+    stale = DatasetLease(store, path, ttl_s=0.0)  # a holder that stalled: its lease lapsed
     stale.acquire(timeout_s=5)
-    stale._stop.set()
     third = DatasetLease(store, path)
-    third.acquire(timeout_s=5)
+    third.acquire(timeout_s=5)  # taken over
+    stale.release()  # the stalled holder wakes up: the lease in place is not its own
+    fourth = DatasetLease(store, path)
+    with pytest.raises(SinkError, match="is held by another writer"):
+        fourth.acquire(timeout_s=1)
     third.release()
+    fourth.acquire(timeout_s=5)
+    fourth.release()
+
+
+def test_a_long_lived_process_sees_what_other_processes_wrote_since_it_last_looked(
+    endpoint: str,
+) -> None:
+    """`historian serve`, a worker or a reader keeps its lake open across runs: another
+    process's files in a partition it listed before are read, not missed or reported
+    missing (fsspec's listings cache once kept the old listing)."""
+    url = f"s3://{BUCKET}/cache-{uuid.uuid4().hex[:8]}"
+    here = ParquetLake(url, name="here", storage_options=fsspec_options(endpoint))
+    # Another process: its own filesystem object, not this one's cached instance.
+    there = ParquetLake(
+        url, name="there", storage_options={**fsspec_options(endpoint), "skip_instance_cache": True}
+    )
+    here.open()
+    there.open()
+    try:
+        first = history(["a"], hours(0, 1), step_s=900)
+        here.write(scope(["a"], hours(0, 1)), first, len(first))
+        assert_holds(here, "hist", "tag_history", first)  # lists the partition
+        second = history(["b"], hours(0, 1), step_s=900)
+        there.write(scope(["b"], hours(0, 1)), second, len(second))
+        both = pd.concat([first, second], ignore_index=True)
+        assert_holds(here, "hist", "tag_history", both)
+        third = history(["c"], hours(0, 1), step_s=900)
+        here.write(scope(["c"], hours(0, 1)), third, len(third))
+        assert_holds(there, "hist", "tag_history", pd.concat([both, third], ignore_index=True))
+    finally:
+        here.close()
+        there.close()
