@@ -2,6 +2,12 @@
 
 Server tests skip with a reason when no server answers, except where
 HISTORIAN_REQUIRE_SERVERS=1 (set by .ci/run): there a missing server is a failure.
+
+The suite runs in several processes (pytest-xdist, `-n` in pyproject.toml): each test
+file goes to one worker whole, so a module-scoped server starts once; the tests that share
+the session's Prefect server (`prefect_api`) go to one worker together, so it starts once.
+Each worker has its own PREFECT_HOME (below) and tmp_path; servers bind port 0 or retry,
+databases and schemas have random names.
 """
 
 from __future__ import annotations
@@ -127,6 +133,79 @@ def sim_server(sim_node: Any) -> Iterator[Any]:
 
     with run_server(sim_node, http_port=0, https_port=0) as server:
         yield server
+
+
+# The tests on the session's Prefect server (`prefect_api`). The xdist scheduler below
+# sends them to one worker together, so the server starts once; it sees test ids only
+# (xdist's own `xdist_group` mark does nothing with pytest 9.2: it renames
+# `item._nodeid`, which pytest no longer reads), hence the list.
+PREFECT_SERVER_TESTS = frozenset(
+    {
+        "tests/cli/test_cli.py::test_a_prefect_run_uses_the_server_prefect_api_url_names",
+        "tests/cli/test_schedules.py::"
+        "test_a_work_pool_deployment_fires_on_a_prefect_server_with_a_worker",
+        "tests/pipelines/test_fleet.py::test_a_sharded_backfill_on_two_workers_survives_losing_one",
+    }
+)
+
+
+def _test_id(nodeid: str) -> str:
+    """The id of a test without its parameters (`path::name`)."""
+    return nodeid.split("[", 1)[0]
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """One real `prefect server start` for the session: its API URL, and the environment of
+    a client or worker that uses it. Tests that share it keep to their own work pools,
+    flow names and runs."""
+    from tests.prefect_server import prefect_server
+
+    with prefect_server(tmp_path_factory.mktemp("prefect-server")) as (api, env):
+        yield api, env
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test on the shared Prefect server is in PREFECT_SERVER_TESTS. Those tests,
+    then the files with slow tests, run first (xdist hands out work in this order,
+    `--no-loadscope-reorder`): a long unit started last would keep one worker busy after
+    the others have finished."""
+    unlisted = [
+        item.nodeid
+        for item in items
+        if "prefect_api" in getattr(item, "fixturenames", ())
+        and _test_id(item.nodeid) not in PREFECT_SERVER_TESTS
+    ]
+    if unlisted:
+        raise pytest.UsageError(
+            f"{unlisted[0]} uses prefect_api: add it to PREFECT_SERVER_TESTS (tests/conftest.py)"
+        )
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> int:
+        if _test_id(item.nodeid) in PREFECT_SERVER_TESTS:
+            return 0
+        return 1 if item.path in slow_files else 2
+
+    items.sort(key=rank)  # stable: the order within a file stays
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, except that the tests on the shared Prefect server are one unit of
+    work together: a test file is one unit (its module-scoped servers start once), and so
+    are they (the session's Prefect server starts once)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrSharedServerScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if _test_id(nodeid) in PREFECT_SERVER_TESTS:
+                return "prefect-server"
+            return nodeid.split("::", 1)[0]
+
+    return FileOrSharedServerScheduling(config, log)
 
 
 @pytest.fixture

@@ -165,12 +165,21 @@ def _group_alive(pgid: int) -> bool:
 
 
 @contextlib.contextmanager
-def throwaway_postgres(bindir: Path) -> Iterator[ThrowawayPostgres]:
-    """A started server, killed and removed on the way out whatever happened."""
-    server = ThrowawayPostgres(bindir)
+def throwaway_postgres(bindir: Path, attempts: int = 3) -> Iterator[ThrowawayPostgres]:
+    """A started server, killed and removed on the way out whatever happened. Another
+    process (tests run in parallel) may take the probed free port first: then a new port."""
+    for attempt in range(1, attempts + 1):
+        server = ThrowawayPostgres(bindir)
+        try:
+            server.init()
+            server.start()
+            break
+        except RuntimeError:
+            in_use = "already in use" in server.log_tail()
+            server.remove()
+            if not in_use or attempt == attempts:
+                raise
     try:
-        server.init()
-        server.start()
         yield server
     finally:
         server.remove()

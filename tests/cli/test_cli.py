@@ -325,27 +325,29 @@ def test_a_prefect_run_from_the_cli_is_quiet(tmp_path: Path, token_server: Any) 
 
 
 def test_a_prefect_run_uses_the_server_prefect_api_url_names(
-    tmp_path: Path, token_server: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, token_server: Any, prefect_api: tuple[str, dict[str, str]]
 ) -> None:
-    from pipelines.prefect_server import local_server
-
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    with local_server() as api:  # a `prefect server start` left running
-        write_config(
-            tmp_path,
-            flows={"f": small_flow()},
-            sinks=["lake"],
-            node={"url": token_server.http_url, "token_env": "NODE_TOKEN"},
-        )
-        env = {"NODE_TOKEN": "s3cret-t0ken-value", "PREFECT_API_URL": api}
-        for _ in range(2):  # two commands, one server
-            result = historian("run", "f", cwd=tmp_path, env=env, timeout=300)
-            assert result.returncode == 0, result.stdout + result.stderr
-            assert "Traceback" not in result.stdout + result.stderr
-            assert result.stderr.strip() == "", result.stderr
-        runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=30).json()
-        assert [run["state_type"] for run in runs] == ["COMPLETED", "COMPLETED"]
+    api, _ = prefect_api  # a `prefect server start` left running (shared by a few tests)
+    # A flow name of this test's own: the server also holds other tests' runs.
+    write_config(
+        tmp_path,
+        flows={"named_api": small_flow()},
+        sinks=["lake"],
+        node={"url": token_server.http_url, "token_env": "NODE_TOKEN"},
+    )
+    env = {
+        "NODE_TOKEN": "s3cret-t0ken-value",
+        "PREFECT_API_URL": api,
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+    }
+    for _ in range(2):  # two commands, one server
+        result = historian("run", "named_api", cwd=tmp_path, env=env, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "Traceback" not in result.stdout + result.stderr
+        assert result.stderr.strip() == "", result.stderr
+    runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=30).json()
+    ours = [run for run in runs if run["parameters"].get("flow_name") == "named_api"]
+    assert [run["state_type"] for run in ours] == ["COMPLETED", "COMPLETED"]
 
 
 def test_an_unknown_tag_path_is_named(tmp_path: Path, token_server: Any) -> None:

@@ -5,7 +5,6 @@ ground truth row for row."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -26,9 +25,9 @@ from connectors.timewindow import Window
 from pipelines.destinations import SinkSet
 from pipelines.state import flow_watermark
 from tests.fixtures import history_rows, load, truth_history_rows, write_config
+from tests.prefect_server import PREFECT, delete_pool_deployments, prefect_env
 
 HISTORIAN = str(Path(sys.executable).with_name("historian"))
-PREFECT = str(Path(sys.executable).with_name("prefect"))
 SEED, TAGS = 11, 12
 WAIT_S = 240  # for two scheduled runs to complete, on a shared, busy machine
 
@@ -55,31 +54,25 @@ def scheduled_config(tmp_path: Path, start: datetime) -> tuple[Path, list[str]]:
     return path, tags
 
 
-def prefect_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(tmp_path / "prefect"),
-        "PREFECT_RUNNER_POLL_FREQUENCY": "1",
-        "PREFECT_WORKER_QUERY_SECONDS": "1",
-        **extra,
-    }
-    env.pop("PREFECT_API_URL", None)
-    env.pop("HISTORIAN_DEBUG", None)
-    return env
-
-
-def completed_scheduled_runs(api: str) -> list[dict[str, Any]]:
+def completed_scheduled_runs(api: str, config: Path) -> list[dict[str, Any]]:
+    """The completed runs a schedule of `config`'s flows started (a shared server also
+    holds other tests' runs)."""
     body = {"flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}}
     runs = httpx.post(f"{api}/flow_runs/filter", json=body, timeout=10).json()
-    return [run for run in runs if run["auto_scheduled"]]
+    ours = str(config.resolve())
+    return [
+        run
+        for run in runs
+        if run["auto_scheduled"] and run["parameters"].get("config_path") == ours
+    ]
 
 
-def wait_for_runs(api: str, count: int, alive: Any) -> list[dict[str, Any]]:
+def wait_for_runs(api: str, config: Path, count: int, alive: Any) -> list[dict[str, Any]]:
     deadline = time.monotonic() + WAIT_S
     runs: list[dict[str, Any]] = []
     while time.monotonic() < deadline and alive():
         try:
-            runs = completed_scheduled_runs(api)
+            runs = completed_scheduled_runs(api, config)
         except httpx.HTTPError:
             runs = []
         if len(runs) >= count:
@@ -173,7 +166,7 @@ def test_serve_fires_the_schedule_on_its_own_server_and_stops_it(tmp_path: Path)
         api = line.split(" API ")[1].split()[0]
         assert api.startswith("http://127.0.0.1:"), line
         assert api.endswith("/api"), line
-        runs = wait_for_runs(api, 2, lambda: serve.poll() is None)
+        runs = wait_for_runs(api, config, 2, lambda: serve.poll() is None)
         assert {run["name"].split()[0] for run in runs} == {"f"}
         below = descendants(serve.pid)
         assert below, "the server runs as a child of serve"
@@ -218,7 +211,7 @@ def test_serve_fires_a_fleet_flow_and_each_node_gets_its_own_rows(tmp_path: Path
     with stopped_at_exit(serve):
         line = first_line(out, "local Prefect server", serve)
         api = line.split(" API ")[1].split()[0]
-        runs = wait_for_runs(api, 2, lambda: serve.poll() is None)
+        runs = wait_for_runs(api, config, 2, lambda: serve.poll() is None)
         serve.send_signal(signal.SIGINT)
         assert serve.wait(timeout=60) == 0, out.read_text()
     assert {run["name"].split()[0] for run in runs} == {"f"}, runs
@@ -275,54 +268,26 @@ def test_a_killed_serve_takes_its_server_along(tmp_path: Path) -> None:
     assert [pid for pid in below if running(pid)] == [], "SIGKILL of serve ends its server"
 
 
-def healthy(api: str) -> bool:
-    try:
-        return httpx.get(f"{api}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-@contextmanager
-def prefect_server(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """A real `prefect server start` on a free port; its API and the env that names it."""
-    from pipelines.children import Child
-    from pipelines.prefect_server import free_port
-
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = prefect_env(tmp_path)
-    with (
-        (tmp_path / "server.log").open("wb") as log,
-        Child(
-            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=log.fileno(),
-            stderr=log.fileno(),
-        ) as server,
-    ):
-        deadline = time.monotonic() + 240
-        while not healthy(api):
-            assert server.alive(), (tmp_path / "server.log").read_text()
-            assert time.monotonic() < deadline, "the Prefect server did not start"
-            time.sleep(0.5)
-        yield api, {**env, "PREFECT_API_URL": api}
-
-
 @pytest.mark.slow
-def test_a_work_pool_deployment_fires_on_a_prefect_server_with_a_worker(tmp_path: Path) -> None:
+def test_a_work_pool_deployment_fires_on_a_prefect_server_with_a_worker(
+    tmp_path: Path, prefect_api: tuple[str, dict[str, str]]
+) -> None:
     start = (datetime.now(UTC) - timedelta(minutes=30)).replace(second=0, microsecond=0)
     config, tags = scheduled_config(tmp_path, start)
-    with prefect_server(tmp_path) as (api, env):
-        created = subprocess.run(
-            [PREFECT, "work-pool", "create", "plant", "--type", "process"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert created.returncode == 0, created.stdout + created.stderr
+    api, server_env = prefect_api
+    env = {**server_env, "PREFECT_HOME": str(tmp_path / "prefect")}
+    pool = "plant-schedules"  # of this test's own on the shared server
+    created = subprocess.run(
+        [PREFECT, "work-pool", "create", pool, "--type", "process"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert created.returncode == 0, created.stdout + created.stderr
+    try:
         deployed = subprocess.run(
-            [HISTORIAN, "deploy", "--pool", "plant", "--config", str(config)],
+            [HISTORIAN, "deploy", "--pool", pool, "--config", str(config)],
             cwd=tmp_path,
             env=env,
             capture_output=True,
@@ -330,23 +295,24 @@ def test_a_work_pool_deployment_fires_on_a_prefect_server_with_a_worker(tmp_path
             timeout=120,
         )
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        assert "deployed 1 flows (f; scheduled: f) to work pool plant" in deployed.stdout
+        assert f"deployed 1 flows (f; scheduled: f) to work pool {pool}" in deployed.stdout
         out = tmp_path / "worker.out"
         with out.open("wb") as sink:
             worker = subprocess.Popen(
-                [PREFECT, "worker", "start", "--pool", "plant"],
+                [PREFECT, "worker", "start", "--pool", pool],
                 cwd=tmp_path,
                 env=env,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
             )
         with stopped_at_exit(worker):
-            runs = wait_for_runs(api, 2, lambda: worker.poll() is None)
+            runs = wait_for_runs(api, config, 2, lambda: worker.poll() is None)
             worker.send_signal(signal.SIGINT)
             worker.wait(timeout=60)
-        assert {run["name"].split()[0] for run in runs} == {"f"}, runs
-        pools = {run["work_pool_name"] for run in runs}
-        assert pools == {"plant"}
+    finally:
+        delete_pool_deployments(api, pool)
+    assert {run["name"].split()[0] for run in runs} == {"f"}, runs
+    assert {run["work_pool_name"] for run in runs} == {pool}
     assert assert_rows_are_the_truth(config, tags, start) > 0
 
 

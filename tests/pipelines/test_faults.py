@@ -204,7 +204,9 @@ def test_postgres_connection_lost_mid_run(
                 return
             rows = conn.execute(
                 sa.text(
-                    "select pg_terminate_backend(pid) from pg_stat_activity "
+                    # with a timeout: returns once each backend has ended (its locks
+                    # released), as when a database restarts
+                    "select pg_terminate_backend(pid, 30000) from pg_stat_activity "
                     "where datname = current_database() and pid <> pg_backend_pid() "
                     "and application_name = :mine"
                 ),

@@ -1,10 +1,11 @@
-"""A fleet on a work pool, all real parts on loopback: `prefect server start`, a process
-work pool with TWO `prefect worker start`, FOUR simulated nodes, a moto S3 lake and
-PostgreSQL. A sharded backfill completes with both workers doing work and the lake and
-the warehouse equal to the nodes' ground truth row for row; then a worker is SIGKILLed
-mid-run: the rest completes, the backfill names the crashed shard, and running it again
-(once Prefect reports the crash) completes that shard, still exact. All along, no node is
-asked more than its `max_connections` at once across both workers (the simulators count).
+"""A fleet on a work pool, all real parts on loopback: `prefect server start` (the session's,
+tests/prefect_server.py), a process work pool with TWO `prefect worker start`, FOUR simulated
+nodes, a moto S3 lake and PostgreSQL. A sharded backfill completes with both workers doing
+work and the lake and the warehouse equal to the nodes' ground truth row for row; then a
+worker is SIGKILLed mid-run: the rest completes, the backfill names the crashed shard, and
+running it again (once Prefect reports the crash) completes that shard, still exact. All
+along, no node is asked more than its `max_connections` at once across both workers (the
+simulators count).
 
 This process reads the lake before the workers write it again and keeps its filesystem
 object: what it reads afterwards is what a long-lived reader sees."""
@@ -31,14 +32,9 @@ from connectors.options import HistoryOptions
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from connectors.timewindow import Window
 from pipelines.destinations import SinkSet
-from tests.cli.test_schedules import (
-    HISTORIAN,
-    PREFECT,
-    descendants,
-    prefect_server,
-    stopped_at_exit,
-)
+from tests.cli.test_schedules import HISTORIAN, descendants, stopped_at_exit
 from tests.fixtures import history_rows, load, own_database, truth_history_rows
+from tests.prefect_server import PREFECT, delete_pool_deployments
 from tests.sinks.moto_s3 import moto_process
 
 SEEDS = (41, 42, 43, 44)
@@ -46,6 +42,7 @@ TAGS = 10
 MAX_CONNECTIONS = 2
 SHARDS = 2
 WAIT_S = 600  # a backfill of four flows over two workers on a shared, busy 2-core machine
+POOL = "plant-fleet"  # of this test's own on the session's shared Prefect server
 
 
 def hours_ago(hours: int) -> datetime:
@@ -112,7 +109,7 @@ def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 180) -
 def backfills(
     config: Path, env: dict[str, str], start: datetime, end: datetime
 ) -> list[subprocess.Popen[str]]:
-    """`historian backfill fK --shards 2 --pool plant` for every flow, at once."""
+    """`historian backfill fK --shards 2 --pool POOL` for every flow, at once."""
     return [
         subprocess.Popen(
             [
@@ -126,7 +123,7 @@ def backfills(
                 "--shards",
                 str(SHARDS),
                 "--pool",
-                "plant",
+                POOL,
                 "--config",
                 str(config),
             ],
@@ -173,7 +170,7 @@ def assert_exact(config: Path, nodes: list[SimulatedNode], start: datetime, end:
 def start_worker(name: str, env: dict[str, str], tmp_path: Path) -> subprocess.Popen[bytes]:
     with (tmp_path / f"{name}.out").open("wb") as out:
         return subprocess.Popen(
-            [PREFECT, "worker", "start", "--pool", "plant", "--name", name, "--limit", "2"],
+            [PREFECT, "worker", "start", "--pool", POOL, "--name", name, "--limit", "2"],
             cwd=tmp_path,
             env=env,
             stdout=out,
@@ -216,7 +213,9 @@ def kill_tree(process: subprocess.Popen[bytes]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_sharded_backfill_on_two_workers_survives_losing_one(tmp_path: Path, pg_url: str) -> None:
+def test_a_sharded_backfill_on_two_workers_survives_losing_one(
+    tmp_path: Path, pg_url: str, prefect_api: tuple[str, dict[str, str]]
+) -> None:
     pytest.importorskip("s3fs")
     nodes = [SimulatedNode(SimConfig(seed=seed, tags=TAGS)) for seed in SEEDS]
     for node in nodes:
@@ -227,11 +226,17 @@ def test_a_sharded_backfill_on_two_workers_survives_losing_one(tmp_path: Path, p
         s3 = stack.enter_context(bucket())
         pg = stack.enter_context(own_database(pg_url, "fleet"))
         config = fleet_config(tmp_path, [s.http_url for s in servers], s3, pg)
-        api, env = stack.enter_context(prefect_server(tmp_path))
-        env = {**env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
-        run([PREFECT, "work-pool", "create", "plant", "--type", "process"], env, tmp_path)
+        api, server_env = prefect_api
+        env = {
+            **server_env,
+            "PREFECT_HOME": str(tmp_path / "prefect"),
+            "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+        }
+        run([PREFECT, "work-pool", "create", POOL, "--type", "process"], env, tmp_path)
+        stack.callback(delete_pool_deployments, api, POOL)
         deployed = run(
-            [HISTORIAN, "deploy", "--pool", "plant", "--config", str(config)], env, tmp_path
+            [HISTORIAN, "deploy", "--pool", POOL, "--config", str(config)], env, tmp_path
         )
         assert "deployed 4 flows" in deployed
         workers = {name: start_worker(name, env, tmp_path) for name in ("w1", "w2")}

@@ -251,7 +251,7 @@ def test_the_crashed_shards_are_those_whose_last_ended_run_crashed(tmp_path: Pat
     from prefect.states import Completed, Crashed, Failed
 
     from pipelines.fleet import BACKFILL_ID_TAG, BACKFILL_TAG, crashed_shards
-    from tests.cli.test_schedules import prefect_server
+    from tests.prefect_server import prefect_server
 
     @flow(name="tag-history")
     def tag_history(flow_name: str, shard: dict[str, Any] | None = None) -> None:

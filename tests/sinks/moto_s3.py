@@ -2,32 +2,52 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
+import queue
+import re
 import subprocess
 import sys
-import time
+import threading
+from typing import IO
+
+STARTUP_S = 60  # a busy machine (the suite runs in several processes) starts it slower
 
 
 def moto_process() -> tuple[subprocess.Popen[bytes], str]:
-    """A moto S3 server in a process of its own on a free loopback port.
+    """A moto S3 server in a process of its own on a loopback port it chose itself.
 
     Not ThreadedMotoServer: delta-rs and pyiceberg calls that hold the GIL while they wait
     for S3 would then wait for a server that needs the GIL to answer (a deadlock that
-    shows as request timeouts)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    shows as request timeouts). Port 0 and the port the server prints, not a port probed
+    free beforehand: with tests in parallel another server may take a probed port first,
+    and a test would then talk to another test's S3."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return server, f"http://127.0.0.1:{port}"
-        assert server.poll() is None, "moto server exited"
-        time.sleep(0.05)
-    server.kill()
-    raise AssertionError("moto server did not start")
+    assert server.stderr is not None
+    ports: queue.Queue[int | None] = queue.Queue()
+    threading.Thread(target=_read_log, args=(server.stderr, ports), daemon=True).start()
+    try:
+        port = ports.get(timeout=STARTUP_S)
+    except queue.Empty:
+        port = None
+    if port is None:
+        server.kill()
+        server.wait(timeout=30)
+        raise AssertionError("moto server did not start")
+    return server, f"http://127.0.0.1:{port}"
+
+
+def _read_log(stream: IO[bytes], ports: queue.Queue[int | None]) -> None:
+    """Put the port of werkzeug's ` * Running on http://127.0.0.1:PORT` line (None if the
+    server ends first), then keep reading: the server logs every request to stderr, and a
+    full pipe would block it."""
+    announced = False
+    for line in stream:
+        found = None if announced else re.search(rb"Running on http://127\.0\.0\.1:(\d+)", line)
+        if found:
+            announced = True
+            ports.put(int(found.group(1)))
+    if not announced:
+        ports.put(None)

@@ -480,12 +480,14 @@ def test_pg_open_creates_a_missing_schema(pg_url: str, pg_schema: str) -> None:
 
 @pytest.mark.postgres
 def terminate_sessions_of(engine: sa.Engine, sink: SqlWarehouse) -> int:
-    """`pg_terminate_backend` on every connection of `sink` (its schema names them)."""
+    """`pg_terminate_backend` on every connection of `sink` (its schema names them), each
+    waited for until it has ended and released its locks (PostgreSQL 14+): without the
+    wait, a lock taken right after may still find the dying session holding it."""
     with engine.begin() as conn:
         return len(
             conn.execute(
                 sa.text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity "
                     "WHERE application_name = :app AND pid <> pg_backend_pid()"
                 ),
                 {"app": f"historian {sink.schema}"},

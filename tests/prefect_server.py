@@ -1,0 +1,79 @@
+"""A real `prefect server start` for the tests that need a full server (a scheduler, work
+pools, workers): one per test session (per xdist worker), shared by the tests that ask for
+the `prefect_api` fixture (tests/conftest.py), which the suite runs in one xdist group."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+STARTUP_S = 240  # a full server on a shared, busy 2-core machine
+ATTEMPTS = 3  # another process may take the probed free port before the server binds it
+
+
+def prefect_env(folder: Path, **extra: str) -> dict[str, str]:
+    """The environment of a Prefect client or worker with its home in `folder`, and no API
+    (`PREFECT_API_URL` names one where a test wants it)."""
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(folder / "prefect"),
+        "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        **extra,
+    }
+    env.pop("PREFECT_API_URL", None)
+    env.pop("HISTORIAN_DEBUG", None)
+    return env
+
+
+def healthy(api: str) -> bool:
+    try:
+        return httpx.get(f"{api}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextmanager
+def prefect_server(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A real `prefect server start` on a free port, stopped on the way out; its API and
+    the environment that names it."""
+    from pipelines.children import Child
+    from pipelines.prefect_server import free_port
+
+    env = prefect_env(folder)
+    log_path = folder / "server.log"
+    for attempt in range(1, ATTEMPTS + 1):
+        port = free_port()
+        api = f"http://127.0.0.1:{port}/api"
+        with (
+            log_path.open("ab") as log,
+            Child(
+                [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                env=env,
+                stdout=log.fileno(),
+                stderr=log.fileno(),
+            ) as server,
+        ):
+            deadline = time.monotonic() + STARTUP_S
+            while server.alive() and not healthy(api):
+                assert time.monotonic() < deadline, "the Prefect server did not start"
+                time.sleep(0.5)
+            if server.alive():
+                yield api, {**env, "PREFECT_API_URL": api}
+                return
+        assert attempt < ATTEMPTS, log_path.read_text(errors="replace")
+
+
+def delete_pool_deployments(api: str, pool: str) -> None:
+    """Delete the deployments of work pool `pool`: on a shared server a test's schedules
+    must not keep firing after it."""
+    body = {"work_pools": {"name": {"any_": [pool]}}}
+    for deployment in httpx.post(f"{api}/deployments/filter", json=body, timeout=30).json():
+        httpx.delete(f"{api}/deployments/{deployment['id']}", timeout=30).raise_for_status()
