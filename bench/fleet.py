@@ -48,20 +48,11 @@ os.environ.pop("PREFECT_API_URL", None)
 from connectors.simulator import SimConfig, SimulatedNode, run_server  # noqa: E402
 from pipelines.children import Child  # noqa: E402
 from pipelines.config import load_config  # noqa: E402
-from pipelines.prefect_server import free_port  # noqa: E402
+from pipelines.prefect_server import free_port, healthy  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PREFECT = str(BIN / "prefect")
 HISTORIAN = str(BIN / "historian")
-
-
-def healthy(api: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(f"{api}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @contextmanager

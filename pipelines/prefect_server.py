@@ -53,7 +53,7 @@ def prefect_home() -> Path:
     return Path(get_current_settings().home).expanduser()
 
 
-def _healthy(api_url: str) -> bool:
+def healthy(api_url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{api_url}/health", timeout=2) as answer:
             return bool(answer.status == 200)
@@ -109,7 +109,7 @@ def _start(log_path: Path, timeout: float) -> tuple[Child, str]:
                 f"the local Prefect server exited at start (code {code}): "
                 f"{_last_line(log_path) or 'no output'} (log: {log_path})"
             )
-        if _healthy(api_url):
+        if healthy(api_url):
             return child, api_url
         time.sleep(0.2)
     child.stop()

@@ -33,19 +33,12 @@ def prefect_env(folder: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def healthy(api: str) -> bool:
-    try:
-        return httpx.get(f"{api}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 @contextmanager
 def prefect_server(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """A real `prefect server start` on a free port, stopped on the way out; its API and
     the environment that names it."""
     from pipelines.children import Child
-    from pipelines.prefect_server import free_port
+    from pipelines.prefect_server import free_port, healthy
 
     env = prefect_env(folder)
     log_path = folder / "server.log"
