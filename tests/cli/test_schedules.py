@@ -136,6 +136,20 @@ def first_line(path: Path, needle: str, process: subprocess.Popen[bytes]) -> str
     raise AssertionError(f"no {needle!r} line: {path.read_text()}")
 
 
+def start_serve(config: Path, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """`historian serve` on its own local server, its output in `serve.out`."""
+    out = tmp_path / "serve.out"
+    with out.open("wb") as sink:
+        serve = subprocess.Popen(
+            [HISTORIAN, "serve", "--config", str(config)],
+            cwd=tmp_path,
+            env=prefect_env(tmp_path),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    return serve, out
+
+
 @contextmanager
 def stopped_at_exit(*processes: subprocess.Popen[bytes]) -> Iterator[None]:
     try:
@@ -152,15 +166,7 @@ def stopped_at_exit(*processes: subprocess.Popen[bytes]) -> Iterator[None]:
 def test_serve_fires_the_schedule_on_its_own_server_and_stops_it(tmp_path: Path) -> None:
     start = (datetime.now(UTC) - timedelta(minutes=30)).replace(second=0, microsecond=0)
     config, tags = scheduled_config(tmp_path, start)
-    out = tmp_path / "serve.out"
-    with out.open("wb") as sink:
-        serve = subprocess.Popen(
-            [HISTORIAN, "serve", "--config", str(config)],
-            cwd=tmp_path,
-            env=prefect_env(tmp_path),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
+    serve, out = start_serve(config, tmp_path)
     with stopped_at_exit(serve):
         line = first_line(out, "local Prefect server", serve)
         api = line.split(" API ")[1].split()[0]
@@ -199,15 +205,7 @@ def fleet_scheduled_config(tmp_path: Path, start: datetime) -> tuple[Path, list[
 def test_serve_fires_a_fleet_flow_and_each_node_gets_its_own_rows(tmp_path: Path) -> None:
     start = (datetime.now(UTC) - timedelta(minutes=30)).replace(second=0, microsecond=0)
     config, tags = fleet_scheduled_config(tmp_path, start)
-    out = tmp_path / "serve.out"
-    with out.open("wb") as sink:
-        serve = subprocess.Popen(
-            [HISTORIAN, "serve", "--config", str(config)],
-            cwd=tmp_path,
-            env=prefect_env(tmp_path),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
+    serve, out = start_serve(config, tmp_path)
     with stopped_at_exit(serve):
         line = first_line(out, "local Prefect server", serve)
         api = line.split(" API ")[1].split()[0]
@@ -247,15 +245,7 @@ def test_serve_fires_a_fleet_flow_and_each_node_gets_its_own_rows(tmp_path: Path
 def test_a_killed_serve_takes_its_server_along(tmp_path: Path) -> None:
     start = datetime.now(UTC) - timedelta(minutes=5)
     config, _ = scheduled_config(tmp_path, start)
-    out = tmp_path / "serve.out"
-    with out.open("wb") as sink:
-        serve = subprocess.Popen(
-            [HISTORIAN, "serve", "--config", str(config)],
-            cwd=tmp_path,
-            env=prefect_env(tmp_path),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
+    serve, out = start_serve(config, tmp_path)
     with stopped_at_exit(serve):
         first_line(out, "local Prefect server", serve)
         below = descendants(serve.pid)

@@ -18,8 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from pipelines.destinations import SinkSet
 from tests.cli.test_schedules import HISTORIAN, descendants, stopped_at_exit
 from tests.fixtures import history_rows, load, own_database, truth_history_rows
 from tests.prefect_server import PREFECT, delete_pool_deployments
-from tests.sinks.moto_s3 import moto_process
+from tests.sinks.moto_s3 import fsspec_options, moto_bucket
 
 SEEDS = (41, 42, 43, 44)
 TAGS = 10
@@ -47,26 +46,6 @@ POOL = "plant-fleet"  # of this test's own on the session's shared Prefect serve
 
 def hours_ago(hours: int) -> datetime:
     return (datetime.now(UTC) - timedelta(hours=hours)).replace(minute=0, second=0, microsecond=0)
-
-
-@contextmanager
-def bucket() -> Iterator[dict[str, Any]]:
-    """A moto S3 server with bucket `lake`; the lake's storage options."""
-    import boto3
-
-    server, endpoint = moto_process()
-    try:
-        boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            aws_access_key_id="x",
-            aws_secret_access_key="x",
-            region_name="us-east-1",
-        ).create_bucket(Bucket="lake")
-        yield {"client_kwargs": {"endpoint_url": endpoint}, "key": "x", "secret": "x"}
-    finally:
-        server.kill()
-        server.wait(timeout=30)
 
 
 def fleet_config(tmp_path: Path, urls: list[str], s3: dict[str, Any], pg: str) -> Path:
@@ -223,7 +202,7 @@ def test_a_sharded_backfill_on_two_workers_survives_losing_one(
         node.faults.configure(rate=1.0, kinds=["slow"], slow_s=0.3, operations=["tag.historyMany"])
     with ExitStack() as stack:
         servers = [stack.enter_context(run_server(n, http_port=0, https_port=None)) for n in nodes]
-        s3 = stack.enter_context(bucket())
+        s3 = fsspec_options(stack.enter_context(moto_bucket("lake")))
         pg = stack.enter_context(own_database(pg_url, "fleet"))
         config = fleet_config(tmp_path, [s.http_url for s in servers], s3, pg)
         api, server_env = prefect_api

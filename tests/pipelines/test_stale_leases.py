@@ -22,7 +22,7 @@ from sinks.lake_layout import LOCKS_DIR, STATE_DIR, key_name
 from sinks.lake_store import LakeStore
 from sinks.locks import LEASE_TTL_S, Lease
 from tests.fixtures import load
-from tests.sinks.moto_s3 import moto_process
+from tests.sinks.moto_s3 import fsspec_options, moto_bucket
 
 BUCKET = "fleet20"
 
@@ -92,22 +92,9 @@ def test_nothing_held_is_no_wait() -> None:
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    boto3 = pytest.importorskip("boto3")
-    server, url = moto_process()
-    try:
-        client = boto3.client(
-            "s3", endpoint_url=url, aws_access_key_id="x", aws_secret_access_key="x",
-            region_name="us-east-1",
-        )  # fmt: skip
-        client.create_bucket(Bucket=BUCKET)
+    pytest.importorskip("boto3")
+    with moto_bucket(BUCKET) as url:
         yield url
-    finally:
-        server.kill()
-        server.wait(timeout=10)
-
-
-def options(endpoint: str) -> dict[str, Any]:
-    return {"client_kwargs": {"endpoint_url": endpoint}, "key": "x", "secret": "x"}
 
 
 def s3_config(tmp_path: Path, endpoint: str) -> tuple[Config, str]:
@@ -119,7 +106,7 @@ def s3_config(tmp_path: Path, endpoint: str) -> tuple[Config, str]:
             "plant_b": {"simulator": {"seed": 2, "tags": 10}},
         },
         "sinks": {
-            "lake": {"type": "parquet", "url": url, "storage_options": options(endpoint)},
+            "lake": {"type": "parquet", "url": url, "storage_options": fsspec_options(endpoint)},
             "duck": {"type": "sql", "url": "duckdb:///warehouse.duckdb"},
         },
         "flows": {
@@ -138,7 +125,7 @@ def s3_config(tmp_path: Path, endpoint: str) -> tuple[Config, str]:
 
 def crashed_lease(url: str, endpoint: str, key: str, ttl_s: float) -> Lease:
     """The lease a run SIGKILLed while holding `key` leaves: there, no longer renewed."""
-    store = LakeStore(url, options(endpoint))
+    store = LakeStore(url, fsspec_options(endpoint))
     lease = Lease(
         store, store.path(STATE_DIR, LOCKS_DIR, f"{key_name(key)}.lease.json"), key, ttl_s
     )
@@ -179,8 +166,8 @@ def test_a_crashed_runs_lease_on_s3_is_waited_out_and_a_live_one_is_not_taken(
     config, url = s3_config(tmp_path, endpoint)
     crashed = crashed_lease(url, endpoint, "f@plant_a#1-of-2", ttl_s=1.5)
     alive = Lease(
-        LakeStore(url, options(endpoint)),
-        LakeStore(url, options(endpoint)).path(
+        LakeStore(url, fsspec_options(endpoint)),
+        LakeStore(url, fsspec_options(endpoint)).path(
             STATE_DIR, LOCKS_DIR, f"{key_name('f@plant_b#1-of-2')}.lease.json"
         ),
         "f@plant_b#1-of-2",

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import IO
 
 STARTUP_S = 60  # a busy machine (the suite runs in several processes) starts it slower
@@ -37,6 +39,30 @@ def moto_process() -> tuple[subprocess.Popen[bytes], str]:
         server.wait(timeout=30)
         raise AssertionError("moto server did not start")
     return server, f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def moto_bucket(*buckets: str) -> Iterator[str]:
+    """A moto S3 server with `buckets` created; its endpoint URL. Stopped on the way out."""
+    import boto3
+
+    server, endpoint = moto_process()
+    try:
+        client = boto3.client(
+            "s3", endpoint_url=endpoint, aws_access_key_id="x", aws_secret_access_key="x",
+            region_name="us-east-1",
+        )  # fmt: skip
+        for bucket in buckets:
+            client.create_bucket(Bucket=bucket)
+        yield endpoint
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+
+
+def fsspec_options(endpoint: str) -> dict[str, object]:
+    """s3fs storage options for a lake on the moto server at `endpoint`."""
+    return {"client_kwargs": {"endpoint_url": endpoint}, "key": "x", "secret": "x"}
 
 
 def _read_log(stream: IO[bytes], ports: queue.Queue[int | None]) -> None:

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import polars as pl
 import pytest
 from deltalake import DeltaTable
@@ -30,7 +29,7 @@ from tests.sinks.lake_frames import (
     scope,
     window,
 )
-from tests.sinks.moto_s3 import moto_process
+from tests.sinks.moto_s3 import moto_bucket
 
 TAGS = ("/plant/a", "/plant/b", "/plant/c d")
 REPO = str(Path(__file__).resolve().parents[2])
@@ -252,13 +251,7 @@ def test_type_delta_in_flows_yaml_makes_a_delta_sink(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
-    server, endpoint = moto_process()
-    try:
-        client = boto3.client(
-            "s3", endpoint_url=endpoint, aws_access_key_id="x", aws_secret_access_key="x",
-            region_name="us-east-1",
-        )  # fmt: skip
-        client.create_bucket(Bucket="delta")
+    with moto_bucket("delta") as endpoint:
         yield {
             "AWS_ENDPOINT_URL": endpoint,
             "AWS_ACCESS_KEY_ID": "x",
@@ -266,9 +259,6 @@ def s3() -> Iterator[dict[str, str]]:
             "AWS_REGION": "us-east-1",
             "AWS_ALLOW_HTTP": "true",
         }
-    finally:
-        server.kill()
-        server.wait(timeout=10)
 
 
 def test_s3_write_replace_progress_compact_and_lease(s3: dict[str, str]) -> None:

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import polars as pl
 import pytest
 
@@ -29,7 +28,7 @@ from tests.sinks.lake_frames import (
     scope,
     window,
 )
-from tests.sinks.moto_s3 import moto_process
+from tests.sinks.moto_s3 import moto_bucket
 
 TAGS = ("/plant/a", "/plant/b", "/plant/c d")
 REPO = str(Path(__file__).resolve().parents[2])
@@ -244,22 +243,13 @@ def pg_catalog(pg_url: str) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
-    server, endpoint = moto_process()
-    try:
-        client = boto3.client(
-            "s3", endpoint_url=endpoint, aws_access_key_id="x", aws_secret_access_key="x",
-            region_name="us-east-1",
-        )  # fmt: skip
-        client.create_bucket(Bucket="ice")
+    with moto_bucket("ice") as endpoint:
         yield {
             "s3.endpoint": endpoint,
             "s3.access-key-id": "x",
             "s3.secret-access-key": "x",
             "s3.region": "us-east-1",
         }
-    finally:
-        server.kill()
-        server.wait(timeout=10)
 
 
 @pytest.mark.postgres

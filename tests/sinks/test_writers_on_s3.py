@@ -19,7 +19,7 @@ from sinks.locks import DatasetLease
 from sinks.parquet import ParquetLake
 from tests.sinks.contract_sinks import build
 from tests.sinks.contract_writers import assert_every_scope_once, run_writers
-from tests.sinks.moto_s3 import moto_process
+from tests.sinks.moto_s3 import fsspec_options, moto_bucket
 from tests.sinks.sql_frames import history, hours, scope
 from tests.sinks.test_contract import assert_holds
 
@@ -28,22 +28,9 @@ BUCKET = "fleet"
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    boto3 = pytest.importorskip("boto3")
-    server, url = moto_process()
-    try:
-        client = boto3.client(
-            "s3", endpoint_url=url, aws_access_key_id="x", aws_secret_access_key="x",
-            region_name="us-east-1",
-        )  # fmt: skip
-        client.create_bucket(Bucket=BUCKET)
+    pytest.importorskip("boto3")
+    with moto_bucket(BUCKET) as url:
         yield url
-    finally:
-        server.kill()
-        server.wait(timeout=10)
-
-
-def fsspec_options(endpoint: str) -> dict[str, Any]:
-    return {"client_kwargs": {"endpoint_url": endpoint}, "key": "x", "secret": "x"}
 
 
 def sink_on_s3(name: str, endpoint: str, tmp_path: Path) -> tuple[str, dict[str, Any]]:
