@@ -239,6 +239,19 @@ def backfill_id(flow: str, now: datetime | None = None) -> str:
     return f"{flow}-{(now or datetime.now(UTC)):%Y%m%dT%H%M%S%fZ}"
 
 
+def require_work_pool(client: Any, pool: str) -> None:
+    """ConfigError, one line saying how to create it, when the server has no such pool."""
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        client.read_work_pool(pool)
+    except ObjectNotFound:
+        raise ConfigError(
+            f"no work pool named {pool!r} on the Prefect server "
+            f"(prefect work-pool create {pool} --type process)"
+        ) from None
+
+
 def submit_backfill(
     config: Config,
     flow: str,
@@ -257,13 +270,7 @@ def submit_backfill(
 
     name = backfill_deployment(flow, config.flows[flow].kind)
     with get_client(sync_client=True) as client:
-        try:
-            client.read_work_pool(pool)
-        except ObjectNotFound:
-            raise ConfigError(
-                f"no work pool named {pool!r} on the Prefect server "
-                f"(prefect work-pool create {pool} --type process)"
-            ) from None
+        require_work_pool(client, pool)
         try:
             deployment = client.read_deployment_by_name(name)
         except ObjectNotFound:

@@ -833,21 +833,14 @@ def deploy_flows(
     """
     from prefect import deploy
     from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
 
-    from pipelines.fleet import ensure_crash_detection, ensure_node_limits
+    from pipelines.fleet import ensure_crash_detection, ensure_node_limits, require_work_pool
 
     deployments = build_deployments(config_path, names, by_module=True, backfills=True)
     if not deployments:
         raise ConfigError(f"{config_path.name}: no flow to deploy")
     with get_client(sync_client=True) as client:
-        try:
-            client.read_work_pool(work_pool)
-        except ObjectNotFound:
-            raise ConfigError(
-                f"no work pool named {work_pool!r} on the Prefect server "
-                f"(prefect work-pool create {work_pool} --type process)"
-            ) from None
+        require_work_pool(client, work_pool)
     ids = deploy(
         *deployments,
         work_pool_name=work_pool,

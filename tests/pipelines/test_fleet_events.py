@@ -65,3 +65,24 @@ def test_the_workers_of_more_runs_than_a_page_are_all_found() -> None:
     found = workers_of(api, runs)
     assert found == {run: f"w{i % 4}" for i, run in enumerate(runs)}
     assert len(api.pages) == 4
+
+
+class NoPools:
+    def read_work_pool(self, name: str) -> None:
+        from prefect.exceptions import ObjectNotFound
+
+        raise ObjectNotFound(http_exc=Exception(f"404: {name}"))
+
+
+def test_a_missing_work_pool_is_one_line_saying_how_to_create_it() -> None:
+    import pytest
+
+    from pipelines.config import ConfigError
+    from pipelines.fleet import require_work_pool
+
+    with pytest.raises(ConfigError) as raised:
+        require_work_pool(NoPools(), "plant")
+    assert str(raised.value) == (
+        "no work pool named 'plant' on the Prefect server "
+        "(prefect work-pool create plant --type process)"
+    )
