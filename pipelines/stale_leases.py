@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from urllib.parse import urlsplit
 
 from pipelines.config import (
     Config,
@@ -29,8 +28,7 @@ from pipelines.config import (
 )
 from pipelines.destinations import SinkSet
 from sinks.base import FlowLocked, Sink
-
-LOCAL_SCHEMES = ("", "file", "local")
+from sinks.lake_store import on_object_storage
 
 
 @dataclass(frozen=True)
@@ -53,7 +51,7 @@ def uses_leases(sink: SinkConfig) -> bool:
     object storage, i.e. at a URL whose scheme is not a local file system's."""
     if not isinstance(sink, ParquetSinkConfig | DeltaSinkConfig | IcebergSinkConfig):
         return False
-    return urlsplit(sink.url).scheme.lower() not in LOCAL_SCHEMES
+    return on_object_storage(sink.url)
 
 
 def lease_probes(

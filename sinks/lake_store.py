@@ -55,6 +55,13 @@ def redacted_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+def on_object_storage(url: str) -> bool:
+    """Whether `url` names object storage (any fsspec protocol but the local file
+    system's): there, flow locks are leases and listings are never cached."""
+    protocol, _ = fsspec.core.split_protocol(url)
+    return protocol not in (None, "file", "local")
+
+
 def token() -> str:
     return secrets.token_hex(6)
 
@@ -64,8 +71,7 @@ class LakeStore:
 
     def __init__(self, url: str, storage_options: Mapping[str, object] | None = None) -> None:
         options = dict(storage_options or {})
-        protocol, _ = fsspec.core.split_protocol(url)
-        if protocol not in (None, "file", "local"):
+        if on_object_storage(url):
             options.setdefault("use_listings_cache", False)
         fs, root = fsspec.core.url_to_fs(url, **options)
         self.fs: fsspec.AbstractFileSystem = fs
