@@ -202,7 +202,7 @@ class IcebergLake(ProgressMethods):
             catalog = SqlCatalog(
                 self.name, uri=self.catalog_url, warehouse=self.warehouse, **self.properties
             )
-            catalog.create_namespace_if_not_exists(self.namespace)
+            _create_namespace(catalog, self.namespace)
             self._catalog = catalog
         return self._catalog
 
@@ -609,3 +609,17 @@ def _kind_of(table: Any) -> str:
     if kind not in tables.SCHEMAS:
         raise SinkError(f"table {table.name()} records no known kind ({kind!r})")
     return str(kind)
+
+
+def _create_namespace(catalog: Any, namespace: str) -> None:
+    """`create_namespace_if_not_exists`, safe when writers open the catalog at once:
+    pyiceberg's SQL catalog checks, then inserts, so of two processes that both found the
+    namespace missing the second fails on the catalog's unique key; the namespace is there
+    then, which is all that was asked."""
+    import sqlalchemy.exc
+
+    try:
+        catalog.create_namespace_if_not_exists(namespace)
+    except sqlalchemy.exc.IntegrityError:
+        if not catalog.namespace_exists(namespace):
+            raise

@@ -307,3 +307,27 @@ def test_a_commit_another_writer_beat_keeps_both_writers_rows(
     assert calls == ["c1"]
     assert rows_of(sink.read("hist", "tag_history")) == rows_of(concat([again, south]))
     assert snapshots(sink) == 4  # c0; the other writer's; c1's delete and its files
+
+
+def test_two_writers_creating_the_namespace_at_once_both_open(tmp_path: Path) -> None:
+    """pyiceberg's SQL catalog checks for the namespace, then inserts it: of two processes
+    that both found it missing, the second hit the catalog's unique key (seen in the
+    three-process S3 writers test)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from sinks.iceberg import _create_namespace
+
+    uri = f"sqlite:///{tmp_path / 'catalog.db'}"
+    first = SqlCatalog("c", uri=uri, warehouse=f"file://{tmp_path}")
+    second = SqlCatalog("c", uri=uri, warehouse=f"file://{tmp_path}")
+    second.namespace_exists("historian")  # its tables are made before the race
+    answers = [False]  # the second checked before the first inserted, then sees it
+    original = second.namespace_exists
+
+    def racing(namespace: str) -> bool:
+        return answers.pop() if answers else original(namespace)
+
+    second.namespace_exists = racing  # type: ignore[method-assign]
+    _create_namespace(first, "historian")
+    _create_namespace(second, "historian")
+    assert first.namespace_exists("historian")
