@@ -155,14 +155,34 @@ def _test_id(nodeid: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+def prefect_api(
+    tmp_path_factory: pytest.TempPathFactory, pg_url: str
+) -> Iterator[tuple[str, dict[str, str]]]:
     """One real `prefect server start` for the session: its API URL, and the environment of
     a client or worker that uses it. Tests that share it keep to their own work pools,
-    flow names and runs."""
+    flow names and runs. Its database is a throwaway one in the real PostgreSQL, as Prefect
+    advises for a server with workers: on SQLite a busy 2-core machine made it answer 503
+    ("database is locked") to the tests' own calls."""
+    import sqlalchemy as sa
+
     from tests.prefect_server import prefect_server
 
-    with prefect_server(tmp_path_factory.mktemp("prefect-server")) as (api, env):
-        yield api, env
+    name = f"prefect_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'create database "{name}"'))
+    database_url = (
+        sa.make_url(pg_url)
+        .set(drivername="postgresql+asyncpg", database=name)
+        .render_as_string(hide_password=False)
+    )
+    try:
+        with prefect_server(tmp_path_factory.mktemp("prefect-server"), database_url) as served:
+            yield served
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'drop database if exists "{name}" with (force)'))
+        admin.dispose()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -10,12 +10,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 STARTUP_S = 240  # a full server on a shared, busy 2-core machine
 ATTEMPTS = 3  # another process may take the probed free port before the server binds it
+RETRY_S = 60  # how long a test's own API call retries the server's "busy, retry" answer
 
 
 def prefect_env(folder: Path, **extra: str) -> dict[str, str]:
@@ -34,13 +36,18 @@ def prefect_env(folder: Path, **extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def prefect_server(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
+def prefect_server(
+    folder: Path, database_url: str | None = None
+) -> Iterator[tuple[str, dict[str, str]]]:
     """A real `prefect server start` on a free port, stopped on the way out; its API and
-    the environment that names it."""
+    the environment that names it. Its database is SQLite in `folder` unless
+    `database_url` names another (`postgresql+asyncpg://...`)."""
     from pipelines.children import Child
     from pipelines.prefect_server import free_port, healthy
 
     env = prefect_env(folder)
+    if database_url is not None:
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
     log_path = folder / "server.log"
     for attempt in range(1, ATTEMPTS + 1):
         port = free_port()
@@ -64,9 +71,21 @@ def prefect_server(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
         assert attempt < ATTEMPTS, log_path.read_text(errors="replace")
 
 
+def api_call(method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """A test's own request to a Prefect server, retried (bounded) while the server answers
+    503: Prefect's "busy, retry" answer (a locked database), which Prefect's own client
+    retries too. Any other failure raises at once."""
+    deadline = time.monotonic() + RETRY_S
+    while True:
+        response = httpx.request(method, url, timeout=30, **kwargs)
+        if response.status_code != 503 or time.monotonic() > deadline:
+            return response.raise_for_status()
+        time.sleep(1)
+
+
 def delete_pool_deployments(api: str, pool: str) -> None:
     """Delete the deployments of work pool `pool`: on a shared server a test's schedules
     must not keep firing after it."""
     body = {"work_pools": {"name": {"any_": [pool]}}}
-    for deployment in httpx.post(f"{api}/deployments/filter", json=body, timeout=30).json():
-        httpx.delete(f"{api}/deployments/{deployment['id']}", timeout=30).raise_for_status()
+    for deployment in api_call("POST", f"{api}/deployments/filter", json=body).json():
+        api_call("DELETE", f"{api}/deployments/{deployment['id']}")

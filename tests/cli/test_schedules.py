@@ -25,7 +25,7 @@ from connectors.timewindow import Window
 from pipelines.destinations import SinkSet
 from pipelines.state import flow_watermark
 from tests.fixtures import history_rows, load, truth_history_rows, write_config
-from tests.prefect_server import PREFECT, delete_pool_deployments, prefect_env
+from tests.prefect_server import PREFECT, api_call, delete_pool_deployments, prefect_env
 
 HISTORIAN = str(Path(sys.executable).with_name("historian"))
 SEED, TAGS = 11, 12
@@ -58,7 +58,7 @@ def completed_scheduled_runs(api: str, config: Path) -> list[dict[str, Any]]:
     """The completed runs a schedule of `config`'s flows started (a shared server also
     holds other tests' runs)."""
     body = {"flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}}
-    runs = httpx.post(f"{api}/flow_runs/filter", json=body, timeout=10).json()
+    runs = api_call("POST", f"{api}/flow_runs/filter", json=body).json()
     ours = str(config.resolve())
     return [
         run
