@@ -42,6 +42,25 @@ class _Coverage:
         return run is not None and window.end <= run.end
 
 
+class _Coverages:
+    """One `_Coverage` per distinct window list: a progress shares one list between the
+    members with the same windows (`sinks.base.SharedWindows`), so 10,000 tags of one
+    flow are mostly one coverage. Each list is held, so its identity stays its own."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Sequence[Window], _Coverage]] = {}
+
+    def of(self, progress: Progress, member: str) -> _Coverage:
+        windows = progress.completed.get(member, _NOTHING)
+        found = self._by_id.get(id(windows))
+        if found is None:
+            found = self._by_id[id(windows)] = (windows, _Coverage(windows))
+        return found[1]
+
+
+_NOTHING: list[Window] = []
+
+
 def watermark(completed: Sequence[Window], origin: datetime) -> datetime | None:
     """End of the unbroken run of completed windows (touching ones join) that contains
     `origin`; None when `origin` itself is not complete."""
@@ -53,7 +72,17 @@ def member_watermarks(
     progress: Progress, members: Sequence[str], origin: datetime
 ) -> dict[str, datetime | None]:
     """The watermark of each member (None for members with nothing complete at origin)."""
-    return {member: watermark(progress.windows_of(member), origin) for member in members}
+    coverages = _Coverages()
+    marks: dict[int, datetime | None] = {}
+
+    def mark_of(member: str) -> datetime | None:
+        coverage = coverages.of(progress, member)
+        if id(coverage) not in marks:
+            run = coverage.run_at(origin)
+            marks[id(coverage)] = run.end if run is not None else None
+        return marks[id(coverage)]
+
+    return {member: mark_of(member) for member in members}
 
 
 def flow_watermark(progress: Progress, members: Sequence[str], origin: datetime) -> datetime | None:
@@ -80,13 +109,10 @@ def pending_chunks(
 ) -> list[Chunk]:
     """Chunks, in plan order, that some member still lacks; chunks overlapping `always`
     (the look-back span, re-read for late data) are kept even when complete."""
-    coverage: dict[str, _Coverage] = {}
+    coverages = _Coverages()
 
     def covered(member: str, window: Window) -> bool:
-        found = coverage.get(member)
-        if found is None:
-            found = coverage[member] = _Coverage(progress.windows_of(member))
-        return found.covers(window)
+        return coverages.of(progress, member).covers(window)
 
     def wanted(chunk: Chunk) -> bool:
         if always is not None and chunk.window.overlaps(always):
@@ -101,13 +127,10 @@ def lacking_members(
 ) -> dict[str, tuple[str, ...]]:
     """Per chunk id, the chunk's members (in its order) that some sink has not completed
     over the chunk's window."""
-    coverage: dict[tuple[int, str], _Coverage] = {}
+    coverages = _Coverages()
 
     def covered(index: int, member: str, window: Window) -> bool:
-        found = coverage.get((index, member))
-        if found is None:
-            found = coverage[index, member] = _Coverage(progresses[index].windows_of(member))
-        return found.covers(window)
+        return coverages.of(progresses[index], member).covers(window)
 
     return {
         chunk.chunk_id: tuple(

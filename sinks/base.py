@@ -9,7 +9,7 @@ A re-run or retried chunk therefore never duplicates and never loses a row.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -81,7 +81,11 @@ class ChunkRecord:
 
 @dataclass
 class Progress:
-    """Completed coverage of a flow: per member, merged, sorted half-open windows."""
+    """Completed coverage of a flow: per member, merged, sorted half-open windows.
+
+    Members with the same windows may share one list (`SharedWindows`): never change a
+    list in place.
+    """
 
     flow: str
     completed: dict[str, list[Window]] = field(default_factory=dict)
@@ -175,3 +179,58 @@ def iter_merged(windows: list[Window]) -> Iterator[Window]:
 def merge_windows(windows: list[Window]) -> list[Window]:
     """Sorted, disjoint, non-touching windows covering exactly the union of the input."""
     return list(iter_merged(windows))
+
+
+def merge_ms(windows: Iterable[Sequence[int]]) -> list[list[int]]:
+    """`merge_windows` on [start_ms, end_ms] pairs: sorted, disjoint, non-touching."""
+    merged: list[list[int]] = []
+    for start, end in sorted((int(s), int(e)) for s, e in windows):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+class SharedWindows:
+    """Builds members' completed windows so that members with the same windows share one
+    list (and one Window per distinct window).
+
+    A flow's thousands of tags mostly have the same progress: merging is then done once
+    per distinct list, and `pipelines.state` computes a watermark or a coverage once per
+    list (by its identity) instead of once per tag. The lists must not change in place.
+    """
+
+    def __init__(self) -> None:
+        self._windows: dict[tuple[int, int], Window] = {}
+        self._lists: dict[tuple[int, ...], list[Window]] = {}
+        self._merged: dict[tuple[int, ...], list[list[int]]] = {}
+        self._by_windows: dict[tuple[Window, ...], list[Window]] = {}
+
+    def merged_ms(self, windows: Sequence[Sequence[int]]) -> list[list[int]]:
+        """`merge_ms` of these [start_ms, end_ms] pairs, one shared list per distinct input."""
+        key = tuple(int(bound) for window in windows for bound in window)
+        found = self._merged.get(key)
+        if found is None:
+            found = self._merged[key] = merge_ms(windows)
+        return found
+
+    def from_ms(self, merged: Sequence[Sequence[int]]) -> list[Window]:
+        """The shared Window list of these merged [start_ms, end_ms] pairs."""
+        key = tuple(int(bound) for window in merged for bound in window)
+        found = self._lists.get(key)
+        if found is None:
+            pairs = range(0, len(key), 2)
+            found = self._lists[key] = [self._window(key[i], key[i + 1]) for i in pairs]
+        return found
+
+    def merged(self, windows: list[Window]) -> list[Window]:
+        """`merge_windows` of these windows, one shared list per distinct result."""
+        merged = merge_windows(windows)
+        return self._by_windows.setdefault(tuple(merged), merged)
+
+    def _window(self, start_ms: int, end_ms: int) -> Window:
+        found = self._windows.get((start_ms, end_ms))
+        if found is None:
+            found = self._windows[(start_ms, end_ms)] = Window.from_ms(start_ms, end_ms)
+        return found

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from connectors.timewindow import Window, iso_utc
-from sinks.base import ChunkRecord, Progress
+from sinks.base import ChunkRecord, Progress, SharedWindows
 from sinks.lake_layout import FLOWS_DIR, STATE_DIR, join, key_name, key_of_name
 from sinks.lake_store import LakeStore
 
@@ -92,17 +92,6 @@ def _empty_snapshot(flow: str, resets: Mapping[str, int]) -> dict[str, Any]:
     }
 
 
-def _merged_ms(windows: list[list[int]]) -> list[list[int]]:
-    """`merge_windows` on [start_ms, end_ms] pairs: sorted, disjoint, non-touching."""
-    merged: list[list[int]] = []
-    for start, end in sorted(windows):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
-
-
 class LakeState:
     """Markers, snapshots and resets of every flow in one lake."""
 
@@ -111,6 +100,10 @@ class LakeState:
         # Markers this process wrote, by (flow, chunk): (change token, marker). Lets
         # `progress()` fold a run's own markers without reading them back.
         self._known: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        # The last snapshot this process read or saved, by flow: (its file's change
+        # token, snapshot). A run reads progress when it plans and when it ends; the
+        # second read then folds the run's own markers into it without reading it back.
+        self._snapshots: dict[str, tuple[str, dict[str, Any]]] = {}
 
     # -- paths ----------------------------------------------------------------------------
 
@@ -182,9 +175,15 @@ class LakeState:
 
     def _snapshot(self, flow: str) -> dict[str, Any] | None:
         path = join(self.flow_dir(flow), "progress.json")
+        held = self._snapshots.get(flow)
+        version = self.store.version(path)
+        if held is not None and version is not None and held[0] == version:
+            return held[1]
         value = self.store.read_json(path, torn_is_missing=True)
         if not isinstance(value, dict) or value.get("version") != SNAPSHOT_VERSION:
             return None
+        if version is not None:
+            self._snapshots[flow] = (version, value)
         return value
 
     def _save_snapshot(self, flow: str, snapshot: dict[str, Any]) -> None:
@@ -193,6 +192,9 @@ class LakeState:
             self.store.makedirs(self.flow_dir(flow))
             path = join(self.flow_dir(flow), "progress.json")
             self.store.write_json(path, snapshot, durable=False)
+            version = self.store.version(path)
+            if version is not None:
+                self._snapshots[flow] = (version, snapshot)
 
     def snapshot(self, flow: str) -> dict[str, Any]:
         """The flow's snapshot brought up to date with its markers (saved when it changed)."""
@@ -229,6 +231,7 @@ class LakeState:
         """Fold new and changed markers into `snapshot`: whether it changed, None when a
         marker it holds can no longer be read (the snapshot must be rebuilt)."""
         entries: dict[str, Entry] = snapshot["markers"]
+        # Members' window lists may be shared (`SharedWindows`): replaced, never appended to.
         completed: dict[str, list[list[int]]] = snapshot["completed"]
         touched: set[str] = set()
         changed = False
@@ -245,28 +248,23 @@ class LakeState:
             entries[chunk_id] = _entry(version, marker)
             changed = True
             window = [int(marker["window"]["start_ms"]), int(marker["window"]["end_ms"])]
+            committed_ns = int(marker["committed_ns"])
             for member in marker["members"]:
-                if int(marker["committed_ns"]) > resets.get(member, -1):
-                    completed.setdefault(member, []).append(window)
+                if committed_ns > resets.get(member, -1):
+                    completed[member] = [*completed.get(member, ()), window]
                     touched.add(member)
+        shared = SharedWindows()
         for member in touched:
-            completed[member] = _merged_ms(completed[member])
+            completed[member] = shared.merged_ms(completed[member])
         return changed
 
     def progress(self, flow: str) -> Progress:
         snapshot = self.snapshot(flow)
         # Members of a flow share their windows (every batch covers the same span): one
-        # Window per distinct window, not one per member and window.
-        made: dict[tuple[int, int], Window] = {}
-
-        def window(start: int, end: int) -> Window:
-            found = made.get((start, end))
-            if found is None:
-                found = made[(start, end)] = Window.from_ms(start, end)
-            return found
-
+        # list per distinct set of windows, not one per member.
+        shared = SharedWindows()
         completed = {
-            member: [window(s, e) for s, e in windows]
+            member: shared.from_ms(windows)
             for member, windows in snapshot["completed"].items()
             if windows
         }
@@ -322,6 +320,7 @@ class LakeState:
         if member is None:
             removed = sum(1 for _ in self.store.iter_names(self.markers_dir(flow), ".json"))
             self._known = {key: value for key, value in self._known.items() if key[0] != flow}
+            self._snapshots.pop(flow, None)
             self.store.rmtree(self.flow_dir(flow))
             return removed
         snapshot = self.snapshot(flow)

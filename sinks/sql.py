@@ -61,6 +61,7 @@ from sinks.base import (
     ChunkScope,
     CountMismatch,
     Progress,
+    SharedWindows,
     SinkError,
     SinkUnavailable,
     merge_windows,
@@ -768,7 +769,8 @@ class SqlWarehouse:
         completed: dict[str, list[Window]] = {}
         for member, start, end in rows:
             completed.setdefault(member, []).append(Window(_aware(start), _aware(end)))
-        return Progress(flow, {m: merge_windows(w) for m, w in completed.items()})
+        shared = SharedWindows()
+        return Progress(flow, {m: shared.merged(w) for m, w in completed.items()})
 
     def chunk_log(self, flow: str, limit: int = 100) -> list[ChunkRecord]:
         return self._retrying(lambda: self._chunk_log(flow, limit))

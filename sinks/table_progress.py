@@ -24,12 +24,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from connectors.timewindow import Window
-from sinks.base import ChunkRecord, Progress, SinkError
+from sinks.base import ChunkRecord, Progress, SharedWindows, SinkError, merge_ms
 from sinks.lake_layout import STATE_DIR, check_flow, key_name
 from sinks.lake_store import LakeStore
 
@@ -74,16 +74,6 @@ class CommitLog(Protocol):
     def records_since(self, dataset: str, version: int) -> tuple[int, list[Record]]:
         """The latest version of the dataset's log and the chunk records of commits after
         `version` (-1: from the first), oldest first."""
-
-
-def _merged(windows: Iterable[Sequence[int]]) -> list[list[int]]:
-    merged: list[list[int]] = []
-    for start, end in sorted((int(s), int(e)) for s, e in windows):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
 
 
 def _empty_rules() -> dict[str, Any]:
@@ -165,7 +155,7 @@ class TableProgress:
         for flow, names in touched.items():
             completed = cache["flows"][flow]["completed"]
             for member in names:
-                completed[member] = _merged(completed[member])
+                completed[member] = merge_ms(completed[member])
 
     def refresh(self, dataset: str) -> dict[str, Any]:
         """The dataset's cache brought up to date with its log (saved when it changed)."""
@@ -205,14 +195,12 @@ class TableProgress:
         for part in self._parts(flow):
             for member, found in part["completed"].items():
                 windows.setdefault(member, []).extend(found)
-        made: dict[tuple[int, int], Window] = {}
+        shared = SharedWindows()
         completed: dict[str, list[Window]] = {}
         for member, found in windows.items():
-            merged = _merged(found)
+            merged = shared.merged_ms(found)
             if merged:
-                completed[member] = [
-                    made.setdefault((s, e), Window.from_ms(s, e)) for s, e in merged
-                ]
+                completed[member] = shared.from_ms(merged)
         return Progress(flow=flow, completed=completed)
 
     def chunk_log(self, flow: str, limit: int) -> list[ChunkRecord]:

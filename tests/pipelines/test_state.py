@@ -258,6 +258,29 @@ def test_lacking_members_are_those_some_sink_has_not_completed() -> None:
     assert lacking == {chunks[0].chunk_id: ("/b",), chunks[1].chunk_id: ("/b", "/c")}
 
 
+def test_members_sharing_one_window_list_each_get_their_own_answer() -> None:
+    # Sinks share one list between members with equal windows (sinks.base.SharedWindows);
+    # what is computed once per list must still be answered per member and per sink.
+    shared, early = [w(0, 2)], [w(0, 1)]
+    lake = Progress("f", {"/a": shared, "/b": shared, "/c": early})
+    warehouse = Progress("f", {"/a": shared, "/b": [w(1, 2)], "/c": shared})
+    assert member_watermarks(lake, ["/a", "/b", "/c", "/d"], h(0)) == {
+        "/a": h(2),
+        "/b": h(2),
+        "/c": h(1),
+        "/d": None,
+    }
+    assert member_watermarks(warehouse, ["/b", "/c"], h(0)) == {"/b": None, "/c": h(2)}
+    chunks = plan_chunks(
+        "f", "d", "tag_history", [("/a", "/b", "/c")], w(0, 2), timedelta(hours=1), "k"
+    )
+    assert lacking_members(chunks, [lake, warehouse]) == {
+        chunks[0].chunk_id: ("/b",),
+        chunks[1].chunk_id: ("/c",),
+    }
+    assert pending_chunks(chunks, lake) == [chunks[1]]
+
+
 def test_a_narrowed_chunk_holds_only_the_lacking_tags_in_batches() -> None:
     (chunk,) = plan_chunks(
         "f", "d", "tag_history", [("/a", "/b", "/c", "/d")], w(0, 1), timedelta(hours=1), "k"

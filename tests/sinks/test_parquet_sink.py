@@ -298,6 +298,51 @@ def test_progress_reads_each_marker_once_with_ten_thousand_markers(
     assert ParquetLake(str(tmp_lake)).progress("f").windows_of("/t3")[0] == window(10, 11)
 
 
+def test_members_with_the_same_windows_share_them_and_a_later_chunk_changes_only_its_own(
+    lake: ParquetLake, tmp_lake: Path
+) -> None:
+    a, b, c = TAGS[:3]
+    write(lake, [a, b, c], window(0, 1), "c1")
+    write(lake, [a, b], window(1, 2), "c2")
+    progress = lake.progress("f")
+    assert progress.windows_of(a) == progress.windows_of(b) == [window(0, 2)]
+    assert progress.windows_of(a) is progress.windows_of(b), "one list for equal windows"
+    assert progress.windows_of(c) == [window(0, 1)]
+    write(lake, [a], window(2, 3), "c3")  # folded into the shared lists of the snapshot
+    for reader in (lake, ParquetLake(str(tmp_lake))):
+        after = reader.progress("f")
+        assert after.windows_of(a) == [window(0, 3)]
+        assert after.windows_of(b) == [window(0, 2)], "b's list was not appended to"
+        assert after.windows_of(c) == [window(0, 1)]
+
+
+def test_progress_reads_the_snapshot_again_only_after_another_process_saved_one(
+    lake: ParquetLake, tmp_lake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sinks.lake_store import LakeStore
+
+    reads: list[str] = []
+    original = LakeStore.read_json
+
+    def counting(self: LakeStore, path: str, **kw: Any) -> Any:
+        if path.endswith("progress.json"):
+            reads.append(path)
+        return original(self, path, **kw)
+
+    write(lake, TAGS, window(0, 1), "c1")
+    assert lake.progress("f").windows_of(TAGS[0]) == [window(0, 1)]
+    monkeypatch.setattr(LakeStore, "read_json", counting)
+    write(lake, TAGS, window(1, 2), "c2")
+    assert lake.progress("f").windows_of(TAGS[0]) == [window(0, 2)]
+    assert reads == [], "the snapshot this process saved is still the file's"
+    other = ParquetLake(str(tmp_lake))
+    write(other, TAGS[:1], window(2, 3), "c3")
+    assert other.progress("f").windows_of(TAGS[0]) == [window(0, 3)]
+    reads.clear()
+    assert lake.progress("f").windows_of(TAGS[0]) == [window(0, 3)]
+    assert len(reads) == 1, "another process saved the snapshot: read again"
+
+
 def test_lock_is_exclusive_and_dies_with_a_killed_holder(lake: ParquetLake, tmp_lake: Path) -> None:
     with lake.lock("f"):
         with (
