@@ -133,8 +133,23 @@ def aggregated_span(span: Window, interval: timedelta) -> Window:
     return Window(align_down(span.start, interval), align_up(span.end, interval))
 
 
+# What `quote(..., safe="")` leaves as it is; every other byte becomes `%XX`.
+_UNRESERVED = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~"
+# ASCII that JSON escapes (so that the plain count below would be wrong): quote, backslash,
+# control characters.
+_JSON_ESCAPED = re.compile(r'["\\\x00-\x1f\x7f]')
+
+
 def encoded_path_len(path: str) -> int:
-    """Percent-encoded length of one path as an element of a JSON-array query value."""
+    """Percent-encoded length of one path as an element of a JSON-array query value.
+
+    Counted without encoding for plain ASCII paths (a plan measures every path of the
+    selection: 10,000 `quote` calls were a visible part of an hourly run); any other path
+    is encoded.
+    """
+    if path.isascii() and _JSON_ESCAPED.search(path) is None:
+        escaped = len(path.encode().translate(None, _UNRESERVED))
+        return len(path) + 2 * escaped + 6  # each escaped byte grows by 2; quotes: %22 each
     return len(quote(orjson.dumps(path).decode(), safe=""))
 
 

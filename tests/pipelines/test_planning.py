@@ -24,6 +24,7 @@ from pipelines.planning import (
     chunk_label,
     density_per_hour,
     encoded_batch_len,
+    encoded_path_len,
     parse_duration,
     plan_chunks,
     plan_windows,
@@ -232,6 +233,12 @@ def test_batches_keep_order_and_stay_within_count_and_bytes(
     for before, after in itertools.pairwise(batches):
         grown = (*before, after[0])
         assert len(grown) > max_batch or encoded_batch_len(grown) > budget
+
+
+@given(st.text() | st.text(alphabet='/ ,.%"\\\x00\x1f\x7fAz09_-~'))
+def test_a_path_is_measured_as_its_encoded_json(path: str) -> None:
+    # Plain ASCII paths are counted without encoding: the count must be the encoding's.
+    assert encoded_path_len(path) == encoded_batch_len([path]) - encoded_batch_len([])
 
 
 def test_batches_split_when_the_bytes_run_out_before_the_count() -> None:
