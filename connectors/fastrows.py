@@ -48,6 +48,7 @@ _WHITESPACE = b" \t\n\r"
 # whitespace (the careful way reads those).
 _NOT_IN_CSV_ROWS = (b'"', b"{", b" ", b"\n", b"\r", b"\t")
 _TO_CSV = bytes.maketrans(b"[]", b",\n")
+_WHOLE_LOOK_BYTES = 1 << 20
 _CLOSE = ord("]")
 _COLUMNS = ["open", "row", "ts", "value", "quality", "extra"]
 _READ = pacsv.ReadOptions(column_names=_COLUMNS, use_threads=False, block_size=1 << 24)
@@ -144,19 +145,29 @@ def data_as_csv(datas: list[msgspec.Raw]) -> tuple[bytes, list[CsvPlan | None]]:
     rest. One copy and one translation for the whole answer, no slice copied."""
     text = b"".join(datas)
     plans: list[CsvPlan | None] = []
-    bytes_of = np.frombuffer(text, dtype=np.uint8)
-    start = 0
-    for data in datas:
-        end = start + len(data)
-        if text.startswith(b"[[", start, end) and not any(
-            text.find(byte, start, end) >= 0 for byte in _NOT_IN_CSV_ROWS
+    if not datas:
+        return text, plans
+    # What holds for the whole text holds for each part: a text without strings, objects
+    # or booleans (the common answer) is looked at once, not once per tag. Only where
+    # tags are many for the bytes: a large answer with a string tag would be read twice.
+    clean = len(text) <= _WHOLE_LOOK_BYTES and not any(
+        text.find(byte) >= 0 for byte in _NOT_IN_CSV_ROWS
+    )
+    maybe_booleans = text.find(b"t") >= 0 or text.find(b"f") >= 0
+    lengths = np.fromiter(map(len, datas), dtype=np.int64, count=len(datas))
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    closings = np.add.reduceat(np.frombuffer(text, dtype=np.uint8) == _CLOSE, starts)
+    for start, end, closing in zip(starts.tolist(), ends.tolist(), closings.tolist(), strict=True):
+        if text.startswith(b"[[", start, end) and (
+            clean or not any(text.find(byte, start, end) >= 0 for byte in _NOT_IN_CSV_ROWS)
         ):
-            booleans = text.find(b"t", start, end) >= 0 or text.find(b"f", start, end) >= 0
-            closing = int(np.count_nonzero(bytes_of[start:end] == _CLOSE))
+            booleans = maybe_booleans and (
+                text.find(b"t", start, end) >= 0 or text.find(b"f", start, end) >= 0
+            )
             plans.append(CsvPlan(start, end, closing - 1, booleans))
         else:
             plans.append(None)
-        start = end
     return text.translate(_TO_CSV), plans
 
 
@@ -221,6 +232,23 @@ def read_plans(csv: bytes, plans: list[CsvPlan | None]) -> list[Columns | None]:
                 at += each.rows
         first = last + 1
     return read
+
+
+def read_whole(csv: bytes, plans: list[CsvPlan | None]) -> Columns | None:
+    """The rows of every text at once, one text after the other, when all are planned, of
+    one kind, and read alike by JSON: what `read_plans` gives in slices, without a slice
+    per text (an answer of thousands of tags with a few rows each). None where that does
+    not hold (`read_plans` then decides per text); Refused as `read_plans`."""
+    if not plans or any(plan is None for plan in plans):
+        return None
+    run = cast(list[CsvPlan], plans)
+    if any(plan.booleans != run[0].booleans for plan in run):
+        return None
+    lines = pa.py_buffer(csv).slice(run[0].start, run[-1].end - run[0].start)
+    columns = read_rows(lines, sum(plan.rows for plan in run), run[0].booleans)
+    if columns is None or any(each is None for each in _checked(columns, csv, run)):
+        return None
+    return columns
 
 
 def _checked(columns: Columns | None, csv: bytes, run: list[CsvPlan]) -> list[Columns | None]:

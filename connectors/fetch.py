@@ -109,6 +109,11 @@ class _Ask:
         return HISTORY_FILTER if self.paths is None else HISTORY_MANY
 
 
+# Tables do not change: one empty table for every window's start, not one made per window
+# (a visible share of reading a small page).
+_NO_ROWS = TAG_HISTORY_ENCODED_SCHEMA.empty_table()
+
+
 @dataclass
 class _Window:
     """A window being fetched: its bounds in ms, what was kept, what it cost."""
@@ -121,7 +126,7 @@ class _Window:
     kept: list[pa.Table] = field(default_factory=list)
     kept_tags: set[str] = field(default_factory=set)
     missing: set[str] = field(default_factory=set)
-    out: Fetched = field(default_factory=lambda: Fetched(TAG_HISTORY_ENCODED_SCHEMA.empty_table()))
+    out: Fetched = field(default_factory=lambda: Fetched(_NO_ROWS))
 
 
 class HistoryFetcher:

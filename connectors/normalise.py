@@ -26,7 +26,7 @@ import gc
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -145,6 +145,14 @@ class _Pieces:
         self.counts.append(len(columns[0]))
         self.columns.append(columns)
         self.seq.append(seq)
+
+    def add_all(self, tags: list[str], counts: list[int], columns: _Columns6) -> None:
+        """Tags whose rows are `columns`, one tag's after the other (`counts` each); their
+        `seq` is numbered by `table_and_stats`."""
+        self.tags.extend(tags)
+        self.counts.extend(counts)
+        if len(columns[0]):
+            self.columns.append(columns)
 
     def table(self, node: str, encoded: bool) -> pa.Table:
         """The table, with the `seq` pieces given to `add`."""
@@ -632,10 +640,21 @@ def _history_from_bytes(body: bytes, node: str, encoded: bool) -> HistoryPage:
         datas.append(data)
     csv, plans = fastrows.data_as_csv(datas)
     try:
-        read = fastrows.read_plans(csv, plans)
+        whole = fastrows.read_whole(csv, plans)
+        read = [] if whole is not None else fastrows.read_plans(csv, plans)
     except fastrows.Refused:
         raise _Careful from None
     pieces = _Pieces()
+    if whole is not None:
+        ts, value, quality, extra = whole
+        n = len(ts)
+        if cast(fastrows.CsvPlan, plans[0]).booleans:
+            columns = (ts, _nulls_float(n), value, _nulls_str(n), quality, extra)
+        else:
+            columns = (ts, value, _nulls_bool(n), _nulls_str(n), quality, extra)
+        pieces.add_all(list(answer), [cast(fastrows.CsvPlan, p).rows for p in plans], columns)
+        table, stats = pieces.table_and_stats(node, encoded)
+        return HistoryPage(table, dict(zip(answer, stats, strict=True)))
     for tag, data, plan, rows in zip(answer, datas, plans, read, strict=True):
         if plan is None or rows is None:
             pieces.add(tag, _member_columns(data), None)

@@ -369,6 +369,24 @@ BYTE_READING_CASES = {
     "empty data": {"/a": "null", "/b": "[]", "/c": f"[[{T0},1,192,0]]", "/d": "[ ]"},
     "whitespace inside data": {"/t": f"[ [{T0}, 1.5,\n192, 0] ,\t[{T0 + 1} ,null,0,0] ]"},
     "odd tag paths": {ODD_PATH: f"[[{T0},1,192,0]]", '/a[[1,2]]"],[': f"[[{T0},2,192,0]]"},
+    # Read at once, no slice per tag (fastrows.read_whole), when all tags are of one kind:
+    "many number tags": {
+        f"/n {i}": [
+            f"[[{T0},{i}.5,192,0],[{T0 + 1},null,0,null]]",
+            f"[[{T0 + 2},1,192,0],[{T0},2,192,0],[{T0 + 2},3,192,0]]",
+            f"[[{T0},-0.0,192,0],[{T0},1e-400,0,0]]",
+        ][i % 3]
+        for i in range(9)
+    },
+    "many number tags, one with an integer -0": {
+        "/a": f"[[{T0},1.5,192,0]]",
+        "/b": f"[[{T0},-0,192,0],[{T0 + 1},-0.0,192,0]]",
+        "/c": f"[[{T0},2,192,0]]",
+    },
+    "many boolean tags": {
+        f"/b {i}": f"[[{T0},{'true' if i % 2 else 'false'},192,0],[{T0 + 1},null,null,null]]"
+        for i in range(5)
+    },
     "many tags of every kind": {
         f"/tag {i}": [
             f"[[{T0},{i}.5,192,0],[{T0 + 1},null,0,0]]",
@@ -409,6 +427,16 @@ def test_number_and_boolean_tags_are_read_as_csv(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(fastrows, "load_member", no_orjson)
     for name in ("numbers", "nulls", "booleans", "exponents", "negative zeros", "huge integers"):
+        body = answer_text(BYTE_READING_CASES[name])
+        assert history_page_from_bytes(body, "n") is not None, name
+
+
+def test_tags_of_one_kind_are_read_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_slices(*_: Any) -> Any:
+        raise AssertionError("read tag by tag")
+
+    monkeypatch.setattr(fastrows, "read_plans", no_slices)
+    for name in ("many number tags", "many boolean tags"):
         body = answer_text(BYTE_READING_CASES[name])
         assert history_page_from_bytes(body, "n") is not None, name
 
