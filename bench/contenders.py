@@ -151,7 +151,7 @@ def pipeline_sink(target: str, out: Path, pg_url: str, pg_schema: str | None) ->
 
 
 def run_pipeline(args: argparse.Namespace, tags: list[str], work: Work) -> int:
-    from pipelines.memory import bound_memory
+    from pipelines.memory import bound_memory, skip_collection_at_exit
 
     bound_memory()  # as the `historian` command does at start
     from pipelines.config import parse_config
@@ -169,6 +169,7 @@ def run_pipeline(args: argparse.Namespace, tags: list[str], work: Work) -> int:
     )
     with NodePool(config) as nodes, SinkSet(config, out) as sinks:
         summary = run_flow(config, "bench", nodes=nodes, sinks=sinks, request=request)
+    skip_collection_at_exit()  # as the `historian` command does when it is done
     return summary.rows
 
 

@@ -678,7 +678,7 @@ from pipelines import cli_flows, cli_init, cli_plan, cli_state  # noqa: E402, F4
 
 def main() -> None:
     """Console entry point."""
-    from pipelines.memory import bound_memory
+    from pipelines.memory import bound_memory, skip_collection_at_exit
     from pipelines.prefect_env import configure_prefect
 
     bound_memory()
@@ -694,6 +694,8 @@ def main() -> None:
             raise
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(EXIT_USAGE)
+    finally:
+        skip_collection_at_exit()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 
 log = logging.getLogger("historian.memory")
@@ -66,3 +67,14 @@ def release_memory() -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def skip_collection_at_exit() -> None:
+    """When a command is done: spare the interpreter's last walk over every object.
+
+    At exit, after the atexit handlers, CPython runs the cyclic collector over every
+    object still alive, and a command that loaded pandas, pyarrow and pydantic holds
+    millions: the walk was a visible part of a short run (BENCHMARKS.md). Frozen objects are
+    left out of it; they are freed with the process all the same.
+    """
+    gc.freeze()
