@@ -16,6 +16,10 @@ against a long-lived Prefect server (PREFECT_API_URL), as scheduled runs have;
 `cli-direct` is the same command with `--direct` (no Prefect), so that what Prefect adds
 reads apart from what the command line adds (its imports, reading flows.yaml).
 
+`pipeline@REV` is the `pipeline` contender with the package as it was at git revision
+REV (a checkout in a temporary folder, first on the child's PYTHONPATH): a change
+measured against its parent in the same alternation.
+
 Incremental workloads first run each contender once over the span before (not measured,
 same output directory or schema), then measure the run that continues from there, as an
 hourly schedule does.
@@ -364,6 +368,10 @@ def _invoke(
             assert ctx.prefect_api is not None
             env = {**os.environ, "PREFECT_API_URL": ctx.prefect_api}
         return measured(command, env)
+    env = None
+    if "@" in name:  # pipeline@REV: the package of that checkout shadows the installed one
+        name, revision = name.split("@", 1)
+        env = {**os.environ, "PYTHONPATH": str(checkout(revision))}
     return measured(
         [
             PYTHON,
@@ -384,8 +392,24 @@ def _invoke(
             "--pg-schema",
             schema,
             *(["--incremental"] if incremental else []),
-        ]
+        ],
+        env,
     )
+
+
+_CHECKOUTS: dict[str, Path] = {}
+
+
+def checkout(revision: str) -> Path:
+    """The repository's tree at `revision` in a temporary folder (once per run)."""
+    if revision not in _CHECKOUTS:
+        folder = Path(tempfile.mkdtemp(prefix="bench-rev-"))
+        archive = subprocess.run(
+            ["git", "archive", revision], cwd=HERE.parent, check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+        _CHECKOUTS[revision] = folder
+    return _CHECKOUTS[revision]
 
 
 def _cli_config(work_dir: Path, work: Work, ctx: Context, target: str, schema: str) -> Path:
@@ -521,6 +545,8 @@ def main() -> None:
                 process.terminate()
                 process.wait(timeout=30)
         shutil.rmtree(prefect_home, ignore_errors=True)
+        for folder in _CHECKOUTS.values():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def report(
