@@ -151,9 +151,9 @@ def pipeline_sink(target: str, out: Path, pg_url: str, pg_schema: str | None) ->
 
 
 def run_pipeline(args: argparse.Namespace, tags: list[str], work: Work) -> int:
-    from pipelines.memory import bound_memory, skip_collection_at_exit
+    from pipelines import memory
 
-    bound_memory()  # as the `historian` command does at start
+    memory.bound_memory()  # as the `historian` command does at start
     from pipelines.config import parse_config
     from pipelines.destinations import SinkSet
     from pipelines.nodes import NodePool
@@ -169,7 +169,10 @@ def run_pipeline(args: argparse.Namespace, tags: list[str], work: Work) -> int:
     )
     with NodePool(config) as nodes, SinkSet(config, out) as sinks:
         summary = run_flow(config, "bench", nodes=nodes, sinks=sinks, request=request)
-    skip_collection_at_exit()  # as the `historian` command does when it is done
+    # As the `historian` command does when it is done (absent at older revisions: pipeline@REV).
+    done = getattr(memory, "skip_collection_at_exit", None)
+    if done is not None:
+        done()
     return summary.rows
 
 
