@@ -143,13 +143,18 @@ _JSON_ESCAPED = re.compile(r'["\\\x00-\x1f\x7f]')
 def encoded_path_len(path: str) -> int:
     """Percent-encoded length of one path as an element of a JSON-array query value.
 
-    Counted without encoding for plain ASCII paths (a plan measures every path of the
-    selection: 10,000 `quote` calls were a visible part of an hourly run); any other path
-    is encoded.
+    Counted from the path's UTF-8 bytes, without encoding (a plan measures every path of
+    the selection: 10,000 `quote` calls were a visible part of an hourly run), unless JSON
+    would escape one of its characters; such a path is encoded.
     """
-    if path.isascii() and _JSON_ESCAPED.search(path) is None:
-        escaped = len(path.encode().translate(None, _UNRESERVED))
-        return len(path) + 2 * escaped + 6  # each escaped byte grows by 2; quotes: %22 each
+    if _JSON_ESCAPED.search(path) is None:
+        try:
+            raw = path.encode()  # what orjson writes for the path between its quotes
+        except UnicodeEncodeError:  # a lone surrogate: orjson says what is wrong with it
+            pass
+        else:
+            # Each byte quote() escapes grows by 2; the quotes are %22 each.
+            return len(raw) + 2 * len(raw.translate(None, _UNRESERVED)) + 6
     return len(quote(orjson.dumps(path).decode(), safe=""))
 
 
