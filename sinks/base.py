@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from itertools import chain
 from typing import Protocol, runtime_checkable
 
 import pandas as pd
@@ -209,7 +210,7 @@ class SharedWindows:
 
     def merged_ms(self, windows: Sequence[Sequence[int]]) -> list[list[int]]:
         """`merge_ms` of these [start_ms, end_ms] pairs, one shared list per distinct input."""
-        key = tuple(int(bound) for window in windows for bound in window)
+        key = tuple(chain.from_iterable(windows))
         found = self._merged.get(key)
         if found is None:
             found = self._merged[key] = merge_ms(windows)
@@ -217,11 +218,11 @@ class SharedWindows:
 
     def from_ms(self, merged: Sequence[Sequence[int]]) -> list[Window]:
         """The shared Window list of these merged [start_ms, end_ms] pairs."""
-        key = tuple(int(bound) for window in merged for bound in window)
+        key = tuple(chain.from_iterable(merged))
         found = self._lists.get(key)
         if found is None:
             pairs = range(0, len(key), 2)
-            found = self._lists[key] = [self._window(key[i], key[i + 1]) for i in pairs]
+            found = self._lists[key] = [self._window(int(key[i]), int(key[i + 1])) for i in pairs]
         return found
 
     def merged(self, windows: list[Window]) -> list[Window]:

@@ -249,10 +249,14 @@ class LakeState:
             changed = True
             window = [int(marker["window"]["start_ms"]), int(marker["window"]["end_ms"])]
             committed_ns = int(marker["committed_ns"])
-            for member in marker["members"]:
-                if committed_ns > resets.get(member, -1):
-                    completed[member] = [*completed.get(member, ()), window]
-                    touched.add(member)
+            counted = [
+                member
+                for member in marker["members"]
+                if not resets or committed_ns > resets.get(member, -1)
+            ]
+            for member in counted:
+                completed[member] = [*completed.get(member, ()), window]
+            touched.update(counted)
         shared = SharedWindows()
         for member in touched:
             completed[member] = shared.merged_ms(completed[member])
