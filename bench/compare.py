@@ -33,13 +33,13 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,9 +51,10 @@ sys.path.insert(0, str(HERE))
 
 from contenders import Work, flow_document, pipeline_sink  # noqa: E402
 
+from pipelines.prefect_server import free_port, local_server  # noqa: E402
+
 PYTHON = sys.executable
 HISTORIAN = str(Path(sys.executable).with_name("historian"))
-PREFECT = str(Path(sys.executable).with_name("prefect"))
 # `cli` starts Prefect's ephemeral server itself, as a one-off command does; `cli-served`
 # talks to a long-lived server (PREFECT_API_URL), as scheduled runs under `historian serve`
 # or a deployment do; `cli-direct` runs the command with --direct, without Prefect.
@@ -205,12 +206,6 @@ class Measure:
         return self.rows / self.wall_s if self.wall_s else 0.0
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def start_simulator(workload: Workload) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     options = ["--period-ms", str(workload.period_ms)] if workload.period_ms else []
@@ -273,35 +268,6 @@ def measured(
     usage = [line for line in err.splitlines() if line.startswith("__usage ")][-1].split()
     peak_kb, user_s, system_s = int(usage[1]), float(usage[2]), float(usage[3])
     return process.stdout.decode(), wall, user_s + system_s, peak_kb / 1024
-
-
-def start_prefect_server(home: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """A long-lived local Prefect server, as a user runs one (`prefect server start`)."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "DO_NOT_TRACK": "1",
-        "PREFECT_UI_ENABLED": "false",
-    }
-    process = subprocess.Popen(
-        [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    api = f"http://127.0.0.1:{port}/api"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{api}/health", timeout=1).status_code == 200:
-                return process, api
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    process.kill()
-    raise SystemExit("prefect server did not start")
 
 
 @dataclass(frozen=True)
@@ -505,12 +471,14 @@ def main() -> None:
     targets = args.targets.split(",")
 
     simulator, url = start_simulator(workload)
-    server: subprocess.Popen[bytes] | None = None
+    servers = ExitStack()
     prefect_home = Path(tempfile.mkdtemp(prefix="bench-prefect-"))
     try:
         prefect_api = None
-        if "cli-served" in contenders:
-            server, prefect_api = start_prefect_server(prefect_home)
+        if "cli-served" in contenders:  # a long-lived server, as `historian serve` starts one
+            home = {"PREFECT_HOME": str(prefect_home), "PREFECT_UI_ENABLED": "false"}
+            server = local_server(prefect_home / "server.log", {**home, "DO_NOT_TRACK": "1"})
+            prefect_api = servers.enter_context(server)
         tags = httpx.get(
             f"{url}/tag?cmd=details&path=%2F&options.recurrent=true", timeout=120
         ).json()
@@ -540,10 +508,9 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps([m.__dict__ for m in results], indent=2))
     finally:
-        for process in (simulator, server):
-            if process is not None:
-                process.terminate()
-                process.wait(timeout=30)
+        servers.close()
+        simulator.terminate()
+        simulator.wait(timeout=30)
         shutil.rmtree(prefect_home, ignore_errors=True)
         for folder in _CHECKOUTS.values():
             shutil.rmtree(folder, ignore_errors=True)

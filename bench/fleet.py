@@ -48,7 +48,7 @@ os.environ.pop("PREFECT_API_URL", None)
 from connectors.simulator import SimConfig, SimulatedNode, run_server  # noqa: E402
 from pipelines.children import Child  # noqa: E402
 from pipelines.config import load_config  # noqa: E402
-from pipelines.prefect_server import free_port, healthy  # noqa: E402
+from pipelines.prefect_server import local_server  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PREFECT = str(BIN / "prefect")
@@ -57,32 +57,19 @@ HISTORIAN = str(BIN / "historian")
 
 @contextmanager
 def prefect_server(log: Path, database_url: str | None) -> Iterator[tuple[str, dict[str, str]]]:
-    """`prefect server start` with its access log on (INFO), and the env naming it."""
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {
-        **os.environ,
-        "PREFECT_SERVER_LOGGING_LEVEL": "INFO",
-        "PREFECT_WORKER_QUERY_SECONDS": "1",
-        "PREFECT_WORKER_PREFETCH_SECONDS": "1",
-    }
+    """`prefect server start` (as `historian serve` starts one) with its access log on
+    (INFO), and the env of the workers and commands that use it."""
+    server_env = {"PREFECT_SERVER_LOGGING_LEVEL": "INFO"}
     if database_url:
-        env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
-    with (
-        log.open("wb") as sink,
-        Child(
-            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=sink.fileno(),
-            stderr=sink.fileno(),
-        ) as server,
-    ):
-        deadline = time.monotonic() + 300
-        while not healthy(api):
-            if not server.alive() or time.monotonic() > deadline:
-                raise SystemExit(f"the Prefect server did not start: {log}")
-            time.sleep(0.5)
-        yield api, {**env, "PREFECT_API_URL": api}
+        server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
+    with local_server(log, server_env) as api:
+        env = {
+            **os.environ,
+            "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+            "PREFECT_API_URL": api,
+        }
+        yield api, env
 
 
 def api_requests(log: Path) -> int:

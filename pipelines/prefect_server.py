@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -70,7 +69,7 @@ def _last_line(path: Path) -> str:
     return lines[-1][:200] if lines else ""
 
 
-def _start(log_path: Path, timeout: float) -> tuple[Child, str]:
+def _start(log_path: Path, timeout: float, extra_env: Mapping[str, str]) -> tuple[Child, str]:
     """Start `prefect server start` and wait until it answers; the child and its API URL."""
     port = free_port()
     api_url = f"http://127.0.0.1:{port}/api"
@@ -80,6 +79,7 @@ def _start(log_path: Path, timeout: float) -> tuple[Child, str]:
         "PREFECT_UI_ENABLED": "true",
         "PREFECT_SERVER_UI_ENABLED": "true",
         "PREFECT_SERVER_LOGGING_LEVEL": os.environ.get("PREFECT_SERVER_LOGGING_LEVEL", "WARNING"),
+        **extra_env,
         # The server's own clients (UI, services) talk to itself.
         "PREFECT_UI_API_URL": api_url,
     }
@@ -98,7 +98,7 @@ def _start(log_path: Path, timeout: float) -> tuple[Child, str]:
                 str(port),
             ],
             env=env,
-            stdout=subprocess.DEVNULL,
+            stdout=log.fileno(),
             stderr=log.fileno(),
         )
     deadline = time.monotonic() + timeout
@@ -120,16 +120,23 @@ def _start(log_path: Path, timeout: float) -> tuple[Child, str]:
 
 
 @contextmanager
-def local_server() -> Iterator[str]:
-    """A Prefect server of our own for the block; its API URL. Stopped on the way out."""
-    home = prefect_home()
-    home.mkdir(parents=True, exist_ok=True)
-    log_path = home / LOG_NAME
+def local_server(
+    log_path: Path | None = None, env: Mapping[str, str] | None = None
+) -> Iterator[str]:
+    """A Prefect server of our own for the block; its API URL. Stopped on the way out.
+
+    Its output goes to `log_path` (default: a log in Prefect's home); `env` adds to or
+    overrides its environment (another home, a database, a log level).
+    """
+    if log_path is None:
+        home = prefect_home()
+        home.mkdir(parents=True, exist_ok=True)
+        log_path = home / LOG_NAME
     timeout = float(os.environ.get(STARTUP_TIMEOUT_ENV) or STARTUP_TIMEOUT_S)
     attempts = 3  # another process may take the free port before the server binds it
     for attempt in range(attempts):
         try:
-            child, api_url = _start(log_path, timeout)
+            child, api_url = _start(log_path, timeout, env or {})
             break
         except ServerExited:
             if attempt == attempts - 1:

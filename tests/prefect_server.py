@@ -15,8 +15,6 @@ from typing import Any
 import httpx
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
-STARTUP_S = 240  # a full server on a shared, busy 2-core machine
-ATTEMPTS = 3  # another process may take the probed free port before the server binds it
 RETRY_S = 60  # how long a test's own API call retries the server's "busy, retry" answer
 
 
@@ -39,36 +37,18 @@ def prefect_env(folder: Path, **extra: str) -> dict[str, str]:
 def prefect_server(
     folder: Path, database_url: str | None = None
 ) -> Iterator[tuple[str, dict[str, str]]]:
-    """A real `prefect server start` on a free port, stopped on the way out; its API and
-    the environment that names it. Its database is SQLite in `folder` unless
+    """A real `prefect server start` (`pipelines.prefect_server.local_server`, as `serve`
+    starts one) with its home and log in `folder`; its API and the environment of a
+    client or worker that uses it. Its database is SQLite in `folder` unless
     `database_url` names another (`postgresql+asyncpg://...`)."""
-    from pipelines.children import Child
-    from pipelines.prefect_server import free_port, healthy
+    from pipelines.prefect_server import local_server
 
     env = prefect_env(folder)
+    server_env = {"PREFECT_HOME": env["PREFECT_HOME"]}
     if database_url is not None:
-        env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
-    log_path = folder / "server.log"
-    for attempt in range(1, ATTEMPTS + 1):
-        port = free_port()
-        api = f"http://127.0.0.1:{port}/api"
-        with (
-            log_path.open("ab") as log,
-            Child(
-                [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                env=env,
-                stdout=log.fileno(),
-                stderr=log.fileno(),
-            ) as server,
-        ):
-            deadline = time.monotonic() + STARTUP_S
-            while server.alive() and not healthy(api):
-                assert time.monotonic() < deadline, "the Prefect server did not start"
-                time.sleep(0.5)
-            if server.alive():
-                yield api, {**env, "PREFECT_API_URL": api}
-                return
-        assert attempt < ATTEMPTS, log_path.read_text(errors="replace")
+        server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
+    with local_server(folder / "server.log", server_env) as api:
+        yield api, {**env, "PREFECT_API_URL": api}
 
 
 def api_call(method: str, url: str, **kwargs: Any) -> httpx.Response:
