@@ -641,36 +641,34 @@ def _history_from_bytes(body: bytes, node: str, encoded: bool) -> HistoryPage:
     csv, plans = fastrows.data_as_csv(datas)
     try:
         whole = fastrows.read_whole(csv, plans)
-        read = [] if whole is not None else fastrows.read_plans(csv, plans)
+        read = fastrows.read_plans(csv, plans) if whole is None else []
     except fastrows.Refused:
         raise _Careful from None
     pieces = _Pieces()
-    if whole is not None:
-        ts, value, quality, extra = whole
-        n = len(ts)
-        if cast(fastrows.CsvPlan, plans[0]).booleans:
-            columns = (ts, _nulls_float(n), value, _nulls_str(n), quality, extra)
-        else:
-            columns = (ts, value, _nulls_bool(n), _nulls_str(n), quality, extra)
-        pieces.add_all(list(answer), [cast(fastrows.CsvPlan, p).rows for p in plans], columns)
-        table, stats = pieces.table_and_stats(node, encoded)
-        return HistoryPage(table, dict(zip(answer, stats, strict=True)))
-    for tag, data, plan, rows in zip(answer, datas, plans, read, strict=True):
-        if plan is None or rows is None:
-            pieces.add(tag, _member_columns(data), None)
-            continue
-        ts, value, quality, extra = rows
-        n = len(ts)
-        if plan.booleans:
-            pieces.add(tag, (ts, _nulls_float(n), value, _nulls_str(n), quality, extra), None)
-        else:
-            pieces.add(tag, (ts, value, _nulls_bool(n), _nulls_str(n), quality, extra), None)
+    if whole is not None:  # every tag planned, all of one kind
+        run = cast(list[fastrows.CsvPlan], plans)
+        pieces.add_all(list(answer), [p.rows for p in run], _csv_columns(whole, run[0].booleans))
+    else:
+        for tag, data, plan, rows in zip(answer, datas, plans, read, strict=True):
+            if plan is None or rows is None:
+                pieces.add(tag, _member_columns(data), None)
+            else:
+                pieces.add(tag, _csv_columns(rows, plan.booleans), None)
     table, stats = pieces.table_and_stats(node, encoded)
     by_tag = dict(zip(answer, stats, strict=True))
     for tag, data in zip(answer, datas, strict=True):
         if len(data) == 4 and bytes(data) == b"null":
             by_tag[tag] = TagStats(0, None, None, 0, null_data=True)
     return HistoryPage(table, by_tag)
+
+
+def _csv_columns(rows: fastrows.Columns, booleans: bool) -> _Columns6:
+    """The six columns of rows `fastrows` read: their values are numbers or booleans."""
+    ts, value, quality, extra = rows
+    n = len(ts)
+    if booleans:
+        return ts, _nulls_float(n), value, _nulls_str(n), quality, extra
+    return ts, value, _nulls_bool(n), _nulls_str(n), quality, extra
 
 
 def parse_single_history_answer(
