@@ -141,6 +141,7 @@ def _run_flows(
                         on_chunk=on_chunk,
                         on_plan=on_plan,
                         config=config,
+                        record_task_runs=False,
                     )
                 outcomes.append(FlowOutcome(name, summary))
             except RunFailed as exc:

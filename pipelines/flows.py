@@ -693,6 +693,7 @@ def run_prefect(
     on_plan: PlanCallback | None = None,
     report_dir: Path | None = None,
     config: Config | None = None,
+    record_task_runs: bool = True,
 ) -> RunSummary:
     """Run one flow through Prefect now (what `historian run` does by default).
 
@@ -700,7 +701,8 @@ def run_prefect(
     summary, with the original error (its own type, not a Prefect wrapper) as `__cause__`;
     configuration errors come out as they are. `on_chunk(outcome, summary)` is called
     after each chunk is written. `config`: flows.yaml as the caller read it (read here
-    when None).
+    when None). `record_task_runs=False`: a Prefect ephemeral server this starts records
+    no task runs (`pipelines/prefect_env.py` says why the command line asks for that).
     """
     if config is None:
         config = load_config(config_path)
@@ -720,7 +722,11 @@ def run_prefect(
     try:
         from prefect import tags
 
-        with _calling(caller), cli_run(), tags(*(f"node:{node}" for node in chosen_nodes)):
+        with (
+            _calling(caller),
+            cli_run(record_task_runs=record_task_runs),
+            tags(*(f"node:{node}" for node in chosen_nodes)),
+        ):
             chosen(
                 flow_name=flow_name,
                 config_path=resolved,

@@ -9,16 +9,18 @@
   `quiet_run_console()` keeps the run loggers off the terminal: the CLI prints its own
   progress, summary and one-line errors, and a failed task's traceback stays in the API's
   run log instead of flooding stderr. `historian serve` keeps them on the terminal.
-* The ephemeral server's task-run recorder writes in batches. With Prefect's default
-  (one event per write) the recorder lags behind a run of many chunks, and when the CLI
-  exits, the server's shutdown cancels a write in progress and prints
-  `task_run_recorder - Error flushing 1 events` with a traceback (reproduced: 121 one-minute
-  chunks, 3 of 3 runs). Batched (100 events or 1 s), the message handler only queues, the
-  periodic flush is idle at shutdown, and the final flush records the rest: 3 of 3 runs
-  quiet, and every task run is recorded (243 of 243). Turning the recorder off
-  (`PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED=false`) also silences it, but loses
-  the task runs a later `prefect server start` on the same PREFECT_HOME would show.
-  With `PREFECT_API_URL` set (a real server) the recorder settings are left alone.
+* The ephemeral server's task-run recorder writes in batches (100 events or 1 s): with
+  Prefect's default (one event per write) it lagged behind a run of many chunks. For the
+  command line's one-off runs (`cli_run(record_task_runs=False)`) the ephemeral server
+  starts without the recorder: the server stops when the command exits, and its shutdown
+  cancels a recorder write in flight, which Prefect logs as `task_run_recorder - Error
+  flushing N events` with a 60-line traceback on the user's terminal (batching made it
+  rare, not gone: 1 of 5 CI runs in Prefect 3.9.1, a test of a quiet run failed on it).
+  The flow run, its logs and its summary artifact are still recorded; the per-chunk task
+  runs are not (nothing of this tool reads them; `historian run` prints its own
+  progress). Library callers of `run_prefect` keep the recorder. An explicit
+  `PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED` is kept; with `PREFECT_API_URL` set
+  (a real server) the recorder settings are left alone.
 * `historian run` turns flow-run heartbeats off (`cli_run()`), on any server: Prefect's
   heartbeat thread (on by default, every 180 s) sleeps in 1 s steps and the synchronous
   flow engine joins it when the run ends, so every run ended on the next whole second
@@ -62,6 +64,7 @@ EPHEMERAL_ONLY = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
 }
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+RECORDER_SETTING = "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED"
 
 
 def configure_prefect() -> None:
@@ -88,12 +91,12 @@ def quiet_run_console() -> Iterator[None]:
 
 
 @contextmanager
-def cli_run() -> Iterator[None]:
+def cli_run(*, record_task_runs: bool = True) -> Iterator[None]:
     """Settings for one run driven by the command line (see the module docstring)."""
     with ExitStack() as stack:
         stack.enter_context(quiet_run_console())
         if _on_ephemeral_server():
-            _ephemeral_server_ends_with_us()
+            _ephemeral_server_ends_with_us(record_task_runs)
         if not _heartbeats_asked_for():
             from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
@@ -116,16 +119,28 @@ def _heartbeats_asked_for() -> bool:
     return any(setting.name in HEARTBEAT_SETTINGS for setting in profile.settings)
 
 
-def _ephemeral_server_ends_with_us() -> None:
+def _ephemeral_server_ends_with_us(record_task_runs: bool) -> None:
     """Start Prefect's ephemeral server now, as its client would on first use (the same
     instance: Prefect keeps one per process), and make it end with this process even on
     SIGKILL, which leaves Prefect's own `atexit` no chance to stop it."""
     from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import (
+        PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED,
+        temporary_settings,
+    )
 
     from pipelines.children import end_with_this_process
 
     server = SubprocessASGIServer()
-    server.start()
+    with ExitStack() as stack:
+        if not record_task_runs and RECORDER_SETTING not in os.environ:
+            # The server takes the settings set now (Prefect passes them to its process).
+            stack.enter_context(
+                temporary_settings(
+                    updates={PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED: False}
+                )
+            )
+        server.start()
     process = server.server_process
     if process is None or getattr(server, "_historian_watchdog", None) is not None:
         return

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -312,7 +314,8 @@ def test_a_prefect_run_from_the_cli_is_quiet(tmp_path: Path, token_server: Any) 
         sinks=["lake", "duck"],
         node={"url": token_server.http_url, "token_env": "NODE_TOKEN"},
     )
-    env = {"NODE_TOKEN": "s3cret-t0ken-value"}
+    home = tmp_path / "prefect-home"  # the ephemeral server's database, read below
+    env = {"NODE_TOKEN": "s3cret-t0ken-value", "PREFECT_HOME": str(home)}
     result = historian("run", "f", cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
@@ -322,6 +325,12 @@ def test_a_prefect_run_from_the_cli_is_quiet(tmp_path: Path, token_server: Any) 
     backfill = historian("backfill", "f", "--start", START, cwd=tmp_path, env=env, timeout=300)
     assert backfill.returncode == 0, backfill.stderr
     assert backfill.stderr.strip() == "", backfill.stderr
+    # Both runs are on record; their task runs are not: the recorder, whose write in
+    # flight at the server's shutdown printed a traceback, does not run for the CLI.
+    with closing(sqlite3.connect(home / "prefect.db")) as db:
+        flow_runs = db.execute("select count(*) from flow_run").fetchone()[0]
+        task_runs = db.execute("select count(*) from task_run").fetchone()[0]
+    assert (flow_runs, task_runs) == (2, 0)
 
 
 def test_a_prefect_run_uses_the_server_prefect_api_url_names(
