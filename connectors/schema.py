@@ -8,6 +8,8 @@ under the keys of `HISTORY_ATTRS` and in Parquet schema metadata.
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -120,16 +122,22 @@ def frame_from_table(table: pa.Table) -> pd.DataFrame:
     return frame
 
 
-def table_from_frame(
-    frame: pd.DataFrame, kind: str, *, keep_dictionaries: bool = False
-) -> pa.Table:
-    """DataFrame to an Arrow table cast to the kind's schema (raises on a column mismatch).
+# A chunk's rows as sinks take them: the Arrow table a run fetched, or a DataFrame of the
+# same columns (what a library caller may hold).
+Rows: TypeAlias = pa.Table | pd.DataFrame
+
+
+def table_from_frame(rows: Rows, kind: str, *, keep_dictionaries: bool = False) -> pa.Table:
+    """Rows (an Arrow table, or a DataFrame of the same columns) as an Arrow table cast
+    to the kind's schema (raises on a column mismatch).
 
     `keep_dictionaries`: string columns that arrive dictionary-encoded stay so (as
     NAME_DICTIONARY), for a caller that works on the distinct values before storing them.
     """
     schema = SCHEMAS[kind]
-    table = pa.Table.from_pandas(frame, preserve_index=False).select(schema.names)
+    if not isinstance(rows, pa.Table):
+        rows = pa.Table.from_pandas(rows, preserve_index=False)
+    table = rows.select(schema.names)
     if keep_dictionaries:
         schema = pa.schema(
             [

@@ -130,5 +130,5 @@ def _concat(results: list[ChunkResult], kind: str) -> pa.Table:
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         # Frames typed apart (a column plain in one, dictionary-encoded in another): the
         # kind's schema makes them one type.
-        table = pa.concat_tables([table_from_frame(r.frame, kind) for r in with_rows])
+        table = pa.concat_tables([table_from_frame(r.table, kind) for r in with_rows])
     return table.unify_dictionaries().combine_chunks()

@@ -660,8 +660,8 @@ class FlowRun:
         committed: dict[str, int] = {}
         scope = self.scope(result.chunk)
         for sink in self.sinks:
-            committed[sink.name] = sink.write(scope, result.frame, result.rows_fetched)
-        rows_per_tag, bad_per_tag = _tag_counts(result.frame, self.kind)
+            committed[sink.name] = sink.write(scope, result.table, result.rows_fetched)
+        rows_per_tag, bad_per_tag = _tag_counts(result.table, self.kind)
         return ChunkOutcome(
             chunk_id=result.chunk.chunk_id,
             label=result.chunk.label,
@@ -883,16 +883,16 @@ def _align_span(span: Window, interval: timedelta) -> Window | None:
     return Window(start, end) if end > start else None
 
 
-def _tag_counts(frame: pd.DataFrame, kind: str) -> tuple[Counter[str], Counter[str]]:
+def _tag_counts(table: pa.Table, kind: str) -> tuple[Counter[str], Counter[str]]:
     """Rows and bad-quality rows (quality < 192 or missing) per tag or alarm path."""
-    if frame.empty or kind == KIND_TAG_METADATA:
+    if not table.num_rows or kind == KIND_TAG_METADATA:
         return Counter(), Counter()
-    keys = _arrow(frame[SCOPE_COLUMN[kind]])
+    keys = _one_array(table.column(SCOPE_COLUMN[kind]))
     if kind == KIND_TAG_HISTORY:
-        quality = _arrow(frame["quality"]).cast(pa.int32())
+        quality = _one_array(table.column("quality")).cast(pa.int32())
         bad = pc.fill_null(pc.less(quality, GOOD_QUALITY), True)
     else:
-        bad = pa.repeat(False, len(frame))
+        bad = pa.repeat(False, table.num_rows)
     if pa.types.is_dictionary(keys.type) and not keys.null_count:
         return _counts_by_index(keys, bad)
     if pa.types.is_dictionary(keys.type):
@@ -910,12 +910,11 @@ def _tag_counts(frame: pd.DataFrame, kind: str) -> tuple[Counter[str], Counter[s
     return rows, bad_rows
 
 
-def _arrow(series: pd.Series) -> pa.Array:
-    """The series' values as one Arrow array (dictionaries of chunks unified)."""
-    values = pa.array(series.array)
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    return values
+def _one_array(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one Arrow array (dictionaries of chunks unified)."""
+    if column.num_chunks == 1:
+        return column.chunk(0)
+    return column.combine_chunks()
 
 
 def _counts_by_index(keys: pa.DictionaryArray, bad: pa.Array) -> tuple[Counter[str], Counter[str]]:

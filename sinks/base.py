@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import pandas as pd
 
+from connectors.schema import Rows
 from connectors.timewindow import Window
 
 
@@ -119,11 +120,13 @@ class Sink(Protocol):
         the duration of a run; FlowLocked if someone else has it. Other keys' writers may
         write other scopes of the same dataset at the same time."""
 
-    def write(self, scope: ChunkScope, frame: pd.DataFrame, rows_fetched: int) -> int:
-        """Replace the scope's rows by `frame` and record the chunk complete, atomically.
+    def write(self, scope: ChunkScope, rows: Rows, rows_fetched: int) -> int:
+        """Replace the scope's rows by `rows` and record the chunk complete, atomically.
 
-        Returns rows committed; raises CountMismatch when it differs from `rows_fetched`.
-        """
+        `rows` in the kind's columns (`connectors.schema`): the Arrow table a run fetched
+        (what the runner passes: no DataFrame made and taken apart again per write), or a
+        DataFrame of the same columns. Returns rows committed; raises CountMismatch when it
+        differs from `rows_fetched`."""
 
     def write_metadata(self, frame: pd.DataFrame) -> int:
         """Upsert tag metadata (the tag dimension) keyed by (node, tag)."""

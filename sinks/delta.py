@@ -50,6 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors import schema as tables
+from connectors.schema import Rows
 from sinks.base import (
     ChunkScope,
     SinkError,
@@ -365,14 +366,14 @@ class DeltaLake(ProgressMethods):
             column_properties={name: ColumnProperties(dictionary_enabled=True) for name in names},
         )
 
-    def write(self, scope: ChunkScope, frame: pd.DataFrame, rows_fetched: int) -> int:
+    def write(self, scope: ChunkScope, rows: Rows, rows_fetched: int) -> int:
         """Replace the chunk's scope and record the chunk, in one Delta commit."""
         check_dataset(scope.dataset)
         check_flow(scope.flow)
         what = f"write chunk {scope.chunk_id}"
         if scope.kind not in HISTORY_KINDS:
             raise SinkError(f"delta '{self.name}': {what}: cannot write kind {scope.kind!r}")
-        table = chunk_rows(frame, scope, rows_fetched, f"delta '{self.name}'")
+        table = chunk_rows(rows, scope, rows_fetched, f"delta '{self.name}'")
         table = table.append_column(PARTITION_COLUMN, pc.cast(table.column("ts"), pa.date32()))
         record = chunk_record(
             flow=scope.flow,

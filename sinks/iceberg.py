@@ -50,6 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from connectors import schema as tables
+from connectors.schema import Rows
 from sinks.base import ChunkScope, SinkError, SinkUnavailable
 from sinks.commit_retry import retry_conflicts
 from sinks.identity import differences, identity
@@ -428,14 +429,14 @@ class IcebergLake(ProgressMethods):
                 )
         return table
 
-    def write(self, scope: ChunkScope, frame: pd.DataFrame, rows_fetched: int) -> int:
+    def write(self, scope: ChunkScope, rows: Rows, rows_fetched: int) -> int:
         """Replace the chunk's scope and record the chunk, in one catalog commit."""
         check_dataset(scope.dataset)
         check_flow(scope.flow)
         what = f"write chunk {scope.chunk_id}"
         if scope.kind not in HISTORY_KINDS:
             raise SinkError(f"iceberg '{self.name}': {what}: cannot write kind {scope.kind!r}")
-        table = chunk_rows(frame, scope, rows_fetched, f"iceberg '{self.name}'")
+        table = chunk_rows(rows, scope, rows_fetched, f"iceberg '{self.name}'")
         table = table.cast(iceberg_schema(scope.kind))
         with self._errors(what), self._dataset_lock(scope.dataset):
             target = self._ensure_table(scope)

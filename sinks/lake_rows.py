@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors import schema as tables
+from connectors.schema import Rows
 from connectors.timewindow import Window
 from sinks.base import SinkError
 
@@ -29,12 +29,12 @@ def reason(exc: BaseException) -> str:
     return text[:200] + ("..." if len(text) > 200 else "")
 
 
-def table_of(frame: pd.DataFrame, kind: str, where: str) -> pa.Table:
-    """The frame as a table of the kind's schema (one chunk per column), else a one-line
+def table_of(rows: Rows, kind: str, where: str) -> pa.Table:
+    """The rows as a table of the kind's schema (one chunk per column), else a one-line
     SinkError starting with `where`. Dictionary-encoded string columns of history stay so
     until `sorted_rows` has used them."""
     try:
-        table = tables.table_from_frame(frame, kind, keep_dictionaries=kind in HISTORY_KINDS)
+        table = tables.table_from_frame(rows, kind, keep_dictionaries=kind in HISTORY_KINDS)
     except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
         raise SinkError(
             f"{where}: the frame does not match the {kind} schema: {reason(exc)}"

@@ -96,6 +96,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from connectors import schema as tables
+from connectors.schema import Rows
 from sinks.base import (
     ChunkScope,
     CountMismatch,
@@ -326,15 +327,15 @@ class ParquetLake(ProgressMethods):
 
     # -- writing --------------------------------------------------------------------------
 
-    def write(self, scope: ChunkScope, frame: pd.DataFrame, rows_fetched: int) -> int:
-        """Replace the scope's rows by `frame` and record the chunk (module docstring)."""
+    def write(self, scope: ChunkScope, rows: Rows, rows_fetched: int) -> int:
+        """Replace the scope's rows by `rows` and record the chunk (module docstring)."""
         check_flow(scope.flow)
         dataset = check_dataset(scope.dataset)
         chunk = check_chunk_id(scope.chunk_id)
         if scope.kind not in HISTORY_KINDS:
             raise SinkError(f"lake '{self.name}': kind {scope.kind!r} is not a history kind")
         what = f"write chunk {chunk} of dataset '{dataset}'"
-        table = table_of(frame, scope.kind, f"lake '{self.name}': {what}")
+        table = table_of(rows, scope.kind, f"lake '{self.name}': {what}")
         check_scope(scope, table, f"lake '{self.name}'")
         if table.num_rows != rows_fetched:
             raise CountMismatch(

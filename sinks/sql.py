@@ -52,6 +52,7 @@ from connectors.schema import (
     KIND_TAG_HISTORY,
     KIND_TAG_METADATA,
     SCHEMAS,
+    Rows,
     frame_from_table,
 )
 from connectors.timewindow import Window
@@ -405,13 +406,13 @@ class SqlWarehouse:
 
     # -- writes -----------------------------------------------------------------------
 
-    def write(self, scope: ChunkScope, frame: pd.DataFrame, rows_fetched: int) -> int:
+    def write(self, scope: ChunkScope, rows: Rows, rows_fetched: int) -> int:
         """Replace the chunk's scope and record it, in one transaction; tried again while
         the database is away (`_retrying`)."""
         check_dataset_name(scope.dataset)
         if scope.kind not in HISTORY_KINDS:
             raise SinkError(f"chunk {scope.chunk_id}: cannot write kind {scope.kind!r}")
-        table = _typed_table(frame, scope.kind)
+        table = _typed_table(rows, scope.kind)
         check_scope(scope, table, f"sink {self.name}")
         return self._retrying(lambda: self._write(scope, table, rows_fetched), flow=scope.flow)
 
@@ -869,12 +870,14 @@ class SqlWarehouse:
         return frame_from_table(table)
 
 
-def _typed_table(frame: pd.DataFrame, kind: str) -> pa.Table:
-    """The frame as an Arrow table of the kind's exact schema, or a one-line SinkError."""
-    if frame.empty:
+def _typed_table(rows: Rows, kind: str) -> pa.Table:
+    """The rows as an Arrow table of the kind's exact schema, or a one-line SinkError."""
+    if not len(rows):
         return SCHEMAS[kind].empty_table()
     try:
-        table = pa.Table.from_pandas(frame, preserve_index=False)
+        table = (
+            rows if isinstance(rows, pa.Table) else pa.Table.from_pandas(rows, preserve_index=False)
+        )
         # Text columns may come dictionary-encoded (tag names, repeated on every row): they
         # stay so, as the narrow load wants codes anyway; plain text stays plain.
         target = pa.schema(

@@ -9,11 +9,11 @@ the dictionary ranks of `node` and `tag`) and a sort is paid only when needed.
 
 from __future__ import annotations
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors import schema as tables
+from connectors.schema import Rows
 from sinks.base import ChunkScope, CountMismatch, SinkError
 from sinks.scope import check_scope
 
@@ -32,11 +32,11 @@ def transient(exc: BaseException) -> bool:
     )
 
 
-def typed_table(frame: pd.DataFrame, kind: str, where: str) -> pa.Table:
-    """The frame as the kind's Arrow table (string columns that arrive dictionary-encoded
+def typed_table(rows: Rows, kind: str, where: str) -> pa.Table:
+    """The rows as the kind's Arrow table (string columns that arrive dictionary-encoded
     stay so, until `plain`); SinkError naming `where` when it does not fit."""
     try:
-        table = tables.table_from_frame(frame, kind, keep_dictionaries=True)
+        table = tables.table_from_frame(rows, kind, keep_dictionaries=True)
     except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
         raise SinkError(
             f"{where}: the frame does not match the {kind} schema: {reason(exc)}"
@@ -103,9 +103,9 @@ def encoded_names(table: pa.Table, kind: str) -> pa.Table:
     return table
 
 
-def chunk_rows(frame: pd.DataFrame, scope: ChunkScope, rows_fetched: int, where: str) -> pa.Table:
+def chunk_rows(rows: Rows, scope: ChunkScope, rows_fetched: int, where: str) -> pa.Table:
     """The chunk's rows checked, sorted and decoded, ready to be committed."""
-    table = typed_table(frame, scope.kind, f"{where}: write chunk {scope.chunk_id}")
+    table = typed_table(rows, scope.kind, f"{where}: write chunk {scope.chunk_id}")
     table = encoded_names(table, scope.kind)
     check_scope(scope, table, where)
     if table.num_rows != rows_fetched:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from connectors.schema import TAG_HISTORY_SCHEMA, frame_from_table
+from connectors.schema import TAG_HISTORY_SCHEMA
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from pipelines.destinations import SinkSet
 from pipelines.nodes import NodePool
@@ -37,8 +37,7 @@ def test_rows_and_bad_quality_are_counted_per_tag() -> None:
         }
         for i, (tag, quality) in enumerate(samples)
     ]
-    frame = frame_from_table(pa.Table.from_pylist(rows, schema=TAG_HISTORY_SCHEMA))
-    per_tag, bad = _tag_counts(frame, "tag_history")
+    per_tag, bad = _tag_counts(pa.Table.from_pylist(rows, schema=TAG_HISTORY_SCHEMA), "tag_history")
     assert per_tag == {"/a": 2, "/b": 2, "/c": 1}
     assert bad == {"/a": 1, "/b": 1}
 
@@ -65,12 +64,18 @@ def test_dictionary_encoded_tags_are_counted_like_strings() -> None:
         pa.array([0, 1, 0, 3, 2], type=pa.int32()), pa.array(["/b", "/a", "/c", "/a", "/zz"])
     )
     encoded = table.set_column(1, pa.field("tag", tag.type, nullable=False), tag)
-    assert _tag_counts(frame_from_table(encoded), "tag_history") == _tag_counts(
-        frame_from_table(table), "tag_history"
-    )
-    per_tag, bad = _tag_counts(frame_from_table(encoded), "tag_history")
+    assert _tag_counts(encoded, "tag_history") == _tag_counts(table, "tag_history")
+    per_tag, bad = _tag_counts(encoded, "tag_history")
     assert per_tag == {"/a": 2, "/b": 2, "/c": 1}
     assert bad == {"/a": 1, "/b": 1}
+    # A joined write: chunks whose dictionaries differ count as one.
+    other = pa.DictionaryArray.from_arrays(
+        pa.array([1, 2, 0], type=pa.int32()), pa.array(["/c", "/b", "/a"])
+    )
+    tail = table.slice(2).set_column(1, pa.field("tag", other.type, nullable=False), other)
+    joined = pa.concat_tables([encoded.slice(0, 2), tail])
+    assert joined.column("tag").num_chunks == 2
+    assert _tag_counts(joined, "tag_history") == (per_tag, bad)
 
 
 def auto_flow(hours: int) -> dict[str, Any]:
