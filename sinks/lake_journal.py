@@ -183,6 +183,8 @@ class Journal:
 
     def commit(self, plan: Plan) -> None:
         """Record the intent, then apply it; a crash anywhere is finished by recovery."""
+        if plan.marker is not None:  # its member list in a file of its own, not the intent
+            plan.marker = self.state.shared_members(plan.marker)
         intent = intent_of(plan)
         path = self._state_dir(plan.dataset, "pending", f"{plan.ident}.json")
         try:
