@@ -62,6 +62,8 @@ from connectors.params import encode_query, list_param
 from connectors.proxy import describe_proxy
 from connectors.settings import NodeSettings, SettingsError
 
+_JITTER = random.Random()  # not the global generator, which callers may be drawing from
+
 log = logging.getLogger("historian.client")
 M = TypeVar("M", bound=BaseModel)
 
@@ -235,7 +237,7 @@ class NodeClient:
             self.settings.backoff_max_s,
             self.settings.backoff_base_s * (2 ** (state.attempt_number - 1)),
         )
-        delay = random.uniform(0, ceiling)
+        delay = _JITTER.uniform(0, ceiling)
         exc = state.outcome.exception() if state.outcome else None
         if isinstance(exc, RateLimited) and exc.retry_after_s is not None:
             delay = max(delay, min(exc.retry_after_s, MAX_RETRY_AFTER_S))

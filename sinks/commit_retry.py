@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+_JITTER = random.Random()  # not the global generator, which callers may be drawing from
+
 T = TypeVar("T")
 
 # Enough for tens of writers committing to one table at once; each try re-plans.
@@ -34,6 +36,6 @@ def retry_conflicts(
         except Exception as exc:
             if attempt == tries or not conflict(exc):
                 raise
-        time.sleep(delay * random.uniform(0.5, 1.5))
+        time.sleep(delay * _JITTER.uniform(0.5, 1.5))
         delay = min(delay * 1.5, 1.0)
     raise AssertionError("unreachable")

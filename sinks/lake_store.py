@@ -287,6 +287,58 @@ class LakeStore:
             return False
         return True
 
+    # -- conditional writes (leases on object storage) -----------------------------------
+
+    @property
+    def conditional(self) -> bool:
+        """Whether a write or a delete can be made conditional on the ETag a caller read
+        (S3 and stores that speak its API: `If-Match`); elsewhere on object storage a
+        lease's check and its write are two steps."""
+        protocol = self.fs.protocol
+        protocols = protocol if isinstance(protocol, tuple | list) else (protocol,)
+        return not self.local and any(name in ("s3", "s3a") for name in protocols)
+
+    def etag(self, path: str) -> str | None:
+        """The object's ETag as the store has it now (None when it is missing)."""
+        self.fs.invalidate_cache(path)
+        try:
+            tag = self.fs.info(path).get("ETag")
+        except FileNotFoundError:
+            return None
+        return str(tag) if tag else None
+
+    def replace_if(self, path: str, data: bytes, etag: str) -> str | None:
+        """Overwrite the object only while its ETag is `etag`: its new ETag, or None when
+        someone else changed or removed it first (`conditional` stores only)."""
+        try:
+            answer = self.fs.pipe_file(path, data, IfMatch=etag)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if _precondition_failed(exc):
+                return None
+            raise
+        finally:
+            self.fs.invalidate_cache(path)
+        tag = answer.get("ETag") if isinstance(answer, Mapping) else None
+        return str(tag) if tag else self.etag(path)
+
+    def remove_if(self, path: str, etag: str) -> bool:
+        """Delete the object only while its ETag is `etag`; False when it changed or went
+        (`conditional` stores only)."""
+        bucket, key, _ = self.fs.split_path(path)
+        try:
+            self.fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=etag)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            if _precondition_failed(exc):
+                return False
+            raise
+        finally:
+            self.fs.invalidate_cache(path)
+        return True
+
     def write_atomic(self, path: str, data: bytes, *, durable: bool = True) -> None:
         """Readers see the old file or the new one, never a part (temp + rename / one PUT).
 
@@ -432,6 +484,21 @@ def _fs_modified(info: Mapping[str, Any]) -> float:
     if isinstance(moment, int | float):
         return float(moment)
     return 0.0
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether an S3 call failed on its condition (HTTP 412 PreconditionFailed), which
+    s3fs raises as an OSError whose cause is botocore's error."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, Mapping):
+            code = str(response.get("Error", {}).get("Code", ""))
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "PreconditionFailed" or status == 412:
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return "pre-condition" in str(exc).lower() or "precondition" in str(exc).lower()
 
 
 def _fs_version(info: Mapping[str, Any]) -> str:

@@ -105,6 +105,8 @@ from sinks.sql_tables import (
     check_dataset_name,
 )
 
+_JITTER = random.Random()  # not the global generator, which callers may be drawing from
+
 log = logging.getLogger("historian.sql")
 HISTORY_KINDS = (KIND_TAG_HISTORY, KIND_ALARM_HISTORY)
 # A write or read that finds the database gone (restarting, connection terminated) is
@@ -232,7 +234,7 @@ class SqlWarehouse:
                         f"{exc} (still after {attempt} attempts in {waited:.0f} s)"
                     ) from None
                 delay = min(RETRY_MAX_DELAY_S, RETRY_FIRST_DELAY_S * 2 ** (attempt - 1))
-                delay = min(delay * random.uniform(0.5, 1.0), self.retry_s - waited)
+                delay = min(delay * _JITTER.uniform(0.5, 1.0), self.retry_s - waited)
                 log.warning("%s; trying again in %.1f s (attempt %d)", exc, delay, attempt + 1)
                 time.sleep(delay)
 

@@ -13,9 +13,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from sinks.base import SinkError
+from sinks.base import FlowLocked, SinkError
 from sinks.lake_store import LakeStore
-from sinks.locks import DatasetLease
+from sinks.locks import DatasetLease, Lease
 from sinks.parquet import ParquetLake
 from tests.sinks.contract_sinks import build
 from tests.sinks.contract_writers import assert_every_scope_once, run_writers
@@ -99,6 +99,54 @@ def test_the_dataset_lease_is_one_writer_at_a_time_and_taken_over_when_expired(
     third.release()
     fourth.acquire(timeout_s=5)
     fourth.release()
+
+
+def test_of_two_takers_of_one_lapsed_lease_exactly_one_gets_it(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both read the lapsed lease before either acts (the interleaving forced here): the
+    takeover is conditional on the ETag each read, so the second one's fails and it finds
+    the first one's live lease instead of deleting it."""
+    store = LakeStore(f"s3://{BUCKET}/race-{uuid.uuid4().hex[:8]}", fsspec_options(endpoint))
+    assert store.conditional
+    path = store.path("_historian", "_locks", "f.lease.json")
+    dead = Lease(store, path, "f", ttl_s=0.0)  # a holder killed: its lease lapsed at once
+    dead.acquire()
+    dead._stop.set()
+    first, second = Lease(store, path, "f"), Lease(store, path, "f")
+    seen = first._read()
+    assert seen[1] is not None
+    assert seen[1]["owner"] == dead.owner
+    reads = iter([seen])  # its first read: what it saw before `first` acted
+    real_read = second._read
+    monkeypatch.setattr(second, "_read", lambda: next(reads, None) or real_read())
+    first.acquire()
+    try:
+        with pytest.raises(FlowLocked, match="already running"):
+            second.acquire()
+        assert first._read()[1]["owner"] == first.owner  # type: ignore[index]
+    finally:
+        first.release()
+    assert store.read_bytes(path) is None
+
+
+def test_a_holder_that_stalled_past_its_lease_leaves_its_successors_alone(endpoint: str) -> None:
+    store = LakeStore(f"s3://{BUCKET}/stall-{uuid.uuid4().hex[:8]}", fsspec_options(endpoint))
+    path = store.path("_historian", "hist", "write.lease")
+    stalled = DatasetLease(store, path, ttl_s=0.0)
+    stalled.acquire(timeout_s=5)
+    successor = DatasetLease(store, path)
+    successor.acquire(timeout_s=5)  # took the lapsed lease over
+    # The stalled holder wakes up: its renewal and its release are conditional on the
+    # lease it wrote, which is gone.
+    assert stalled._etag is not None
+    assert store.replace_if(path, stalled._body(), stalled._etag) is None
+    stalled.release()
+    _, current = successor._read()
+    assert current is not None
+    assert current["owner"] == successor.owner
+    successor.release()
+    assert store.read_bytes(path) is None
 
 
 def test_a_long_lived_process_sees_what_other_processes_wrote_since_it_last_looked(
