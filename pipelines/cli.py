@@ -561,7 +561,7 @@ def serve(
         scheduled = [n for n, f in cfg.flows.items() if f.schedule and (not flow or n in flow)]
         if not scheduled:
             raise UserError(f"{config.name}: no flow has a schedule", EXIT_USAGE)
-        from pipelines.flows import serve_flows
+        from pipelines.deployments import serve_flows
         from pipelines.prefect_server import ServerStartError
 
         try:
@@ -597,7 +597,7 @@ def deploy(
                     "(e.g. to a `prefect server start`)",
                     EXIT_USAGE,
                 )
-        from pipelines.flows import deploy_flows
+        from pipelines.deployments import deploy_flows
 
         names = [n for n in cfg.flows if not flow or n in flow]
         deploy_flows(config, pool, names=names)

@@ -266,7 +266,7 @@ def submit_backfill(
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
-    from pipelines.flows import backfill_deployment
+    from pipelines.deployments import backfill_deployment
 
     name = backfill_deployment(flow, config.flows[flow].kind)
     with get_client(sync_client=True) as client:

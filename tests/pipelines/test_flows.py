@@ -25,13 +25,9 @@ configure_prefect()
 from connectors.errors import MalformedAnswer, RetriesExhausted  # noqa: E402
 from connectors.simulator import SimConfig, SimulatedNode, run_server  # noqa: E402
 from connectors.timewindow import Window  # noqa: E402
+from pipelines.deployments import build_deployments, deploy_flows  # noqa: E402
 from pipelines.destinations import SinkSet  # noqa: E402
-from pipelines.flows import (  # noqa: E402
-    artifact_key,
-    build_deployments,
-    deploy_flows,
-    run_prefect,
-)
+from pipelines.flows import artifact_key, run_prefect  # noqa: E402
 from pipelines.nodes import NodePool  # noqa: E402
 from pipelines.runner import (  # noqa: E402
     ChunkOutcome,
