@@ -33,7 +33,6 @@ Each table's properties record the dataset's kind and attrs; a later chunk must 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import threading
 import uuid
@@ -64,6 +63,7 @@ from sinks.lake_layout import (
 )
 from sinks.lake_store import LakeStore, redacted_url, token
 from sinks.locks import dataset_flock, dataset_lease, flow_flock, flow_lease
+from sinks.member_lists import MemberLists
 from sinks.progress_methods import ProgressMethods
 from sinks.table_progress import RECORD_KEY, TableProgress, check_record, chunk_record
 from sinks.table_rows import chunk_rows, plain, reason, transient, typed_table
@@ -171,7 +171,7 @@ class IcebergLake(ProgressMethods):
         self._progress: TableProgress | None = None
         self._guard = threading.Lock()
         self._dataset_locks: dict[str, threading.Lock] = {}
-        self._members: dict[str, list[str]] = {}
+        self._lists: MemberLists | None = None
 
     def __repr__(self) -> str:
         return f"IcebergLake({self.describe()!r})"
@@ -192,6 +192,18 @@ class IcebergLake(ProgressMethods):
             options = {} if self.local else fsspec_options(self.properties)
             self._store = LakeStore(self.url, options)
         return self._store
+
+    @property
+    def _member_lists(self) -> MemberLists:
+        """Chunk records name their members by digest (`sinks.member_lists`); the lists
+        reach the disk first, as the catalog's commit that names them is durable."""
+        if self._lists is None:
+            self._lists = MemberLists(self.store, durable=True)
+        return self._lists
+
+    @property
+    def _members_dir(self) -> str:
+        return self.store.path(STATE_DIR, "members")
 
     @property
     def catalog(self) -> Any:
@@ -335,30 +347,13 @@ class IcebergLake(ProgressMethods):
             name for _, name in self.catalog.list_tables(self.namespace) if name != METADATA_DATASET
         )
 
-    def _members_path(self, digest: str) -> str:
-        return self.store.path(STATE_DIR, "members", f"{digest}.json")
-
-    def _save_members(self, members: list[str]) -> str:
-        """The content-addressed file naming a chunk's members; written once, never changed."""
-        raw = orjson.dumps(members)
-        digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
-        if digest not in self._members:
-            path = self._members_path(digest)
-            if not self.store.exists(path):
-                self.store.makedirs(self.store.path(STATE_DIR, "members"))
-                self.store.write_bytes(path, raw)
-            self._members[digest] = members
-        return digest
-
     def _load_members(self, digest: str) -> list[str]:
-        if digest not in self._members:
-            raw = self.store.read_bytes(self._members_path(digest))
-            if raw is None:
-                raise SinkError(
-                    f"iceberg '{self.name}': a chunk names member list {digest}, which is missing"
-                )
-            self._members[digest] = [str(m) for m in orjson.loads(raw)]
-        return self._members[digest]
+        listed = self._member_lists.load(self._members_dir, digest)
+        if listed is None:
+            raise SinkError(
+                f"iceberg '{self.name}': a chunk names member list {digest}, which is missing"
+            )
+        return listed
 
     def records_since(self, dataset: str, version: int) -> tuple[int, list[dict[str, Any]]]:
         table = self._table(dataset)
@@ -449,7 +444,7 @@ class IcebergLake(ProgressMethods):
                 rows_fetched=rows_fetched,
                 rows_committed=table.num_rows,
             )
-            record["members"] = self._save_members(list(scope.members))
+            record["members"] = self._member_lists.save(self._members_dir, scope.members)
             properties = {RECORD_KEY: orjson.dumps(record).decode()}
             files = self._write_files(target, table)
             retry_conflicts(lambda: self._commit(scope, table, files, properties), lost_race)

@@ -13,7 +13,7 @@ Forgetting one member (`reset(flow, member)`) records the moment in `resets.json
 committed before it no longer count for that member, without rewriting any marker.
 
 A marker names its members by the digest of a file holding the list
-(`_historian/_flows/<flow>/members/<digest>.json`, written once, never changed): an hourly
+(`_historian/_flows/<flow>/members/<digest>.json`, `sinks.member_lists`): an hourly
 run of 10,000 tags commits the same list every hour, which inline made each marker (and
 the write's intent) ~360 KB, ~3 GB a year. A marker whose list cannot be read counts as
 missing, so its chunk is fetched again. Markers with the list inline (older lakes) are
@@ -23,23 +23,18 @@ read as they are.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import re
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
-
 from connectors.timewindow import Window, iso_utc
 from sinks.base import ChunkRecord, Progress, SharedWindows
 from sinks.lake_layout import FLOWS_DIR, STATE_DIR, join, key_name, key_of_name
 from sinks.lake_store import LakeStore
+from sinks.member_lists import MemberLists
 
 SNAPSHOT_VERSION = 1
-# A member list's name: blake2b, 16 bytes, in hex.
-_DIGEST = re.compile(r"[0-9a-f]{32}")
 
 # One snapshot entry per marker: [change token, start_ms, end_ms, members, fetched,
 # committed, committed_ns, dataset].
@@ -117,8 +112,9 @@ class LakeState:
         # token, snapshot). A run reads progress when it plans and when it ends; the
         # second read then folds the run's own markers into it without reading it back.
         self._snapshots: dict[str, tuple[str, dict[str, Any]]] = {}
-        # Member lists by (flow, digest), as read or written (they never change).
-        self._member_lists: dict[tuple[str, str], list[str]] = {}
+        # Without waiting for the disk, like the markers that name them: a list a power
+        # cut left torn makes its markers read as missing (their chunks are written again).
+        self._member_lists = MemberLists(store, durable=False)
 
     # -- paths ----------------------------------------------------------------------------
 
@@ -135,31 +131,18 @@ class LakeState:
     def marker_path(self, flow: str, chunk_id: str) -> str:
         return join(self.markers_dir(flow), f"{chunk_id}.json")
 
-    def members_path(self, flow: str, digest: str) -> str:
-        return join(self.flow_dir(flow), "members", f"{digest}.json")
+    def members_dir(self, flow: str) -> str:
+        return join(self.flow_dir(flow), "members")
 
     # -- member lists ---------------------------------------------------------------------
 
     def shared_members(self, marker: dict[str, Any]) -> dict[str, Any]:
-        """The marker naming its members by digest, their list saved (once) in
-        the flow's `members/` (module docstring). A marker that names them so already is
-        returned as it is."""
+        """The marker naming its members by digest, their list saved in the flow's
+        `members/` (module docstring); one that names them so already, as it is."""
         members = marker["members"]
         if isinstance(members, str):
             return marker
-        listed = [str(member) for member in members]
-        raw = orjson.dumps(listed)
-        digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
-        flow = str(marker["flow"])
-        if (flow, digest) not in self._member_lists:
-            # Without waiting for the disk, like the marker: a list a power cut left torn
-            # makes its markers read as missing (their chunks are written again), and is
-            # written anew here, as it does not read back whole.
-            path = self.members_path(flow, digest)
-            if self.store.read_bytes(path) != raw:
-                self.store.makedirs(join(self.flow_dir(flow), "members"))
-                self.store.write_atomic(path, raw, durable=False)
-            self._member_lists[(flow, digest)] = listed
+        digest = self._member_lists.save(self.members_dir(str(marker["flow"])), members)
         return {**marker, "members": digest}
 
     def _with_members(self, marker: dict[str, Any]) -> dict[str, Any] | None:
@@ -167,16 +150,8 @@ class LakeState:
         members = marker.get("members")
         if not isinstance(members, str):
             return marker if isinstance(members, list) else None
-        if not _DIGEST.fullmatch(members):  # not a digest of ours: never a path
-            return None
-        key = (str(marker.get("flow")), members)
-        listed = self._member_lists.get(key)
-        if listed is None:
-            value = self.store.read_json(self.members_path(*key), torn_is_missing=True)
-            if not isinstance(value, list):
-                return None
-            listed = self._member_lists[key] = [str(member) for member in value]
-        return {**marker, "members": listed}
+        listed = self._member_lists.load(self.members_dir(str(marker.get("flow"))), members)
+        return None if listed is None else {**marker, "members": listed}
 
     # -- markers --------------------------------------------------------------------------
 
