@@ -127,6 +127,11 @@ def frame_from_table(table: pa.Table) -> pd.DataFrame:
 Rows: TypeAlias = pa.Table | pd.DataFrame
 
 
+def as_table(rows: Rows) -> pa.Table:
+    """The rows as an Arrow table: the table itself, or the DataFrame's columns."""
+    return rows if isinstance(rows, pa.Table) else pa.Table.from_pandas(rows, preserve_index=False)
+
+
 def table_from_frame(rows: Rows, kind: str, *, keep_dictionaries: bool = False) -> pa.Table:
     """Rows (an Arrow table, or a DataFrame of the same columns) as an Arrow table cast
     to the kind's schema (raises on a column mismatch).
@@ -135,9 +140,7 @@ def table_from_frame(rows: Rows, kind: str, *, keep_dictionaries: bool = False) 
     NAME_DICTIONARY), for a caller that works on the distinct values before storing them.
     """
     schema = SCHEMAS[kind]
-    if not isinstance(rows, pa.Table):
-        rows = pa.Table.from_pandas(rows, preserve_index=False)
-    table = rows.select(schema.names)
+    table = as_table(rows).select(schema.names)
     if keep_dictionaries:
         schema = pa.schema(
             [
@@ -154,7 +157,7 @@ def sort_key(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     """A column that sorts and compares like `column`: itself, or for a dictionary-encoded
     one each row's dense rank among its dictionary's values (uint32), so that equal names
     have equal keys and a sort or an order check never compares strings row by row."""
-    column = _one_array(column)
+    column = one_array(column)
     if not pa.types.is_dictionary(column.type):
         return column
     rank = pc.rank(column.dictionary, sort_keys="ascending", tiebreaker="dense")
@@ -164,7 +167,7 @@ def sort_key(column: pa.Array | pa.ChunkedArray) -> pa.Array:
 def names_of(column: pa.Array | pa.ChunkedArray) -> set[str]:
     """The distinct values of a string column (dictionary-encoded or not), nulls aside; a
     dictionary's values without rows are left out."""
-    column = _one_array(column)
+    column = one_array(column)
     if not pa.types.is_dictionary(column.type):
         return {name for name in pc.unique(column).to_pylist() if name is not None}
     used = np.bincount(
@@ -177,7 +180,7 @@ def names_of(column: pa.Array | pa.ChunkedArray) -> set[str]:
     return {name for name in column.dictionary.filter(present).to_pylist() if name is not None}
 
 
-def _one_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+def one_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     """The column as one array: its only chunk as it is, or the chunks concatenated (their
     dictionaries unified on the way)."""
     if not isinstance(column, pa.ChunkedArray):

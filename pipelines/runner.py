@@ -41,6 +41,7 @@ from connectors.schema import (
     KIND_TAG_HISTORY,
     KIND_TAG_METADATA,
     SCOPE_COLUMN,
+    one_array,
 )
 from connectors.timewindow import Window, iso_utc
 from connectors.version import check_method
@@ -887,9 +888,9 @@ def _tag_counts(table: pa.Table, kind: str) -> tuple[Counter[str], Counter[str]]
     """Rows and bad-quality rows (quality < 192 or missing) per tag or alarm path."""
     if not table.num_rows or kind == KIND_TAG_METADATA:
         return Counter(), Counter()
-    keys = _one_array(table.column(SCOPE_COLUMN[kind]))
+    keys = one_array(table.column(SCOPE_COLUMN[kind]))
     if kind == KIND_TAG_HISTORY:
-        quality = _one_array(table.column("quality")).cast(pa.int32())
+        quality = one_array(table.column("quality")).cast(pa.int32())
         bad = pc.fill_null(pc.less(quality, GOOD_QUALITY), True)
     else:
         bad = pa.repeat(False, table.num_rows)
@@ -908,13 +909,6 @@ def _tag_counts(table: pa.Table, kind: str) -> tuple[Counter[str], Counter[str]]
         {name: n for name, n in zip(names, grouped.column("bad_sum").to_pylist(), strict=True) if n}
     )
     return rows, bad_rows
-
-
-def _one_array(column: pa.ChunkedArray) -> pa.Array:
-    """The column as one Arrow array (dictionaries of chunks unified)."""
-    if column.num_chunks == 1:
-        return column.chunk(0)
-    return column.combine_chunks()
 
 
 def _counts_by_index(keys: pa.DictionaryArray, bad: pa.Array) -> tuple[Counter[str], Counter[str]]:

@@ -53,6 +53,7 @@ from connectors.schema import (
     KIND_TAG_METADATA,
     SCHEMAS,
     Rows,
+    as_table,
     frame_from_table,
 )
 from connectors.timewindow import Window
@@ -877,9 +878,7 @@ def _typed_table(rows: Rows, kind: str) -> pa.Table:
     if not len(rows):
         return SCHEMAS[kind].empty_table()
     try:
-        table = (
-            rows if isinstance(rows, pa.Table) else pa.Table.from_pandas(rows, preserve_index=False)
-        )
+        table = as_table(rows)
         # Text columns may come dictionary-encoded (tag names, repeated on every row): they
         # stay so, as the narrow load wants codes anyway; plain text stays plain.
         target = pa.schema(
