@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -310,16 +311,9 @@ class LakeStore:
     def replace_if(self, path: str, data: bytes, etag: str) -> str | None:
         """Overwrite the object only while its ETag is `etag`: its new ETag, or None when
         someone else changed or removed it first (`conditional` stores only)."""
-        try:
-            answer = self.fs.pipe_file(path, data, IfMatch=etag)
-        except FileNotFoundError:
+        done, answer = self._if_match(path, partial(self.fs.pipe_file, path, data, IfMatch=etag))
+        if not done:
             return None
-        except OSError as exc:
-            if _precondition_failed(exc):
-                return None
-            raise
-        finally:
-            self.fs.invalidate_cache(path)
         tag = answer.get("ETag") if isinstance(answer, Mapping) else None
         return str(tag) if tag else self.etag(path)
 
@@ -327,17 +321,22 @@ class LakeStore:
         """Delete the object only while its ETag is `etag`; False when it changed or went
         (`conditional` stores only)."""
         bucket, key, _ = self.fs.split_path(path)
+        delete = partial(self.fs.call_s3, "delete_object", Bucket=bucket, Key=key, IfMatch=etag)
+        return self._if_match(path, delete)[0]
+
+    def _if_match(self, path: str, call: Callable[[], object]) -> tuple[bool, object]:
+        """Make an S3 call conditional on an ETag: (True, its answer), or (False, None)
+        when the object changed or went first."""
         try:
-            self.fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=etag)
+            return True, call()
         except FileNotFoundError:
-            return False
+            return False, None
         except OSError as exc:
             if _precondition_failed(exc):
-                return False
+                return False, None
             raise
         finally:
             self.fs.invalidate_cache(path)
-        return True
 
     def write_atomic(self, path: str, data: bytes, *, durable: bool = True) -> None:
         """Readers see the old file or the new one, never a part (temp + rename / one PUT).

@@ -131,18 +131,21 @@ class _LeaseObject:
     def _body(self) -> bytes:
         return orjson.dumps({**_holder(), "owner": self.owner, "expires": time.time() + self.ttl_s})
 
-    def _read(self) -> tuple[str | None, dict[str, object] | None]:
-        """(ETag, content) of the object in place; the ETag is read first, so that a
-        conditional takeover based on content newer than it fails rather than wins."""
-        etag = self.store.etag(self.path) if self.store.conditional else None
+    def _read(self) -> dict[str, object] | None:
+        """The lease in place: None when there is none, {} when it is torn."""
         raw = self.store.read_bytes(self.path)
         if raw is None:
-            return etag, None
+            return None
         try:
             value = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return etag, {}
-        return etag, value if isinstance(value, dict) else {}
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    @staticmethod
+    def _live(lease: dict[str, object] | None) -> bool:
+        expires = lease.get("expires") if lease else None
+        return isinstance(expires, int | float) and expires > time.time()
 
     def _try(self) -> dict[str, object] | None:
         """One attempt to hold the lease: None when it is ours now, else the live lease
@@ -153,17 +156,19 @@ class _LeaseObject:
                 if self.store.conditional:
                     self._etag = self.store.etag(self.path)
                 return None
-            etag, seen = self._read()
+            seen = self._read()
             if seen is None:
                 continue  # removed since: try to create it again
             current = seen
-            expires = current.get("expires")
-            if isinstance(expires, int | float) and expires > time.time():
+            if self._live(current):
                 return current
             if not self.store.conditional:
                 self.store.remove(self.path)  # lapsed (its holder died) or torn
                 continue
-            if etag is None:
+            # Lapsed or torn: taken over as it is now. Its ETag first, then the content
+            # again: content newer than that ETag makes the conditional write fail.
+            etag = self.store.etag(self.path)
+            if etag is None or self._live(self._read()):
                 continue
             taken = self.store.replace_if(self.path, self._body(), etag)
             if taken is not None:
@@ -179,7 +184,7 @@ class _LeaseObject:
     def _owned(self) -> bool:
         """Is the lease object still this holder's (a holder that stalled past its time to
         live may find another's in its place: that one it must not renew or delete)?"""
-        _, current = self._read()
+        current = self._read()
         return current is not None and current.get("owner") == self.owner
 
     def _renew(self) -> None:

@@ -104,27 +104,32 @@ def test_the_dataset_lease_is_one_writer_at_a_time_and_taken_over_when_expired(
 def test_of_two_takers_of_one_lapsed_lease_exactly_one_gets_it(
     endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both read the lapsed lease before either acts (the interleaving forced here): the
-    takeover is conditional on the ETag each read, so the second one's fails and it finds
-    the first one's live lease instead of deleting it."""
-    store = LakeStore(f"s3://{BUCKET}/race-{uuid.uuid4().hex[:8]}", fsspec_options(endpoint))
+    """Both have read the lapsed lease and its ETag when the first one takes it over (the
+    interleaving forced here): the second one's takeover is conditional on the ETag it
+    read, so it is refused and the second finds the first one's live lease."""
+    url = f"s3://{BUCKET}/race-{uuid.uuid4().hex[:8]}"
+    store = LakeStore(url, fsspec_options(endpoint))
     assert store.conditional
     path = store.path("_historian", "_locks", "f.lease.json")
     dead = Lease(store, path, "f", ttl_s=0.0)  # a holder killed: its lease lapsed at once
     dead.acquire()
     dead._stop.set()
-    first, second = Lease(store, path, "f"), Lease(store, path, "f")
-    seen = first._read()
-    assert seen[1] is not None
-    assert seen[1]["owner"] == dead.owner
-    reads = iter([seen])  # its first read: what it saw before `first` acted
-    real_read = second._read
-    monkeypatch.setattr(second, "_read", lambda: next(reads, None) or real_read())
-    first.acquire()
+    first = Lease(store, path, "f")
+    second = Lease(LakeStore(url, fsspec_options(endpoint)), path, "f")
+    refused: list[str | None] = []
+    real_replace = second.store.replace_if
+
+    def first_acts_then_replace(target: str, data: bytes, etag: str) -> str | None:
+        first.acquire()  # between the second's read of the lapsed lease and its write
+        refused.append(real_replace(target, data, etag))
+        return refused[-1]
+
+    monkeypatch.setattr(second.store, "replace_if", first_acts_then_replace)
     try:
         with pytest.raises(FlowLocked, match="already running"):
             second.acquire()
-        assert first._read()[1]["owner"] == first.owner  # type: ignore[index]
+        assert refused == [None], "the second takeover was refused"
+        assert store.read_json(path)["owner"] == first.owner
     finally:
         first.release()
     assert store.read_bytes(path) is None
@@ -135,16 +140,22 @@ def test_a_holder_that_stalled_past_its_lease_leaves_its_successors_alone(endpoi
     path = store.path("_historian", "hist", "write.lease")
     stalled = DatasetLease(store, path, ttl_s=0.0)
     stalled.acquire(timeout_s=5)
+    stalled._stop.set()  # the holder stalls: nothing renews its lease, which lapses
+    assert stalled._thread is not None
+    stalled._thread.join(timeout=5)
     successor = DatasetLease(store, path)
     successor.acquire(timeout_s=5)  # took the lapsed lease over
-    # The stalled holder wakes up: its renewal and its release are conditional on the
-    # lease it wrote, which is gone.
-    assert stalled._etag is not None
-    assert store.replace_if(path, stalled._body(), stalled._etag) is None
-    stalled.release()
-    _, current = successor._read()
-    assert current is not None
-    assert current["owner"] == successor.owner
+    # The stalled holder wakes up: its renewal, conditional on the lease it wrote, is
+    # refused, so it stops renewing; its release is conditional too.
+    stalled._stop.clear()
+    stalled._hold()
+    try:
+        stalled._thread.join(timeout=5)
+        assert not stalled._thread.is_alive(), "the renewal gave up the lost lease"
+        assert stalled._etag is None
+    finally:
+        stalled.release()
+    assert store.read_json(path)["owner"] == successor.owner
     successor.release()
     assert store.read_bytes(path) is None
 
