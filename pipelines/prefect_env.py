@@ -97,7 +97,7 @@ def cli_run(*, record_task_runs: bool = True) -> Iterator[None]:
         stack.enter_context(quiet_run_console())
         if _on_ephemeral_server():
             _ephemeral_server_ends_with_us(record_task_runs)
-        if not _heartbeats_asked_for():
+        if not _user_set(*HEARTBEAT_SETTINGS):
             from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
             stack.enter_context(
@@ -109,14 +109,15 @@ def cli_run(*, record_task_runs: bool = True) -> Iterator[None]:
 HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")
 
 
-def _heartbeats_asked_for() -> bool:
-    """Whether the user set flow-run heartbeats, in the environment or the active profile."""
-    if any(name in os.environ for name in HEARTBEAT_SETTINGS):
+def _user_set(*names: str) -> bool:
+    """Whether the user set any of these Prefect settings, in the environment or the
+    active profile (then it is theirs, not ours to change)."""
+    if any(name in os.environ for name in names):
         return True
     from prefect.context import get_settings_context
 
     profile = get_settings_context().profile
-    return any(setting.name in HEARTBEAT_SETTINGS for setting in profile.settings)
+    return any(setting.name in names for setting in profile.settings)
 
 
 def _ephemeral_server_ends_with_us(record_task_runs: bool) -> None:
@@ -133,7 +134,7 @@ def _ephemeral_server_ends_with_us(record_task_runs: bool) -> None:
 
     server = SubprocessASGIServer()
     with ExitStack() as stack:
-        if not record_task_runs and RECORDER_SETTING not in os.environ:
+        if not record_task_runs and not _user_set(RECORDER_SETTING):
             # The server takes the settings set now (Prefect passes them to its process).
             stack.enter_context(
                 temporary_settings(
