@@ -87,7 +87,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 def lake_class(revision: str | None) -> Any:
     """ParquetLake of this tree, or of sinks/ at a git revision."""
     if revision is None:
-        from sinks.parquet import ParquetLake
+        from sinks.lake.sink import ParquetLake
 
         return ParquetLake
     return sinks_module_at(revision, "parquet").ParquetLake

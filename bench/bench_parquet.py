@@ -26,7 +26,7 @@ import pyarrow as pa
 from connectors import schema
 from connectors.timewindow import Window
 from sinks.base import ChunkScope
-from sinks.parquet import ParquetLake
+from sinks.lake.sink import ParquetLake
 
 START_MS = 1_709_251_200_000  # 2024-03-01T00:00:00Z
 HOUR_MS = 3_600_000

@@ -9,9 +9,9 @@ median wall time, CPU time and peak RSS of each and the overhead in percent (tar
 < 10 %), plus the chunk count so the overhead per task can be read off.
 
 `--server long-lived` runs the Prefect contenders against a Prefect server started for
-the bench (`pipelines/prefect_server.py`, as `historian serve` starts one), as a
+the bench (`pipelines/orchestration/server.py`, as `historian serve` starts one), as a
 `historian run` with PREFECT_API_URL uses one (without flow-run heartbeats, as that command
-runs: `pipelines/prefect_env.py`). `--server ephemeral` (default) is Prefect's own
+runs: `pipelines/orchestration/env.py`). `--server ephemeral` (default) is Prefect's own
 throwaway server, as a one-off `historian run` without PREFECT_API_URL.
 
 Peak RSS is this process's resident size sampled every 10 ms during each run (the runs
@@ -23,8 +23,8 @@ Prefect state goes to a throwaway PREFECT_HOME, not the user's.
     .venv/bin/python bench/bench_prefect_overhead.py [--tags 200] [--hours 6] [--batch 100]
         [--window 1h] [--repeat 5] [--server ephemeral|long-lived] [--baseline OLD_FLOWS.py]
 
-`--baseline` adds a third contender: `run_prefect` of another copy of pipelines/flows.py
-(e.g. `git show HEAD~1:pipelines/flows.py > /tmp/flows_old.py`), run in the same
+`--baseline` adds a third contender: `run_prefect` of another copy of pipelines/orchestration/flows.py
+(e.g. `git show HEAD~1:pipelines/orchestration/flows.py > /tmp/flows_old.py`), run in the same
 alternation, so a change to the flows is measured side by side with what it replaces.
 
 Prefect's cost is per run (~0.2 s on an idle machine: flow run, states, artifact) plus
@@ -53,17 +53,17 @@ import yaml
 HOME = tempfile.mkdtemp(prefix="historian-bench-prefect-")
 os.environ.setdefault("PREFECT_HOME", HOME)
 
-from pipelines.prefect_env import configure_prefect  # noqa: E402
+from pipelines.orchestration.env import configure_prefect  # noqa: E402
 
 configure_prefect()
 
 from connectors.simulator import SimConfig, SimulatedNode, run_server  # noqa: E402
-from pipelines.config import load_config  # noqa: E402
-from pipelines.destinations import SinkSet  # noqa: E402
-from pipelines.flows import run_prefect  # noqa: E402
-from pipelines.nodes import NodePool  # noqa: E402
-from pipelines.prefect_server import api_for_schedules  # noqa: E402
-from pipelines.runner import RunRequest, RunSummary, run_flow  # noqa: E402
+from pipelines.config.destinations import SinkSet  # noqa: E402
+from pipelines.config.models import load_config  # noqa: E402
+from pipelines.config.nodes import NodePool  # noqa: E402
+from pipelines.core.runner import RunRequest, RunSummary, run_flow  # noqa: E402
+from pipelines.orchestration.flows import run_prefect  # noqa: E402
+from pipelines.orchestration.server import api_for_schedules  # noqa: E402
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -205,7 +205,9 @@ def main() -> None:
         default="ephemeral",
         help="Prefect's throwaway server, or a server started for the bench",
     )
-    parser.add_argument("--baseline", help="another pipelines/flows.py to measure alongside")
+    parser.add_argument(
+        "--baseline", help="another pipelines/orchestration/flows.py to measure alongside"
+    )
     args = parser.parse_args()
     node = SimulatedNode(SimConfig(seed=5, tags=max(10, args.tags)))
     node.set_clock(int(NOW.timestamp() * 1000))

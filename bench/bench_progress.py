@@ -24,8 +24,8 @@ from datetime import UTC, datetime, timedelta
 
 from connectors.timewindow import Window
 from pipelines.state import flow_watermark
-from sinks.lake_state import LakeState, new_marker
-from sinks.lake_store import LakeStore
+from sinks.lake.state import LakeState, new_marker
+from sinks.store.objects import LakeStore
 
 T0 = datetime(2026, 10, 1, tzinfo=UTC)
 

@@ -7,7 +7,7 @@ Writes one tag-history dataset of ROWS samples (TAGS tags over DAYS days, 1 % ba
 into each sink once, then, alternating the two contenders run by run, computes the flow's
 coverage (rows, bad quality, min/mean/max per tag and bucket) in a fresh process each:
 
-* `in-sink`: what `historian report` does, `pipelines.coverage.tag_coverage` on the
+* `in-sink`: what `historian report` does, `pipelines.report.coverage.tag_coverage` on the
   sink (the lake scanned batch by batch, one SQL GROUP BY in the warehouse);
 * `read-whole`: the same numbers from the whole dataset read into memory first through
   `Sink.read` (what the report did before, and what it still does for other sinks).
@@ -41,9 +41,9 @@ import yaml
 
 from connectors.schema import KIND_TAG_HISTORY, TAG_HISTORY_SCHEMA, frame_from_table
 from connectors.timewindow import Window
-from pipelines.config import load_config
-from pipelines.coverage import tag_coverage
-from pipelines.destinations import SinkSet
+from pipelines.config.destinations import SinkSet
+from pipelines.config.models import load_config
+from pipelines.report.coverage import tag_coverage
 from sinks.base import ChunkScope, Progress
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z

@@ -42,8 +42,8 @@ from bench.revisions import sinks_module_at
 from connectors import schema
 from connectors.timewindow import Window
 from sinks.base import ChunkScope
-from sinks.sql import SqlWarehouse
-from sinks.sql_copy import encode_binary_copy
+from sinks.sql.pg_copy import encode_binary_copy
+from sinks.sql.warehouse import SqlWarehouse
 
 START_MS = 1_709_251_200_000  # 2024-03-01T00:00:00Z
 HOUR_MS = 3_600_000

@@ -40,14 +40,14 @@ def rss_mb(field: str) -> float:
 
 def make_sink(kind: str, root: Path) -> Any:
     if kind == "parquet":
-        from sinks.parquet import ParquetLake
+        from sinks.lake.sink import ParquetLake
 
         return ParquetLake(str(root / "lake"))
     if kind == "delta":
-        from sinks.delta import DeltaLake
+        from sinks.tables.delta import DeltaLake
 
         return DeltaLake(str(root / "delta"))
-    from sinks.iceberg import IcebergLake
+    from sinks.tables.iceberg import IcebergLake
 
     return IcebergLake(str(root / "iceberg"))
 

@@ -12,7 +12,7 @@ repeat, so all of them see the same machine noise. Medians in rows/s.
 * `pg-copy` / `pg-adbc`: the bare load. The same narrow Arrow chunks (series_id, ts, ...,
   as `SqlWarehouse` hands them to its loader) are appended to the same keyed table
   `historian_rows_<dataset>` made by the sink, one transaction per chunk, on one
-  connection: by `sinks.sql_load.copy_binary` (our vectorised binary COPY) or by
+  connection: by `sinks.sql.load.copy_binary` (our vectorised binary COPY) or by
   `adbc_driver_postgresql`'s `adbc_ingest` (Arrow's own COPY). Both bare: the sink's
   delete, chunk record and progress merge are left out of both.
 * `pg-sink`: the whole `SqlWarehouse.write` path (two chunks at once, as the runner).
@@ -50,8 +50,8 @@ from bench.bench_sql import chunk
 from connectors import schema
 from connectors.timewindow import Window
 from sinks.base import ChunkScope
-from sinks.sql import SqlWarehouse, _typed_table
-from sinks.sql_load import copy_binary
+from sinks.sql.load import copy_binary
+from sinks.sql.warehouse import SqlWarehouse, _typed_table
 
 CONTENDERS = ("pg-copy", "pg-adbc", "pg-sink", "mariadb-sink", "mariadb-to_sql")
 

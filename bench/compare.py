@@ -51,7 +51,7 @@ sys.path.insert(0, str(HERE))
 
 from contenders import Work, flow_document, pipeline_sink  # noqa: E402
 
-from pipelines.prefect_server import free_port, local_server  # noqa: E402
+from pipelines.orchestration.server import free_port, local_server  # noqa: E402
 
 PYTHON = sys.executable
 HISTORIAN = str(Path(sys.executable).with_name("historian"))

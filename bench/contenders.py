@@ -151,13 +151,13 @@ def pipeline_sink(target: str, out: Path, pg_url: str, pg_schema: str | None) ->
 
 
 def run_pipeline(args: argparse.Namespace, tags: list[str], work: Work) -> int:
-    from pipelines import memory
+    from pipelines.core import memory
 
     memory.bound_memory()  # as the `historian` command does at start
-    from pipelines.config import parse_config
-    from pipelines.destinations import SinkSet
-    from pipelines.nodes import NodePool
-    from pipelines.runner import RunRequest, run_flow
+    from pipelines.config.destinations import SinkSet
+    from pipelines.config.models import parse_config
+    from pipelines.config.nodes import NodePool
+    from pipelines.core.runner import RunRequest, run_flow
 
     out = Path(args.out)
     sink = pipeline_sink(args.target, out, args.pg_url, args.pg_schema)

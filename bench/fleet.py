@@ -5,7 +5,7 @@ Parquet lake on local disk, a real `prefect server start` (its access log counts
 requests) and a process work pool. For 1, 2 and 4 workers (`prefect worker start --limit
 L`, each a round of its own over a fresh time range so nothing is skipped), one
 backfill flow run per node is submitted the way `historian backfill --per-node` does
-(`pipelines.fleet.submit_backfill`) and waited for. Per round it prints:
+(`pipelines.orchestration.fleet.submit_backfill`) and waited for. Per round it prints:
 
 * flow runs per minute (submission of the first to the end of the last);
 * Prefect API requests per flow run (HTTP requests in the server's access log during the
@@ -46,9 +46,9 @@ os.environ["PREFECT_HOME"] = HOME
 os.environ.pop("PREFECT_API_URL", None)
 
 from connectors.simulator import SimConfig, SimulatedNode, run_server  # noqa: E402
-from pipelines.children import Child  # noqa: E402
-from pipelines.config import load_config  # noqa: E402
-from pipelines.prefect_server import local_server  # noqa: E402
+from pipelines.config.models import load_config  # noqa: E402
+from pipelines.orchestration.children import Child  # noqa: E402
+from pipelines.orchestration.server import local_server  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PREFECT = str(BIN / "prefect")
@@ -120,7 +120,7 @@ def one_round(
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from pipelines.fleet import ShardRun, submit_backfill, wait_for_shards
+    from pipelines.orchestration.fleet import ShardRun, submit_backfill, wait_for_shards
 
     config = load_config(config_path)
     with ExitStack() as stack:
@@ -198,7 +198,7 @@ def lake_rows(config_path: Path, flows: list[str], span: tuple[datetime, datetim
     """Rows the round's flows hold in the lake within its span (what the round wrote)."""
     import pandas as pd
 
-    from pipelines.destinations import SinkSet
+    from pipelines.config.destinations import SinkSet
 
     config = load_config(config_path)
     total = 0

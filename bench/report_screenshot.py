@@ -32,8 +32,8 @@ from connectors.schema import (
     frame_from_table,
 )
 from connectors.timewindow import Window
-from pipelines.config import load_config
-from pipelines.destinations import SinkSet
+from pipelines.config.destinations import SinkSet
+from pipelines.config.models import load_config
 from sinks.base import ChunkScope
 
 END = datetime(2026, 11, 1, tzinfo=UTC)

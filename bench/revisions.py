@@ -25,13 +25,15 @@ def sinks_module_at(revision: str, module: str) -> ModuleType:
         atexit.register(shutil.rmtree, top, True)  # imported by now; nothing left behind
         folder = Path(top) / package
         folder.mkdir()
-        listed = _git("ls-tree", "--name-only", revision, "sinks/").split()
+        listed = _git("ls-tree", "-r", "--name-only", revision, "sinks/").split()
         for path in listed:
             text = _git("show", f"{revision}:{path}")
             text = text.replace("from sinks.", f"from {package}.").replace(
                 "import sinks.", f"import {package}."
             )
-            (folder / Path(path).name).write_text(text, encoding="utf-8")
+            target = folder / Path(path).relative_to("sinks")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
         sys.path.insert(0, str(folder.parent))
     return importlib.import_module(f"{package}.{module}")
 

@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.destinations import SinkSet
+from pipelines.config.destinations import SinkSet
 from tests.fixtures import canonical, load, write_config
 
 HISTORIAN = str(Path(sys.executable).with_name("historian"))

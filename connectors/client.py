@@ -6,7 +6,7 @@
   `TransientNodeError`s: connection errors, timeouts, 429 (at least `Retry-After`), 502,
   503, 504, 500 unless `retry_server_errors` is off, and a 200 that is a proxy's page. A
   4xx or a malformed answer from the node is never retried. This is the only retry of a
-  request; above it, only a whole chunk is re-run (`pipelines/engine.py`).
+  request; above it, only a whole chunk is re-run (`pipelines/core/engine.py`).
 * Errors are `connectors.errors` types naming the operation, the HTTP status and the
   start of the body. Credentials travel in headers only and never appear in logs,
   reprs or messages.

@@ -1,9 +1,9 @@
 """How to reach a node: URL, TLS, credentials, limits. The one definition of a node's
 connection settings: their defaults and rules are here, and flows.yaml's `nodes.<name>`
-(`pipelines/config.py`) takes both from here.
+(`pipelines/config/models.py`) takes both from here.
 
 Credentials come by environment variable *name* (read by the client when it is built) or
-as a value the caller resolved (a Prefect Secret block, read in `pipelines/nodes.py`:
+as a value the caller resolved (a Prefect Secret block, read in `pipelines/config/nodes.py`:
 nothing here depends on the orchestrator). A value is a `SecretText`, which never shows
 in a repr, a str or a log line.
 """

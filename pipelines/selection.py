@@ -35,7 +35,7 @@ from connectors.errors import MalformedAnswer, NodeRequestError, UnknownTag, quo
 from connectors.fetch import FilterQuery
 from connectors.normalise import parse_tag_details, tag_details_paths
 from connectors.schema import TAG_METADATA_SCHEMA
-from pipelines.config import TagSelectionConfig
+from pipelines.config.models import TagSelectionConfig
 
 log = logging.getLogger("historian.selection")
 

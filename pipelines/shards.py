@@ -3,7 +3,7 @@
 A sharded backfill (`historian backfill FLOW --shards N --pool P`) splits a unit's planned
 chunks into N contiguous parts, by tag batch (equal chunk counts, batch by batch: whole
 batches where they divide evenly, `Shard.select`) or by time (whole windows of the flow's
-grid), and submits each part as a flow run to a Prefect work pool (`pipelines/fleet.py`). The core (`runner.FlowRun.plan`) keeps only the shard's
+grid), and submits each part as a flow run to a Prefect work pool (`pipelines/orchestration/fleet.py`). The core (`runner.FlowRun.plan`) keeps only the shard's
 chunks; their ids are those of the unsharded plan, so progress is shared: a re-run of the
 same backfill, sharded or not, skips every chunk already committed.
 

@@ -144,7 +144,7 @@ PREFECT_SERVER_TESTS = frozenset(
         "tests/cli/test_cli.py::test_a_prefect_run_uses_the_server_prefect_api_url_names",
         "tests/cli/test_schedules.py::"
         "test_a_work_pool_deployment_fires_on_a_prefect_server_with_a_worker",
-        "tests/pipelines/test_fleet.py::test_a_sharded_backfill_on_two_workers_survives_losing_one",
+        "tests/pipelines/orchestration/test_fleet.py::test_a_sharded_backfill_on_two_workers_survives_losing_one",
     }
 )
 

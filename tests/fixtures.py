@@ -17,7 +17,7 @@ import yaml
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.schema import KEYS
 from connectors.timewindow import Window
-from pipelines.config import Config, load_config
+from pipelines.config.models import Config, load_config
 
 
 def write_config(

@@ -37,11 +37,11 @@ def prefect_env(folder: Path, **extra: str) -> dict[str, str]:
 def prefect_server(
     folder: Path, database_url: str | None = None
 ) -> Iterator[tuple[str, dict[str, str]]]:
-    """A real `prefect server start` (`pipelines.prefect_server.local_server`, as `serve`
+    """A real `prefect server start` (`pipelines.orchestration.server.local_server`, as `serve`
     starts one) with its home and log in `folder`; its API and the environment of a
     client or worker that uses it. Its database is SQLite in `folder` unless
     `database_url` names another (`postgresql+asyncpg://...`)."""
-    from pipelines.prefect_server import local_server
+    from pipelines.orchestration.server import local_server
 
     env = prefect_env(folder)
     server_env = {"PREFECT_HOME": env["PREFECT_HOME"]}

@@ -380,7 +380,7 @@ def test_the_command_starts_without_the_data_stack_or_prefect() -> None:
         [
             sys.executable,
             "-c",
-            "import sys, pipelines.cli; "
+            "import sys, pipelines.cli.app; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'prefect'}))",
         ],
         capture_output=True,
@@ -388,6 +388,7 @@ def test_the_command_starts_without_the_data_stack_or_prefect() -> None:
         check=True,
     )
     assert probe.stdout.strip() == "[]"
-    from pipelines import cli, config
+    from pipelines.cli import app
+    from pipelines.config import models
 
-    assert cli.DEFAULT_CONFIG == config.DEFAULT_CONFIG
+    assert app.DEFAULT_CONFIG == models.DEFAULT_CONFIG

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 from connectors.simulator import SimConfig, SimulatedNode, run_server
-from pipelines.cli_init import STARTER
-from pipelines.config import load_config
+from pipelines.cli.init import STARTER
+from pipelines.config.models import load_config
 from tests.cli.test_cli import HISTORIAN, assert_clean_failure, historian, small_flow
 from tests.fixtures import write_config
 
@@ -178,7 +178,7 @@ def test_prefects_own_console_lines_are_json_lines_too(tmp_path: Path) -> None:
     # What `--log-format json` sets up before Prefect is imported; a Prefect logger then
     # writes (its server's, its workers' and its runs' console lines go the same way).
     script = (
-        "from pipelines.cli_base import json_logs_for_prefect\n"
+        "from pipelines.cli.base import json_logs_for_prefect\n"
         "json_logs_for_prefect()\n"
         "import logging\nfrom prefect import flow  # Prefect configures its logging here\n"
         "logging.getLogger('prefect.server.api').warning('the server says %s', 'hello')\n"

@@ -52,7 +52,7 @@ def duck_count(tmp_path: Path, dataset: str) -> tuple[int, int]:
 
 
 def newest_chunks(tmp_path: Path, flow: str, sink: str, count: int) -> list[Any]:
-    from pipelines.destinations import SinkSet
+    from pipelines.config.destinations import SinkSet
 
     config = load(tmp_path / "flows.yaml")
     with SinkSet(config, tmp_path) as sinks:
@@ -149,7 +149,7 @@ def test_read_it_back_lines_run_as_printed(tmp_path: Path, node: Any, kind: str)
 # Holds the DuckDB warehouse and flow f's lock in it, as a run of f does while it writes.
 HOLDER = """
 import sys
-from sinks.sql import SqlWarehouse
+from sinks.sql.warehouse import SqlWarehouse
 sink = SqlWarehouse("duckdb:///" + sys.argv[1], name="duck")
 sink.open()
 with sink.lock("f"):

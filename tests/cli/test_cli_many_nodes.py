@@ -12,7 +12,7 @@ import pytest
 
 from connectors.simulator import run_server
 from tests.cli.test_cli import assert_clean_failure, historian
-from tests.pipelines.test_many_nodes import fleet_config, simulator
+from tests.pipelines.core.test_many_nodes import fleet_config, simulator
 
 END = (datetime.now(UTC) - timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
 START = END - timedelta(hours=1)

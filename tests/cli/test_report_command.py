@@ -10,7 +10,7 @@ import pytest
 
 from connectors.schema import ALARM_HISTORY_SCHEMA, TAG_HISTORY_SCHEMA, frame_from_table
 from connectors.timewindow import Window
-from pipelines.destinations import SinkSet
+from pipelines.config.destinations import SinkSet
 from sinks.base import ChunkScope
 from tests.cli.test_cli import assert_clean_failure, historian
 from tests.fixtures import load, write_config

@@ -22,7 +22,7 @@ import yaml
 from connectors.options import HistoryOptions
 from connectors.simulator import SimConfig, SimulatedNode
 from connectors.timewindow import Window
-from pipelines.destinations import SinkSet
+from pipelines.config.destinations import SinkSet
 from pipelines.state import flow_watermark
 from tests.fixtures import history_rows, load, truth_history_rows, write_config
 from tests.prefect_server import PREFECT, api_call, delete_pool_deployments, prefect_env

@@ -15,7 +15,7 @@ from connectors.client import NodeClient
 from connectors.errors import NodeConnectionError
 from connectors.proxy import check_proxy_setting, describe_proxy, proxy_for
 from connectors.settings import NodeSettings, SettingsError
-from pipelines.config import ConfigError, parse_config
+from pipelines.config.models import ConfigError, parse_config
 
 PLANT = "http://node.plant.example:3003"
 

@@ -22,10 +22,10 @@ from connectors.options import AlarmFilter, HistoryOptions
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from connectors.simulator.profiles import PROFILES
 from connectors.timewindow import Window
-from pipelines.destinations import SinkSet
-from pipelines.nodes import NodePool
+from pipelines.config.destinations import SinkSet
+from pipelines.config.nodes import NodePool
+from pipelines.core.runner import RunFailed, RunSummary, run_flow
 from pipelines.planning import align_down, plan_windows
-from pipelines.runner import RunFailed, RunSummary, run_flow
 from tests.fixtures import (
     alarm_rows,
     history_rows,

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from connectors.options import HistoryOptions
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from connectors.timewindow import Window
-from pipelines.destinations import SinkSet
-from pipelines.nodes import NodePool
+from pipelines.config.destinations import SinkSet
+from pipelines.config.nodes import NodePool
+from pipelines.core.runner import RunRequest, run_flow
 from pipelines.planning import align_down, plan_windows
-from pipelines.runner import RunRequest, run_flow
 from tests.fixtures import history_rows, load, truth_history_rows, write_config
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)

@@ -12,7 +12,7 @@ from connectors.client import NodeClient
 from connectors.errors import UnknownTag
 from connectors.schema import TAG_METADATA_SCHEMA
 from connectors.settings import NodeSettings
-from pipelines.config import TagSelectionConfig
+from pipelines.config.models import TagSelectionConfig
 from pipelines.selection import resolve_tags
 
 

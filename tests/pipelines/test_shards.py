@@ -13,10 +13,10 @@ import pytest
 
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from connectors.timewindow import Window
-from pipelines.destinations import SinkSet
-from pipelines.nodes import NodePool
+from pipelines.config.destinations import SinkSet
+from pipelines.config.nodes import NodePool
+from pipelines.core.runner import FlowRun, RunRequest, run_flow
 from pipelines.planning import plan_chunks
-from pipelines.runner import FlowRun, RunRequest, run_flow
 from pipelines.shards import Shard
 from sinks.base import FlowLocked
 from tests.fixtures import canonical, load, write_config
@@ -173,8 +173,8 @@ def test_a_node_slot_the_server_could_not_grant_is_retried_and_a_config_error_is
     from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
     from prefect.states import Failed
 
-    from pipelines.config import ConfigError
-    from pipelines.flows import _retry_if_transient
+    from pipelines.config.models import ConfigError
+    from pipelines.orchestration.flows import _retry_if_transient
 
     busy = ConcurrencySlotAcquisitionError("Unable to acquire concurrency slots: 503")
     assert _retry_if_transient(None, None, Failed(data=busy)) is True

@@ -10,7 +10,7 @@ To add a sink (Delta, Iceberg, ...), write one factory and register it:
     @register("delta")
     def delta(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
         root = tmp_path / "delta"
-        return SinkUnderTest("sinks.delta:DeltaLake", {"url": str(root)}, root.exists)
+        return SinkUnderTest("sinks.tables.delta:DeltaLake", {"url": str(root)}, root.exists)
 
 `cls` is "module:Class" and `kwargs` are its constructor's arguments: the suite builds
 the sink from them in this process and in child processes (the kill test), so both must
@@ -79,14 +79,14 @@ def sink_params() -> list[Any]:
 @register("lake")
 def lake(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
     root = tmp_path / "lake"
-    return SinkUnderTest("sinks.parquet:ParquetLake", {"url": str(root)}, root.exists)
+    return SinkUnderTest("sinks.lake.sink:ParquetLake", {"url": str(root)}, root.exists)
 
 
 @register("duckdb")
 def duckdb(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
     folder = tmp_path / "wh"
     return SinkUnderTest(
-        "sinks.sql:SqlWarehouse",
+        "sinks.sql.warehouse:SqlWarehouse",
         {"url": f"duckdb:///{folder}/warehouse.duckdb", "schema": "historian"},
         folder.exists,
         one_process=True,
@@ -113,7 +113,7 @@ def _server_schema(request: pytest.FixtureRequest, url: str, exists_sql: str) ->
         engine.dispose()
 
     request.addfinalizer(drop)
-    return SinkUnderTest("sinks.sql:SqlWarehouse", {"url": url, "schema": name}, created)
+    return SinkUnderTest("sinks.sql.warehouse:SqlWarehouse", {"url": url, "schema": name}, created)
 
 
 @register("postgres", marks=(pytest.mark.postgres,))
@@ -141,10 +141,10 @@ def mariadb(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
 @register("delta")
 def delta(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
     root = tmp_path / "delta"
-    return SinkUnderTest("sinks.delta:DeltaLake", {"url": str(root)}, root.exists)
+    return SinkUnderTest("sinks.tables.delta:DeltaLake", {"url": str(root)}, root.exists)
 
 
 @register("iceberg")
 def iceberg(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
     root = tmp_path / "iceberg"
-    return SinkUnderTest("sinks.iceberg:IcebergLake", {"url": str(root)}, root.exists)
+    return SinkUnderTest("sinks.tables.iceberg:IcebergLake", {"url": str(root)}, root.exists)

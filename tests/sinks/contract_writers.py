@@ -17,7 +17,7 @@ import pandas as pd
 from connectors import schema
 from sinks.base import Sink
 from tests.sinks.contract_sinks import build
-from tests.sinks.sql_frames import history, hours, scope
+from tests.sinks.sql.sql_frames import history, hours, scope
 
 # One job: (lock key, progress key, node, [(tags, first hour, last hour), ...]).
 Job = tuple[str, str, str, list[tuple[list[str], int, int]]]

@@ -31,7 +31,7 @@ from tests.sinks.contract_sinks import (
     environment_for_children,
     sink_params,
 )
-from tests.sinks.sql_frames import ATTRS, T0, alarms, history, hours, rows, scope, sort_key
+from tests.sinks.sql.sql_frames import ATTRS, T0, alarms, history, hours, rows, scope, sort_key
 
 HIST = schema.KIND_TAG_HISTORY
 ALARM = schema.KIND_ALARM_HISTORY
@@ -289,7 +289,7 @@ def test_probe_says_what_it_found_and_creates_nothing(place: SinkUnderTest) -> N
 CHILD = """
 import json, sys, time
 from tests.sinks.contract_sinks import build
-from tests.sinks.sql_frames import history, hours, scope
+from tests.sinks.sql.sql_frames import history, hours, scope
 cls, kwargs = json.loads(sys.argv[1])
 sink = build(cls, kwargs)
 sink.open()

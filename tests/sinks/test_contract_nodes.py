@@ -19,7 +19,7 @@ from connectors import schema
 from sinks.base import FlowLocked, Sink, SinkError
 from tests.sinks.contract_sinks import SINKS, SinkUnderTest, sink_params
 from tests.sinks.contract_writers import assert_every_scope_once, run_writers
-from tests.sinks.sql_frames import ATTRS, T0, alarms, history, hours, scope
+from tests.sinks.sql.sql_frames import ATTRS, T0, alarms, history, hours, scope
 from tests.sinks.test_contract import assert_holds
 
 HIST = schema.KIND_TAG_HISTORY

@@ -14,13 +14,13 @@ import pandas as pd
 import pytest
 
 from sinks.base import FlowLocked, SinkError
-from sinks.lake_store import LakeStore
-from sinks.locks import DatasetLease, Lease
-from sinks.parquet import ParquetLake
+from sinks.lake.sink import ParquetLake
+from sinks.store.locks import DatasetLease, Lease
+from sinks.store.objects import LakeStore
 from tests.sinks.contract_sinks import build
 from tests.sinks.contract_writers import assert_every_scope_once, run_writers
 from tests.sinks.moto_s3 import fsspec_options, moto_bucket
-from tests.sinks.sql_frames import history, hours, scope
+from tests.sinks.sql.sql_frames import history, hours, scope
 from tests.sinks.test_contract import assert_holds
 
 BUCKET = "fleet"
@@ -37,7 +37,7 @@ def sink_on_s3(name: str, endpoint: str, tmp_path: Path) -> tuple[str, dict[str,
     """(class, kwargs) of a sink of kind `name` in a fresh prefix of the bucket."""
     url = f"s3://{BUCKET}/{name}-{uuid.uuid4().hex[:8]}"
     if name == "lake":
-        return "sinks.parquet:ParquetLake", {
+        return "sinks.lake.sink:ParquetLake", {
             "url": url,
             "storage_options": fsspec_options(endpoint),
         }
@@ -49,7 +49,7 @@ def sink_on_s3(name: str, endpoint: str, tmp_path: Path) -> tuple[str, dict[str,
             "AWS_REGION": "us-east-1",
             "AWS_ALLOW_HTTP": "true",
         }
-        return "sinks.delta:DeltaLake", {"url": url, "storage_options": options}
+        return "sinks.tables.delta:DeltaLake", {"url": url, "storage_options": options}
     properties = {
         "s3.endpoint": endpoint,
         "s3.access-key-id": "x",
@@ -57,7 +57,11 @@ def sink_on_s3(name: str, endpoint: str, tmp_path: Path) -> tuple[str, dict[str,
         "s3.region": "us-east-1",
     }
     catalog = f"sqlite:///{tmp_path / 'catalog.db'}"
-    return "sinks.iceberg:IcebergLake", {"url": url, "catalog": catalog, "properties": properties}
+    return "sinks.tables.iceberg:IcebergLake", {
+        "url": url,
+        "catalog": catalog,
+        "properties": properties,
+    }
 
 
 @pytest.mark.slow

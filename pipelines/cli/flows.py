@@ -1,0 +1,171 @@
+"""`historian flows`: every flow of flows.yaml in one table, with how far it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from pipelines.cli.base import DEFAULT_CONFIG, ConfigOption, app, load, out, user_errors
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from pipelines.config.destinations import SinkSet
+    from pipelines.config.models import Config, FlowConfig
+    from sinks.base import Progress
+
+
+def describe_selection(flow: FlowConfig) -> str:
+    """A flow's tag or alarm selection in a few words, as written in flows.yaml."""
+    if flow.kind == "alarm_history":
+        alarms = flow.alarms
+        parts = [f"alarms under {alarms.path if alarms else '/'}"]
+        if alarms is not None:
+            for key in ("regex", "status", "priority", "min_priority", "max_priority"):
+                value = getattr(alarms, key)
+                if value is not None:
+                    parts.append(f"{key} {value}")
+        return ", ".join(parts)
+    tags = flow.tags
+    if tags is None:
+        return "-"
+    if tags.paths:
+        more = f" (+{len(tags.paths) - 2} more)" if len(tags.paths) > 2 else ""
+        return f"{len(tags.paths)} paths: " + ", ".join(tags.paths[:2]) + more
+    if tags.group:
+        regex = f", regex {tags.regex}" if tags.regex else ""
+        return f"group {tags.group}{regex}" + (", recurrent" if tags.recurrent else "")
+    parts = [f"browse {tags.browse}"]
+    if tags.include:
+        parts.append("include " + " ".join(tags.include))
+    if tags.exclude:
+        parts.append("exclude " + " ".join(tags.exclude))
+    return ", ".join(parts)
+
+
+def describe_nodes(config: Config, name: str) -> str:
+    """A flow's node, or its fleet as written and how many nodes that is."""
+    flow = config.flows[name]
+    if not flow.fleet:
+        return str(flow.node)
+    written = flow.node if isinstance(flow.node, str) else ", ".join(flow.node)
+    count = len(config.flow_nodes(name))
+    return f"{written} ({count} node{'s' * (count != 1)})"
+
+
+def describe_mode(flow: FlowConfig) -> str:
+    if flow.kind == "alarm_history":
+        return "-"
+    if flow.mode == "aggregated":
+        from pipelines.planning import short_duration
+
+        every = f" {short_duration(flow.interval)}" if flow.interval else ""
+        return f"aggregated {flow.method or ''}{every}".replace("  ", " ")
+    return flow.mode
+
+
+def describe_schedule(flow: FlowConfig) -> str:
+    schedule = flow.schedule
+    if schedule is None:
+        return "-"
+    if schedule.cron:
+        text = f"cron {schedule.cron}"
+    elif schedule.interval is not None:
+        from pipelines.planning import short_duration
+
+        text = f"every {short_duration(schedule.interval)}"
+    else:
+        return "-"
+    return text + (f" ({schedule.timezone})" if schedule.timezone != "UTC" else "")
+
+
+def exists(config: Config, sink_name: str, base: Path) -> bool:
+    """False for a local lake folder or DuckDB file that is not there yet: reading its
+    progress would create it, and a listing or a plan writes nothing."""
+    from pipelines.config.destinations import _local_path, _sql_url
+    from pipelines.config.models import ParquetSinkConfig
+
+    sink = config.sinks[sink_name]
+    if isinstance(sink, ParquetSinkConfig):
+        return "://" in sink.url or Path(_local_path(sink.url, base)).exists()
+    if sink.url.startswith("duckdb:///"):
+        path = _sql_url(sink.url, base)[len("duckdb:///") :]
+        return path.startswith(":memory:") or Path(path).exists()
+    return True
+
+
+def stored_progress(
+    config: Config, name: str, sinks: SinkSet, base: Path, key: str | None = None
+) -> dict[str, Progress | str]:
+    """Per sink of the flow: its progress (of the state key `key`: one node of a fleet
+    flow; the flow's name by default), or why there is none to read (not created yet, or
+    a DuckDB file another process holds, as its busy line)."""
+    key = key or name
+    from pipelines.cli.busy import busy_line
+    from sinks.base import Progress, SinkError
+
+    found: dict[str, Progress | str] = {}
+    for sink_name in config.flows[name].sinks:
+        if not exists(config, sink_name, base):
+            found[sink_name] = Progress(key)
+            continue
+        try:
+            found[sink_name] = sinks.get(sink_name).progress(key)
+        except SinkError as exc:
+            busy = busy_line(exc)
+            if busy is None:
+                raise
+            found[sink_name] = busy
+    return found
+
+
+def lowest_watermark(config: Config, name: str, sinks: SinkSet, base: Path) -> datetime | None:
+    """Where the flow's next run starts: the lowest watermark over its sinks and nodes
+    (sinks that another process holds are left out); None when one has nothing yet."""
+    from pipelines.state import flow_watermark, tag_members
+
+    flow = config.flows[name]
+    marks: list[datetime | None] = []
+    found = [
+        progress
+        for _, key in config.flow_units(name)
+        for progress in stored_progress(config, name, sinks, base, key).values()
+    ]
+    for progress in found:
+        if isinstance(progress, str):
+            continue
+        members = tag_members(progress)
+        marks.append(flow_watermark(progress, members, flow.start) if members else None)
+    if not marks or any(mark is None for mark in marks):
+        return None
+    return min(mark for mark in marks if mark is not None)
+
+
+@app.command("flows")
+def flows_command(config: ConfigOption = Path(DEFAULT_CONFIG)) -> None:
+    """List every flow: node, kind, tag or alarm selection, mode, sinks, schedule and
+    watermark (where its next run starts; `-`: nothing extracted yet)."""
+    with user_errors():
+        from pipelines.config.destinations import SinkSet
+
+        cfg = load(config)
+        table = Table(title=f"flows in {config}", title_justify="left")
+        for column in ("flow", "node", "kind", "selection", "mode", "sinks", "schedule"):
+            table.add_column(column)
+        table.add_column("watermark")
+        with SinkSet(cfg, config.resolve().parent) as sinks:
+            for name, flow in cfg.flows.items():
+                mark = lowest_watermark(cfg, name, sinks, config.resolve().parent)
+                table.add_row(
+                    name,
+                    describe_nodes(cfg, name),
+                    flow.kind,
+                    describe_selection(flow),
+                    describe_mode(flow),
+                    ", ".join(flow.sinks),
+                    describe_schedule(flow),
+                    mark.strftime("%Y-%m-%d %H:%M:%SZ") if mark else "-",
+                )
+        out.print(table)

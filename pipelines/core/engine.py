@@ -1,0 +1,287 @@
+"""Fetch planned chunks from the node, concurrently and bounded, as frames ready to write.
+
+One chunk is (tag batch x half-open window). The fetching itself (asking, asking again
+for tags left out, continuing capped raw answers, keeping exactly `[start, end)`) is
+`connectors.fetch`, next to the wire code; this module decides what a chunk's outcome
+means for the pipeline:
+
+* a tag the node keeps leaving out of its answers stops the run with one line naming the
+  tag and the chunk when the flow names it explicitly (`missing_is_fatal`); a tag that a
+  group or browse selection resolved is left out of the chunk's scope instead, so it is
+  never marked complete for that window, and recorded as missing there
+  (`pipelines.state.missing_member`, shown by `historian state`);
+* rows stamped outside the query are counted (`rows_out_of_range`) for the summary;
+* whether a failed chunk is worth re-running whole (`chunk_retry_may_help`): the one
+  retry decision above the client's per request (docs/architecture.md, "Retries").
+
+Memory stays bounded: `stream` keeps at most `max_in_flight` chunks fetching and yields
+each chunk's frame as soon as it is complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
+
+import pandas as pd
+import pyarrow as pa
+
+from connectors.errors import TransientNodeError, UnknownTag
+from connectors.fetch import (
+    HISTORY_FILTER,
+    HISTORY_MANY,
+    AlarmFetcher,
+    Fetched,
+    FilterQuery,
+    HistoryClient,
+    HistoryFetcher,
+)
+from connectors.normalise import history_table
+from connectors.options import AlarmFilter, HistoryOptions
+from connectors.pager import CapGuess
+from connectors.schema import frame_from_table
+from connectors.version import NodeVersion, adapt_alarm_filter
+from pipelines.planning import Chunk
+from pipelines.state import missing_member
+from sinks.base import SinkUnavailable
+
+log = logging.getLogger("historian.engine")
+
+__all__ = [
+    "CHUNK_RETRIES",
+    "CHUNK_RETRY_DELAY_S",
+    "AlarmEngine",
+    "ChunkResult",
+    "FilterQuery",
+    "HistoryClient",
+    "HistoryEngine",
+    "chunk_retry_may_help",
+    "stream_bounded",
+]
+
+# A failed chunk is re-run whole at most this often (safe: writes replace their scope).
+CHUNK_RETRIES = 2
+CHUNK_RETRY_DELAY_S = 2.0
+
+
+def chunk_retry_may_help(error: BaseException) -> bool:
+    """Is re-running a failed chunk worth it? Only when its failure may pass: a transient
+    node error that reached the chunk un-retried (the client's `retries: 0`), or a sink
+    that is unreachable for now. Never a fatal node error: `RetriesExhausted` is one (the
+    client already asked again; a chunk retry would multiply the attempts), and so is a
+    malformed answer (the node would answer alike)."""
+    return isinstance(error, TransientNodeError | SinkUnavailable)
+
+
+@dataclass
+class ChunkResult:
+    """A chunk's rows and what it cost to get them.
+
+    `rows` is the fetched Arrow table until something asks for `frame`: the small chunks
+    of an hourly run are joined (pipelines/core/coalesce.py) as tables, and only the joined
+    write becomes a DataFrame (a DataFrame per chunk and back cost more than parsing it).
+    """
+
+    chunk: Chunk
+    rows: pd.DataFrame | pa.Table
+    rows_fetched: int
+    requests: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0
+    continuations: int = 0
+    # The planned chunks a joined result holds (pipelines/core/coalesce.py); empty for one chunk.
+    parts: tuple[Chunk, ...] = ()
+    # Tags the node left out of every answer for this window (not in `chunk.members`).
+    missing: tuple[str, ...] = ()
+    # Rows stamped outside the query (negative, garbled), dropped.
+    rows_out_of_range: int = 0
+
+    @property
+    def chunks(self) -> int:
+        """Planned chunks this result completes."""
+        return len(self.parts) or 1
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame with Arrow-backed dtypes (made once, on first use)."""
+        if isinstance(self.rows, pa.Table):
+            self.rows = frame_from_table(self.rows)
+        return self.rows
+
+    @property
+    def table(self) -> pa.Table:
+        """The rows as an Arrow table."""
+        if isinstance(self.rows, pa.Table):
+            return self.rows
+        return pa.Table.from_pandas(self.rows, preserve_index=False)
+
+
+class HistoryEngine:
+    """Fetch tag-history chunks through `connectors.fetch.HistoryFetcher`."""
+
+    def __init__(
+        self,
+        client: HistoryClient,
+        node: str,
+        options: HistoryOptions,
+        *,
+        filter_query: FilterQuery | None = None,
+        raw_cap: int | None = None,
+        max_in_flight: int = 4,
+        missing_is_fatal: bool = True,
+    ) -> None:
+        self.client = client
+        self.node = node
+        self.options = options
+        self.filter_query = filter_query
+        self.max_in_flight = max(1, max_in_flight)
+        self.missing_is_fatal = missing_is_fatal
+        self.fetcher = HistoryFetcher(
+            client,
+            node,
+            options,
+            filter_query=filter_query,
+            cap=CapGuess(known=raw_cap),
+        )
+        # Chunks cut down to some tags of a group (`Chunk.by_paths`) are asked by path.
+        self.path_fetcher = (
+            HistoryFetcher(
+                client,
+                node,
+                options,
+                cap=CapGuess(known=raw_cap),
+            )
+            if filter_query is not None
+            else self.fetcher
+        )
+
+    def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
+        """All rows of the chunk's tags in its window, exactly once each."""
+        began = time.perf_counter()
+        fetcher = self.path_fetcher if chunk.by_paths else self.fetcher
+        fetched = fetcher.fetch(chunk.members, chunk.window, chunk.label)
+        done = chunk
+        if fetched.missing:
+            done = self._without(chunk, fetched.missing)
+        return _result(done, fetched, history_table(fetched.table), began)
+
+    def _without(self, chunk: Chunk, missing: tuple[str, ...]) -> Chunk:
+        """The chunk whose scope leaves `missing` out (recorded as missing there), or,
+        for explicitly named tags, UnknownTag naming the first of them and the chunk."""
+        operation = HISTORY_FILTER if self.filter_query is not None else HISTORY_MANY
+        asked = self.fetcher.reasks + 1
+        if self.missing_is_fatal:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise UnknownTag(
+                operation,
+                f"tag {missing[0]!r} left out of the node's answers for {chunk.label}, "
+                f"asked {asked} times{more}; nothing of this chunk was written",
+            )
+        log.warning(
+            "%s: %d tags left out of the node's answers for %s (asked %d times), %r first: "
+            "recorded as missing for that window, not complete",
+            operation,
+            len(missing),
+            chunk.label,
+            asked,
+            missing[0],
+        )
+        gone = set(missing)
+        present = tuple(member for member in chunk.members if member not in gone)
+        return replace(chunk, members=present + tuple(missing_member(tag) for tag in missing))
+
+    def stream(self, chunks: Iterable[Chunk]) -> Iterator[ChunkResult]:
+        """Fetch chunks concurrently, at most `max_in_flight` at once; yield as they finish."""
+        yield from stream_bounded(self.fetch_chunk, chunks, self.max_in_flight)
+
+
+class AlarmEngine:
+    """Fetch alarm-history chunks: one request per window, rows kept in `[start, end)`.
+
+    The filter is sent as the node's version understands it (`connectors.version`): an
+    older or unknown version gets `priority` as the minimum and the maximum applied here.
+    """
+
+    def __init__(
+        self,
+        client: HistoryClient,
+        node: str,
+        path: str,
+        filt: AlarmFilter,
+        *,
+        node_version: NodeVersion | None = None,
+        max_in_flight: int = 2,
+    ) -> None:
+        self.client = client
+        self.node = node
+        self.path = path
+        self.filt = filt
+        self.max_in_flight = max(1, max_in_flight)
+        adapted = adapt_alarm_filter(filt, node_version)
+        self.fetcher = AlarmFetcher(
+            client,
+            node,
+            path,
+            adapted.sent,
+            max_priority_here=adapted.max_priority_here,
+        )
+
+    def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
+        began = time.perf_counter()
+        fetched = self.fetcher.fetch(chunk.window, chunk.label)
+        return _result(chunk, fetched, fetched.table, began)
+
+    def stream(self, chunks: Iterable[Chunk]) -> Iterator[ChunkResult]:
+        yield from stream_bounded(self.fetch_chunk, chunks, self.max_in_flight)
+
+
+def _result(chunk: Chunk, fetched: Fetched, rows: pa.Table, began: float) -> ChunkResult:
+    """A chunk's result from what the fetcher got (`began`: perf_counter at the start)."""
+    return ChunkResult(
+        chunk=chunk,
+        rows=rows,
+        rows_fetched=fetched.table.num_rows,
+        requests=fetched.requests,
+        bytes_received=fetched.bytes_received,
+        seconds=time.perf_counter() - began,
+        continuations=fetched.continuations,
+        missing=fetched.missing,
+        rows_out_of_range=fetched.rows_out_of_range,
+    )
+
+
+def stream_bounded(
+    fetch: Callable[[Chunk], ChunkResult], chunks: Iterable[Chunk], max_in_flight: int
+) -> Iterator[ChunkResult]:
+    """Run `fetch` over chunks in a thread pool, never more than `max_in_flight` pending.
+
+    The first failure cancels what has not started and is raised after running fetches end;
+    results already yielded stay yielded (the caller has written them).
+    """
+    iterator = iter(chunks)
+    with ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="fetch") as pool:
+        in_flight: set[Future[ChunkResult]] = set()
+
+        def refill() -> None:
+            while len(in_flight) < max_in_flight:
+                chunk = next(iterator, None)
+                if chunk is None:
+                    return
+                in_flight.add(pool.submit(fetch, chunk))
+
+        try:
+            refill()
+            while in_flight:
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                in_flight.difference_update(done)
+                # Refill before handing results out: fetching goes on while the caller
+                # writes (at most 2 x max_in_flight chunks held at once).
+                refill()
+                for future in done:
+                    yield future.result()
+        finally:
+            for future in in_flight:
+                future.cancel()

@@ -1,0 +1,928 @@
+"""Drive one flow: resolve tags, plan what is left, fetch, write every sink, summarise.
+
+The runner is the whole pipeline, with or without Prefect: the CLI's `--direct` path, the
+Prefect flows (`pipelines/orchestration/flows.py`, which only make its fetches tasks) and the benchmarks
+all call `run_flow`. A run, per node of the flow (`FlowRun`, one unit; a flow on several
+nodes runs its units together: pipelines/core/units.py):
+
+1. takes the unit's lock in every sink (a second run of the same flow, or of the same
+   node of a fleet flow, stops at once);
+2. resolves the tag selection on the node and upserts the tag dimension;
+3. computes the span: incremental (from the watermark minus look-back, up to now minus
+   settle), or an explicit range (`--start/--end`);
+4. plans (tag batch x window) chunks on a UTC grid and drops those every sink already
+   holds (a backfill resumes at chunk granularity; the look-back span is always re-read);
+5. fetches chunks concurrently (bounded) and writes each to every sink as it arrives
+   (`write_all`, the one writer loop); each write replaces its scope and records the
+   chunk atomically, so a retried or re-run chunk never duplicates or loses a row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+
+import numpy as np
+import orjson
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.normalise import parse_alarm_history_answer, parse_history_answer
+from connectors.options import HistoryOptions
+from connectors.schema import (
+    KIND_ALARM_HISTORY,
+    KIND_TAG_HISTORY,
+    KIND_TAG_METADATA,
+    SCOPE_COLUMN,
+    one_array,
+)
+from connectors.timewindow import Window, iso_utc
+from connectors.version import check_method
+from pipelines.config.destinations import SinkSet
+from pipelines.config.models import Config, FlowConfig, flow_dataset, flow_kind, unit_key
+from pipelines.config.nodes import ConnectedNode, NodePool
+from pipelines.core.coalesce import coalesce
+from pipelines.core.engine import AlarmEngine, ChunkResult, HistoryEngine
+from pipelines.core.memory import release_memory
+from pipelines.planning import (
+    Chunk,
+    align_down,
+    batch_members,
+    density_per_hour,
+    narrow_chunk,
+    plan_chunks,
+    short_duration,
+    window_for_density,
+)
+from pipelines.selection import resolve_tags
+from pipelines.shards import Shard
+from pipelines.state import flow_watermark, incremental_span, lacking_members, pending_chunks
+from sinks.base import ChunkScope, Progress, Sink, SinkError
+
+log = logging.getLogger("historian.runner")
+
+GOOD_QUALITY = 192
+
+
+class RunFailed(Exception):
+    """A run stopped; what was committed stays committed and the next run continues.
+
+    `nodes`: the nodes whose units failed (a fleet flow's other nodes completed)."""
+
+    def __init__(self, message: str, summary: RunSummary, nodes: Sequence[str] = ()) -> None:
+        self.summary = summary
+        self.nodes = tuple(nodes)
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What to extract: incremental by default, or an explicit [start, end) range.
+
+    `backfill` skips chunks every sink already holds (resume); a plain explicit range
+    re-extracts everything in it (replacing, never duplicating). `shard`: only that part
+    of the plan (a sharded backfill's flow run, pipelines/shards.py).
+    """
+
+    start: datetime | None = None
+    end: datetime | None = None
+    backfill: bool = False
+    # The nodes of a fleet flow to extract (`--node`); None: every node of the flow.
+    nodes: tuple[str, ...] | None = None
+    shard: Shard | None = None
+
+
+@dataclass
+class ChunkOutcome:
+    chunk_id: str
+    label: str
+    window: Window
+    members: int
+    rows_fetched: int
+    rows_committed: dict[str, int]
+    requests: int
+    bytes_received: int
+    seconds: float
+    rows_per_tag: Counter[str] = field(default_factory=Counter)
+    bad_quality_per_tag: Counter[str] = field(default_factory=Counter)
+    # Ids of the planned chunks a joined write completed (small ones of a window join);
+    # empty for a write of one chunk.
+    parts: tuple[str, ...] = ()
+    # Tags the node left out of its answers for this window (recorded missing, not complete).
+    missing: tuple[str, ...] = ()
+    rows_out_of_range: int = 0
+
+    @property
+    def part_ids(self) -> tuple[str, ...]:
+        """Ids of the planned chunks this write completed."""
+        return self.parts or (self.chunk_id,)
+
+    @property
+    def chunks(self) -> int:
+        """Planned chunks this write completed."""
+        return len(self.part_ids)
+
+
+@dataclass
+class Plan:
+    flow: str
+    dataset: str
+    kind: str
+    members: tuple[str, ...]
+    span: Window | None
+    window_size: timedelta
+    chunks_planned: int
+    pending: list[Chunk]
+    watermark_before: datetime | None
+    # The node planned and the key of its state (`pipelines.config.models.unit_key`).
+    node: str = ""
+    key: str = ""
+
+
+@dataclass
+class RunSummary:
+    flow: str
+    dataset: str
+    kind: str
+    node: str
+    span: Window | None = None
+    chunks_planned: int = 0
+    chunks_skipped: int = 0
+    chunks_done: int = 0
+    rows: int = 0
+    requests: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0
+    tags: int = 0
+    sinks: dict[str, str] = field(default_factory=dict)
+    rows_per_tag: Counter[str] = field(default_factory=Counter)
+    bad_quality_per_tag: Counter[str] = field(default_factory=Counter)
+    watermark_before: datetime | None = None
+    watermark_after: datetime | None = None
+    error: str | None = None
+    # Windows each tag was left out of by the node (not complete there), and rows stamped
+    # outside their query (dropped).
+    missing: dict[str, list[Window]] = field(default_factory=dict)
+    rows_out_of_range: int = 0
+    # What planning changed or found, one line each (an end cut at now - settle, ...).
+    notes: list[str] = field(default_factory=list)
+    # The chunk window this run planned with, and whether `window: auto` chose it.
+    window: timedelta | None = None
+    window_auto: bool = False
+    # The key of this (flow, node)'s state; a fleet flow's run summary holds one summary
+    # per node in `units` (pipelines/core/units.py).
+    key: str = ""
+    units: list[RunSummary] = field(default_factory=list)
+    # `2-of-4` for a shard of a sharded backfill.
+    shard: str | None = None
+
+    @property
+    def window_label(self) -> str:
+        """`15m`, or `2h auto` when the run sized it; `-` when nothing was planned."""
+        if self.window is None:
+            return "-"
+        return short_duration(self.window) + (" auto" if self.window_auto else "")
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def remarks(self) -> list[str]:
+        """One line per thing the user must know about this run beyond its counts."""
+        lines = list(self.notes)
+        if self.missing:
+            first = next(iter(self.missing))
+            windows = sum(len(w) for w in self.missing.values())
+            lines.append(
+                f"{len(self.missing)} tags were left out of the node's answers in {windows} "
+                f"windows ({first!r} first): not complete there; `historian state` lists them"
+            )
+        if self.rows_out_of_range:
+            lines.append(f"{self.rows_out_of_range} rows stamped outside their query were dropped")
+        return lines
+
+    @property
+    def tags_without_rows(self) -> int:
+        return max(0, self.tags - len(self.rows_per_tag)) if self.kind == KIND_TAG_HISTORY else 0
+
+    def add(self, outcome: ChunkOutcome) -> None:
+        self.chunks_done += outcome.chunks
+        self.rows += outcome.rows_fetched
+        self.requests += outcome.requests
+        self.bytes_received += outcome.bytes_received
+        self.rows_per_tag.update(outcome.rows_per_tag)
+        self.bad_quality_per_tag.update(outcome.bad_quality_per_tag)
+        for tag in outcome.missing:
+            self.missing.setdefault(tag, []).append(outcome.window)
+        self.rows_out_of_range += outcome.rows_out_of_range
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "flow": self.flow,
+            "dataset": self.dataset,
+            "kind": self.kind,
+            "node": self.node,
+            "span": str(self.span) if self.span else None,
+            "chunks_planned": self.chunks_planned,
+            "chunks_skipped": self.chunks_skipped,
+            "chunks_done": self.chunks_done,
+            "rows": self.rows,
+            "requests": self.requests,
+            "seconds": round(self.seconds, 3),
+            "rows_per_second": round(self.rows_per_second),
+            "tags": self.tags,
+            "tags_without_rows": self.tags_without_rows,
+            "bad_quality_rows": sum(self.bad_quality_per_tag.values()),
+            "sinks": self.sinks,
+            "watermark_before": iso_utc(self.watermark_before) if self.watermark_before else None,
+            "watermark_after": iso_utc(self.watermark_after) if self.watermark_after else None,
+            "missing": {tag: [str(w) for w in windows] for tag, windows in self.missing.items()},
+            "rows_out_of_range": self.rows_out_of_range,
+            "notes": self.remarks,
+            "window": self.window_label,
+            "shard": self.shard,
+            "error": self.error,
+            "units": [unit.as_dict() for unit in self.units],
+        }
+
+
+ProgressCallback = Callable[[ChunkOutcome, "RunSummary"], None]
+# How a run's pending chunks are fetched: the run and its chunks in, results out as they
+# finish. Direct: the engine's bounded thread pool. Prefect: one task per chunk on the
+# flow's task runner (pipelines/orchestration/flows.py). Writing, joining and counting stay in FlowRun.
+Fetcher = Callable[["FlowRun", Sequence[Chunk]], Iterator[ChunkResult]]
+
+
+def options_key(flow: FlowConfig) -> str:
+    """The mode options that make two chunks different work (part of the chunk id)."""
+    if flow.kind == "alarm_history":
+        filt = flow.alarm_filter()
+        return orjson.dumps(filt.query_params(), option=orjson.OPT_SORT_KEYS).decode()
+    return orjson.dumps(flow.history_options().query_params(), option=orjson.OPT_SORT_KEYS).decode()
+
+
+def dataset_attrs(name: str, flow: FlowConfig) -> dict[str, object]:
+    """The dataset's identity (`sinks.identity`): how its rows were extracted. Not the
+    node: a dataset holds many nodes' rows, each scope names its own."""
+    if flow.kind == "alarm_history":
+        return {"kind": KIND_ALARM_HISTORY}
+    options = flow.history_options()
+    return {
+        "kind": KIND_TAG_HISTORY,
+        "mode": options.mode,
+        "method": options.method,
+        "interval_ms": options.interval_ms,
+        "deadband": None if options.deadband is None else str(options.deadband),
+        "invalid_as_null": options.invalid_as_null,
+    }
+
+
+def combined_pending(
+    chunks: Sequence[Chunk], progresses: Sequence[Progress], always: Window | None
+) -> list[Chunk]:
+    """Chunks that at least one sink still lacks, in plan order."""
+    wanted: set[str] = set()
+    for progress in progresses:
+        wanted.update(c.chunk_id for c in pending_chunks(chunks, progress, always=always))
+    return [chunk for chunk in chunks if chunk.chunk_id in wanted]
+
+
+class FlowRun:
+    """One run of one flow on one of its nodes (a unit: pipelines/core/units.py runs a fleet
+    flow's units together); a context manager holding the unit's lock in every sink."""
+
+    def __init__(
+        self,
+        config: Config,
+        name: str,
+        *,
+        nodes: NodePool,
+        sinks: SinkSet,
+        request: RunRequest | None = None,
+        now: datetime | None = None,
+        max_in_flight: int | None = None,
+        node: str | None = None,
+        sink_guard: AbstractContextManager[object] | None = None,
+    ) -> None:
+        if name not in config.flows:
+            raise KeyError(name)
+        self.config = config
+        self.name = name
+        self.flow = config.flows[name]
+        if node is None:
+            fleet = config.flow_nodes(name)
+            if len(fleet) != 1:
+                raise ValueError(f"flow {name} runs on {len(fleet)} nodes: name the node")
+            node = fleet[0]
+        self.node_name = node
+        self.key = unit_key(name, node, self.flow)
+        self.kind = flow_kind(self.flow)
+        self.dataset = flow_dataset(name, self.flow)
+        self.request = request or RunRequest()
+        self.now = now or datetime.now(UTC)
+        self._nodes = nodes
+        self._sinks = sinks
+        self._stack = ExitStack()
+        self._node: ConnectedNode | None = None
+        self._max_in_flight = max_in_flight
+        self._engine: HistoryEngine | AlarmEngine | None = None
+        # Held around the sink calls of `plan()`: units of a fleet plan on threads of
+        # their own, and a sink's connection serves one caller at a time.
+        self._sink_guard = sink_guard or nullcontext()
+        self.plan_: Plan | None = None
+        self.summary = RunSummary(self.name, self.dataset, self.kind, node, key=self.key)
+        self.shard = self.request.shard
+        self.summary.shard = self.shard.label if self.shard is not None else None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    @property
+    def _node_option(self) -> str:
+        """` --node N` when this unit is one node of a fleet flow (commands about it)."""
+        return f" --node {self.node_name}" if self.key != self.name else ""
+
+    @property
+    def sinks(self) -> list[Sink]:
+        return [self._sinks.get(name) for name in self.flow.sinks]
+
+    @property
+    def node(self) -> ConnectedNode:
+        if self._node is None:
+            self._node = self._nodes.get(self.node_name)
+        return self._node
+
+    @property
+    def lock_key(self) -> str:
+        """What this run locks: its unit's key, or `<key>#<i>-of-<n>` for a shard of it."""
+        return self.shard.lock_key(self.key) if self.shard is not None else self.key
+
+    def __enter__(self) -> FlowRun:
+        try:
+            for sink in self.sinks:
+                self._stack.enter_context(sink.lock(self.lock_key))
+        except BaseException:
+            self._stack.close()
+            raise
+        self.summary.sinks = {sink.name: sink.describe() for sink in self.sinks}
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stack.close()
+
+    # -- planning --------------------------------------------------------------------
+
+    def plan(self) -> Plan:
+        """Resolve the selection, write tag metadata, and work out the pending chunks.
+
+        The node's version is read first (once per run): a method it cannot compute is
+        refused before anything is written.
+        """
+        flow = self.flow
+        node = self.node
+        version = node.version()
+        if self.kind == KIND_TAG_HISTORY:
+            assert flow.tags is not None
+            check_method(flow.method, version, where=f"flows.{self.name}.method")
+            resolved = resolve_tags(
+                node.client, node.name, flow.tags, where=f"flows.{self.name}.tags"
+            )
+            members = resolved.members
+            first = self.shard is None or self.shard.writes_metadata()
+            if flow.metadata and first and resolved.metadata.num_rows:
+                frame = resolved.metadata.to_pandas(types_mapper=pd.ArrowDtype)
+                with self._sink_guard:
+                    for sink in self.sinks:
+                        sink.write_metadata(frame)
+            engine: HistoryEngine | AlarmEngine = HistoryEngine(
+                node.client,
+                node.name,
+                flow.history_options(),
+                filter_query=resolved.filter_query,
+                max_in_flight=self._in_flight(),
+                missing_is_fatal=resolved.explicit,
+            )
+        else:
+            alarms = flow.alarms
+            path = alarms.path if alarms else "/"
+            members = (path,)
+            engine = AlarmEngine(
+                node.client,
+                node.name,
+                path,
+                flow.alarm_filter(),
+                node_version=version,
+                max_in_flight=self._in_flight(),
+            )
+        self._engine = engine
+        self.summary.tags = len(members)
+        with self._sink_guard:
+            progresses = [sink.progress(self.key) for sink in self.sinks]
+        watermark = _min_watermark(progresses, members, flow.start)
+        self.summary.watermark_before = watermark
+        span, always = self._span(watermark)
+        interval = (
+            flow.interval if flow.mode == "aggregated" and self.kind == KIND_TAG_HISTORY else None
+        )
+        if span is not None and interval is not None:
+            span = _align_span(span, interval)
+        size = self._window_size(members, span, interval)
+        if span is not None and self.kind == KIND_TAG_HISTORY and flow.mode in ("delta", "filter"):
+            # Their rows depend on where a query starts: every query starts on the grid.
+            span = Window(align_down(span.start, size), span.end)
+            always = span if always is not None else None
+        if span is None:
+            plan = self._new_plan(members, None, size, 0, [], watermark)
+            self.plan_ = plan
+            return plan
+        if self.kind == KIND_TAG_HISTORY and isinstance(engine, HistoryEngine):
+            if engine.filter_query is not None:
+                batches = [members]
+            else:
+                batches = batch_members(members, max_batch=flow.batch)
+        else:
+            batches = [members]
+        chunks = plan_chunks(
+            self.key, self.dataset, self.kind, batches, span, size, options_key(flow)
+        )
+        if self.shard is not None:
+            chunks = self.shard.select(chunks)
+        if self.request.start is not None and not self.request.backfill:
+            pending = list(chunks)
+            skipped = 0
+        else:
+            wanted = combined_pending(chunks, progresses, always)
+            skipped = len(chunks) - len(wanted)
+            pending = self._narrowed(wanted, progresses, always)
+        plan = self._new_plan(members, span, size, len(chunks), pending, watermark)
+        self.summary.span = span
+        self.summary.window = size
+        self.summary.window_auto = flow.window == "auto"
+        self.summary.chunks_planned = len(chunks)
+        self.summary.chunks_skipped = skipped
+        self.plan_ = plan
+        return plan
+
+    def _new_plan(
+        self,
+        members: tuple[str, ...],
+        span: Window | None,
+        size: timedelta,
+        planned: int,
+        pending: list[Chunk],
+        watermark: datetime | None,
+    ) -> Plan:
+        return Plan(
+            self.name,
+            self.dataset,
+            self.kind,
+            members,
+            span,
+            size,
+            planned,
+            pending,
+            watermark,
+            node=self.node_name,
+            key=self.key,
+        )
+
+    def _narrowed(
+        self, pending: list[Chunk], progresses: Sequence[Progress], always: Window | None
+    ) -> list[Chunk]:
+        """Pending chunks cut down to the tags a sink lacks (one tag reset: only it is
+        fetched again); chunks in the look-back span are re-read whole."""
+        if self.kind != KIND_TAG_HISTORY:
+            return pending
+        lacking = lacking_members(pending, progresses)
+        narrowed: list[Chunk] = []
+        for chunk in pending:
+            if always is not None and chunk.window.overlaps(always):
+                narrowed.append(chunk)
+                continue
+            narrowed.extend(
+                narrow_chunk(
+                    chunk,
+                    lacking[chunk.chunk_id],
+                    max_batch=self.flow.batch,
+                    options_key=options_key(self.flow),
+                    by_paths=self._filter_mode(),
+                )
+            )
+        return narrowed
+
+    def _in_flight(self) -> int:
+        if self._max_in_flight is not None:
+            return self._max_in_flight
+        return self.config.nodes[self.node_name].max_connections
+
+    def _span(self, watermark: datetime | None) -> tuple[Window | None, Window | None]:
+        """The span to plan, and the look-back part of it that is always re-read."""
+        flow = self.flow
+        end = self._end(watermark)
+        if self.request.start is not None:
+            if end <= self.request.start:
+                return None, None
+            return Window(self.request.start, end), None
+        span = incremental_span(
+            history_start=flow.start,
+            watermark=watermark,
+            now=end,
+            lookback=flow.lookback,
+            settle=timedelta(0),
+        )
+        if span is None:
+            return None, None
+        # The span starts at watermark - lookback: all of it before the watermark is the
+        # look-back, re-read on every run even where already complete.
+        relook = watermark is not None and flow.lookback > timedelta(0)
+        return span, span if relook else None
+
+    def _end(self, watermark: datetime | None) -> datetime:
+        """Where this run ends: `now - settle`, or an explicit end no later than that.
+
+        Nothing past `now - settle` is ever marked complete (a future window's answer is
+        empty, and a later run would skip it for good): a later explicit end is cut there,
+        with one line in the summary. Progress already past it (recorded before this rule)
+        is pointed out with the command that repairs it.
+        """
+        settled = self.now - self.flow.settle
+        if watermark is not None and watermark > settled:
+            self.summary.notes.append(
+                f"progress is marked complete up to {iso_utc(watermark)}, past now - settle: "
+                f"repair it with `historian state repair {self.name}{self._node_option}`"
+            )
+        asked = self.request.end
+        if asked is None:
+            return settled
+        if asked > settled:
+            self.summary.notes.append(
+                f"end {iso_utc(asked)} is after now - settle: cut at {iso_utc(settled)}; "
+                "nothing past it is marked complete"
+            )
+            log.warning("flow %s: %s", self.name, self.summary.notes[-1])
+            return settled
+        return asked
+
+    def _window_size(
+        self, members: Sequence[str], span: Window | None, interval: timedelta | None
+    ) -> timedelta:
+        """The flow's window, or for `auto` the largest whose chunks carry about
+        AUTO_CHUNK_ROWS rows at the density the node shows (pipelines/planning.py)."""
+        flow = self.flow
+        if isinstance(flow.window, timedelta):
+            return flow.window
+        if span is None:  # nothing to fetch: no chunk is planned, nothing to probe
+            return timedelta(hours=1)
+        if self.kind == KIND_ALARM_HISTORY:
+            return window_for_density(self._probe_alarm_density(span), 1)
+        tags_per_batch = len(members) if self._filter_mode() else min(flow.batch, len(members))
+        if interval is not None:
+            per_hour = timedelta(hours=1) / interval
+        else:
+            per_hour = self._probe_density(members, span)
+        return window_for_density(per_hour, max(1, tags_per_batch), interval=interval)
+
+    def _filter_mode(self) -> bool:
+        return isinstance(self._engine, HistoryEngine) and self._engine.filter_query is not None
+
+    def _probe_density(self, members: Sequence[str], span: Window) -> float:
+        """Samples per tag and hour: the highest that raw probes of up to 50 tags (spread
+        over the selection) see at either end of the span, where a backfill's first chunks
+        and an incremental run's last ones are; over an hour, or a day where the hour is
+        empty; at least one per hour."""
+        probe = _spread(members, 50)
+        # `limit` keeps each probe's answer small (50 x 1,000 rows, however dense the day);
+        # tags it cuts are measured up to their last sample, like a node's own cap.
+        options = HistoryOptions(
+            mode="raw", limit=1000, remote_node=self.flow.history_options().remote_node
+        )
+        rates = [1.0]
+        for side in _probe_sides(span):
+            for window in side:
+                body = self.node.client.tag_history_many_bytes(
+                    probe, window.start, window.end, options
+                )
+                page = parse_history_answer(body, self.node.name, chunk_label="density probe")
+                seen = [(stats.rows, stats.last_ts_ms) for stats in page.tags.values()]
+                if any(rows for rows, _ in seen):
+                    rates.append(density_per_hour(seen, len(probe), window.start_ms, window.end_ms))
+                    break
+        return max(rates)
+
+    def _probe_alarm_density(self, span: Window) -> float:
+        """Alarm events per hour at either end of the span (as `_probe_density`)."""
+        alarms = self.flow.alarms
+        path = alarms.path if alarms else "/"
+        rates = [1.0]
+        for side in _probe_sides(span):
+            for window in side:
+                body = self.node.client.alarm_history_bytes(
+                    path, window.start, window.end, self.flow.alarm_filter()
+                )
+                events = parse_alarm_history_answer(body, self.node.name).num_rows
+                if events:
+                    rates.append(events / ((window.end_ms - window.start_ms) / 3_600_000))
+                    break
+        return max(rates)
+
+    # -- execution -------------------------------------------------------------------
+
+    def scope(self, chunk: Chunk) -> ChunkScope:
+        return ChunkScope(
+            flow=self.key,
+            dataset=self.dataset,
+            kind=self.kind,
+            members=chunk.members,
+            window=chunk.window,
+            chunk_id=chunk.chunk_id,
+            attrs=dataset_attrs(self.name, self.flow),
+            node=self.node.name,
+            window_size=self.plan_.window_size if self.plan_ is not None else None,
+        )
+
+    def fetch(self, chunk: Chunk) -> ChunkResult:
+        assert self._engine is not None, "plan() first"
+        return self._engine.fetch_chunk(chunk)
+
+    def write(self, result: ChunkResult) -> ChunkOutcome:
+        """Write a fetched chunk to every sink; each write is atomic and idempotent."""
+        committed: dict[str, int] = {}
+        scope = self.scope(result.chunk)
+        for sink in self.sinks:
+            committed[sink.name] = sink.write(scope, result.table, result.rows_fetched)
+        rows_per_tag, bad_per_tag = _tag_counts(result.table, self.kind)
+        return ChunkOutcome(
+            chunk_id=result.chunk.chunk_id,
+            label=result.chunk.label,
+            window=result.chunk.window,
+            members=len(result.chunk.members),
+            rows_fetched=result.rows_fetched,
+            rows_committed=committed,
+            requests=result.requests,
+            bytes_received=result.bytes_received,
+            seconds=result.seconds,
+            rows_per_tag=rows_per_tag,
+            bad_quality_per_tag=bad_per_tag,
+            parts=tuple(chunk.chunk_id for chunk in result.parts),
+            missing=result.missing,
+            rows_out_of_range=result.rows_out_of_range,
+        )
+
+    def results(self, fetch: Fetcher | None = None) -> Iterator[ChunkResult]:
+        """Fetched chunks, concurrently and bounded, in completion order; the small ones
+        of a window joined into one write (pipelines/core/coalesce.py). `fetch`: how chunks
+        are fetched (the engine's own thread pool when None)."""
+        if self._engine is None or self.plan_ is None:
+            raise RuntimeError("plan() first")
+        pending = self.plan_.pending
+        fetched = fetch(self, pending) if fetch is not None else self._engine.stream(pending)
+        yield from self.joined(fetched, pending)
+
+    @property
+    def engine(self) -> HistoryEngine | AlarmEngine:
+        """What fetches this run's chunks (set by `plan()`)."""
+        if self._engine is None:
+            raise RuntimeError("plan() first")
+        return self._engine
+
+    def joined(
+        self, fetched: Iterable[ChunkResult], chunks: Sequence[Chunk]
+    ) -> Iterator[ChunkResult]:
+        """`fetched` (results of `chunks`, in any order) with the small tag-history ones of
+        each window joined into one write (`pipelines/core/coalesce.py`)."""
+        if self.kind != KIND_TAG_HISTORY:
+            yield from fetched
+            return
+        yield from coalesce(fetched, Counter(chunk.window for chunk in chunks))
+
+    def write_depth(self) -> int:
+        """Chunks written at once: what every sink of the flow allows (1 unless all say more)."""
+        return min((max(1, sink.write_concurrency) for sink in self.sinks), default=1)
+
+    def done(self, outcome: ChunkOutcome, on_chunk: ProgressCallback | None) -> None:
+        """Count a written chunk (and tell `on_chunk`)."""
+        self.summary.add(outcome)
+        if on_chunk is not None:
+            on_chunk(outcome, self.summary)
+
+    def write_and_release(self, result: ChunkResult) -> ChunkOutcome:
+        """`write`, then the chunk's buffers go, and their pages back to the system."""
+        outcome = self.write(result)
+        del result
+        release_memory()
+        return outcome
+
+    def compact(self) -> None:
+        """After the last chunk: compact small lake files of the dataset.
+
+        Every chunk is committed by now, so a sink failing here (a database gone again,
+        a full disk during compaction) is logged and leaves the run complete: the next
+        run compacts. A shard does not compact: the other shards of its backfill write
+        next to the files compaction would rewrite; the unit's next unsharded run compacts.
+        """
+        if not self.summary.chunks_done or self.shard is not None:
+            return
+        for sink in self.sinks:
+            try:
+                sink.compact(self.dataset)
+            except SinkError as exc:
+                log.warning("%s: every chunk is committed; not compacted: %s", self.key, exc)
+
+    def finish(self) -> None:
+        """After the last chunk: record the new watermark (a sink failing to say is logged:
+        the next run reads it anew)."""
+        if self.plan_ is not None:
+            try:
+                progresses = [sink.progress(self.key) for sink in self.sinks]
+            except SinkError as exc:
+                log.warning("%s: every chunk is committed; watermark not read: %s", self.key, exc)
+                return
+            self.summary.watermark_after = _min_watermark(
+                progresses, self.plan_.members, self.flow.start
+            )
+
+
+WorkItem = tuple[FlowRun, ChunkResult]
+
+
+def write_all(
+    items: Iterable[WorkItem], depth: int, on_chunk: ProgressCallback | None = None
+) -> None:
+    """Write each fetched chunk to every sink of its run, in this thread (depth 1) or up
+    to `depth` at once, each still its own atomic, idempotent write.
+
+    Why overlap: a chunk's write is mostly the database inserting into its key; with a
+    second chunk under way, that work overlaps the next chunk's encoding and a second
+    server process. Chunks may commit out of plan order: the progress is a set of completed
+    windows per member (merged by every sink), so a later window committed before an
+    earlier one leaves a gap, never a false claim, and the watermark stops at the gap.
+    On a failure the writes under way finish (each commits whole or not at all) and are
+    counted, then the first error is raised.
+    """
+    if depth <= 1:
+        for run, result in items:
+            outcome = run.write_and_release(result)
+            del result
+            run.done(outcome, on_chunk)
+        return
+    with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="write") as pool:
+        pending: dict[Future[ChunkOutcome], FlowRun] = {}
+
+        def count(done: Iterable[Future[ChunkOutcome]]) -> list[BaseException]:
+            failed = []
+            for future in done:
+                run = pending.pop(future)
+                error = future.exception()
+                if error is None:
+                    run.done(future.result(), on_chunk)
+                else:
+                    failed.append(error)
+            return failed
+
+        def settle(until: int) -> None:
+            while len(pending) > until:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                failed = count(done)
+                if failed:
+                    raise failed[0]
+
+        try:
+            for run, result in items:
+                pending[pool.submit(run.write_and_release, result)] = run
+                del result
+                settle(depth - 1)
+            settle(0)
+        except BaseException:
+            finished, _ = wait(list(pending))
+            count(finished)
+            raise
+
+
+def run_flow(
+    config: Config,
+    name: str,
+    *,
+    nodes: NodePool,
+    sinks: SinkSet,
+    request: RunRequest | None = None,
+    on_chunk: ProgressCallback | None = None,
+    on_plan: Callable[[Plan], None] | None = None,
+    now: datetime | None = None,
+    fetch: Fetcher | None = None,
+    plan: Callable[[FlowRun], Plan] | None = None,
+) -> RunSummary:
+    """Run one flow start to end: the one loop of the direct path and of Prefect's flows.
+
+    A flow on several nodes runs one unit per (flow, node) (`pipelines/core/units.py`): each
+    with its own lock, plan, watermark and summary, fetching in parallel; one node
+    failing leaves the others' work complete and recorded.
+
+    `fetch` and `plan` say how the work is submitted (the Prefect flow makes them tasks;
+    by default the engine's threads and a plain call). Node and sink failures come out as
+    `RunFailed` carrying the partial summary; the original error is its `__cause__`.
+    """
+    from pipelines.core.units import run_units
+
+    return run_units(
+        config,
+        name,
+        nodes=nodes,
+        sinks=sinks,
+        request=request or RunRequest(),
+        on_chunk=on_chunk,
+        on_plan=on_plan,
+        now=now,
+        fetch=fetch,
+        plan=plan,
+    )
+
+
+def _min_watermark(
+    progresses: Sequence[Progress], members: Sequence[str], origin: datetime
+) -> datetime | None:
+    marks = [flow_watermark(progress, members, origin) for progress in progresses]
+    if any(mark is None for mark in marks) or not marks:
+        return None
+    return min(mark for mark in marks if mark is not None)
+
+
+def _spread(members: Sequence[str], count: int) -> list[str]:
+    """Up to `count` members evenly spread over the list (batches are runs of neighbours,
+    so the first `count` could all be one group's)."""
+    if len(members) <= count:
+        return list(members)
+    return [members[i * len(members) // count] for i in range(count)]
+
+
+def _probe_sides(span: Window) -> list[list[Window]]:
+    """Where a density probe looks: the span's end and, when the span is longer than two
+    hours, its start; at each, the hour next to it, then the day (asked only when the hour
+    shows nothing)."""
+    hour, day = timedelta(hours=1), timedelta(days=1)
+    sides = [[Window(span.end - hour, span.end), Window(span.end - day, span.end)]]
+    if span.end - span.start > 2 * hour:
+        sides.append([Window(span.start, span.start + hour), Window(span.start, span.start + day)])
+    return sides
+
+
+def _align_span(span: Window, interval: timedelta) -> Window | None:
+    """Whole buckets only: both ends down to multiples of interval (no partial last bucket)."""
+    start = align_down(span.start, interval)
+    end = align_down(span.end, interval)
+    return Window(start, end) if end > start else None
+
+
+def _tag_counts(table: pa.Table, kind: str) -> tuple[Counter[str], Counter[str]]:
+    """Rows and bad-quality rows (quality < 192 or missing) per tag or alarm path."""
+    if not table.num_rows or kind == KIND_TAG_METADATA:
+        return Counter(), Counter()
+    keys = one_array(table.column(SCOPE_COLUMN[kind]))
+    if kind == KIND_TAG_HISTORY:
+        quality = one_array(table.column("quality")).cast(pa.int32())
+        bad = pc.fill_null(pc.less(quality, GOOD_QUALITY), True)
+    else:
+        bad = pa.repeat(False, table.num_rows)
+    if pa.types.is_dictionary(keys.type) and not keys.null_count:
+        return _counts_by_index(keys, bad)
+    if pa.types.is_dictionary(keys.type):
+        keys = keys.cast(keys.type.value_type)
+    grouped = (
+        pa.table({"key": keys, "bad": bad.cast(pa.int64())})
+        .group_by("key")
+        .aggregate([([], "count_all"), ("bad", "sum")])
+    )
+    names = grouped.column("key").to_pylist()
+    rows = Counter(dict(zip(names, grouped.column("count_all").to_pylist(), strict=True)))
+    bad_rows = Counter(
+        {name: n for name, n in zip(names, grouped.column("bad_sum").to_pylist(), strict=True) if n}
+    )
+    return rows, bad_rows
+
+
+def _counts_by_index(keys: pa.DictionaryArray, bad: pa.Array) -> tuple[Counter[str], Counter[str]]:
+    """`_tag_counts` of dictionary-encoded keys: counted by index, each name read once
+    (a name the dictionary holds twice adds up)."""
+    indices = keys.indices.to_numpy(zero_copy_only=False)
+    size = len(keys.dictionary)
+    rows_at = np.bincount(indices, minlength=size).tolist()
+    bad_at = np.bincount(indices[bad.to_numpy(zero_copy_only=False)], minlength=size).tolist()
+    rows: Counter[str] = Counter()
+    bad_rows: Counter[str] = Counter()
+    for name, count, bad_count in zip(keys.dictionary.to_pylist(), rows_at, bad_at, strict=True):
+        if count:
+            rows[name] += count
+        if bad_count:
+            bad_rows[name] += bad_count
+    return rows, bad_rows

@@ -1,0 +1,168 @@
+"""Deployments of the flows: `historian serve` (a runner firing the schedules) and
+`historian deploy --pool` (work-pool deployments, with the backfill deployments that
+sharded backfills submit their shards to).
+
+The flows themselves are `pipelines/orchestration/flows.py`; a deployment names them by file (serve)
+or by module path (`pipelines.orchestration.flows.tag_history_flow`, work pools), so that a worker
+with this package installed loads the same flow.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+from pipelines.config.models import ConfigError, load_config
+from pipelines.orchestration.fleet import heartbeat_env
+from pipelines.orchestration.flows import prefect_flow_for
+
+BACKFILL_SUFFIX = "-backfill"
+
+
+def backfill_deployment(flow_name: str, kind: str) -> str:
+    """`tag-history/<flow>-backfill`: the deployment a sharded backfill's runs are made of."""
+    return f"{prefect_flow_for(kind).name}/{flow_name}{BACKFILL_SUFFIX}"
+
+
+def build_deployments(
+    config_path: Path,
+    names: list[str] | None = None,
+    *,
+    by_module: bool = False,
+    backfills: bool = False,
+) -> list[Any]:
+    """One deployment per flow with a schedule: its cron or interval, timezone, parameters.
+
+    `by_module` names the flow by import path (`pipelines.orchestration.flows.tag_history_flow`) instead of
+    by file, so a worker of a process work pool with this package installed can load it.
+    `backfills`: also `<flow>-backfill` for every flow (scheduled or not), without a
+    schedule or a run limit: the deployment a sharded backfill submits its shards to.
+    """
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+    from prefect.types.entrypoint import EntrypointType
+
+    from pipelines.orchestration.schedules import check_schedules, prefect_schedule
+
+    config = load_config(config_path)
+    check_schedules(config, names, source=config_path.name)  # one line naming the key
+    entrypoint = EntrypointType.MODULE_PATH if by_module else EntrypointType.FILE_PATH
+    deployments = []
+    for name, flow_config in config.flows.items():
+        if names and name not in names:
+            continue
+        parameters = {"flow_name": name, "config_path": str(config_path.resolve())}
+        # One deployment per flow: each of its runs covers every node (one unit each).
+        fleet = config.flow_nodes(name)
+        tags = ["historian", flow_config.kind, *(f"node:{node}" for node in fleet)]
+        if backfills:
+            deployments.append(
+                prefect_flow_for(flow_config.kind).to_deployment(
+                    name=f"{name}{BACKFILL_SUFFIX}",
+                    parameters=parameters,
+                    tags=[*tags, "backfill"],
+                    # heartbeats: a run whose worker dies is marked Crashed (fleet.py)
+                    job_variables={"env": heartbeat_env()},
+                    description=f"historian backfill of flow {name} (sharded: historian "
+                    f"backfill {name} --shards N --pool POOL)",
+                    entrypoint_type=entrypoint,
+                )
+            )
+        schedule = flow_config.schedule
+        if schedule is None:
+            continue
+        deployments.append(
+            prefect_flow_for(flow_config.kind).to_deployment(
+                name=name,
+                schedules=[prefect_schedule(schedule)],
+                parameters=parameters,
+                tags=tags,
+                # A run due while the last one still runs is cancelled (it would stop at
+                # the flow's lock anyway); the next one catches up from the watermark.
+                concurrency_limit=ConcurrencyLimitConfig(
+                    limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW
+                ),
+                description=f"historian flow {name} ({flow_config.kind}, "
+                f"node{'s' if len(fleet) > 1 else ''} {', '.join(fleet)})",
+                entrypoint_type=entrypoint,
+            )
+        )
+    return deployments
+
+
+def deploy_flows(
+    config_path: Path, work_pool: str, *, names: list[str] | None = None
+) -> list[uuid.UUID]:
+    """Register the flows as deployments of a work pool (docs/scaling.md): the scheduled
+    ones with their schedules, and every flow's `<flow>-backfill` for sharded backfills;
+    then the per-node concurrency limits and the crashed-run detection
+    (`pipelines/orchestration/fleet.py`).
+
+    Unlike `serve_flows`, nothing keeps running here: workers of the pool
+    (`prefect worker start --pool <name>`) pick the runs up wherever this package and
+    flows.yaml are installed at the same path.
+    """
+    from prefect import deploy
+    from prefect.client.orchestration import get_client
+
+    from pipelines.orchestration.fleet import (
+        ensure_crash_detection,
+        ensure_node_limits,
+        require_work_pool,
+    )
+
+    deployments = build_deployments(config_path, names, by_module=True, backfills=True)
+    if not deployments:
+        raise ConfigError(f"{config_path.name}: no flow to deploy")
+    with get_client(sync_client=True) as client:
+        require_work_pool(client, work_pool)
+    ids = deploy(
+        *deployments,
+        work_pool_name=work_pool,
+        build=False,
+        push=False,
+        print_next_steps_message=False,
+    )
+    config = load_config(config_path)
+    ensure_node_limits(config, names)
+    ensure_crash_detection()
+    return cast(list[uuid.UUID], ids)
+
+
+def serve_flows(
+    config_path: Path,
+    *,
+    names: list[str] | None = None,
+    announce: Callable[[str], None] | None = None,
+) -> None:
+    """Register every scheduled flow as a deployment and run them on schedule (blocks).
+
+    The schedules fire on the configured Prefect API, or on a local Prefect server started
+    for the command and stopped with it (`pipelines/orchestration/server.py`): Prefect's ephemeral
+    server runs no scheduler. `announce` gets one line saying where the UI and API are.
+    Ctrl-C and SIGTERM stop the runner (Prefect pauses the schedules), then the server.
+    """
+    from prefect import serve
+
+    from pipelines.orchestration.server import api_for_schedules
+
+    deployments = build_deployments(config_path, names)
+    if not deployments:
+        raise ConfigError(f"{config_path.name}: no flow has a schedule")
+    with api_for_schedules() as (api_url, ours):
+        if announce is not None:
+            announce(serving_line(api_url, ours, [d.name for d in deployments]))
+        serve(*deployments, print_starting_message=False)
+
+
+def serving_line(api_url: str, ours: bool, names: list[str]) -> str:
+    """`historian serve`'s one line: what it serves and where the Prefect UI and API are."""
+    what = f"serving {len(names)} scheduled flows ({', '.join(names)})"
+    if not ours:
+        return f"{what} on the Prefect API at {api_url}; Ctrl-C stops"
+    ui = api_url.removesuffix("/api")
+    return (
+        f"{what} on a local Prefect server: UI {ui}, API {api_url} "
+        f"(PREFECT_API_URL={api_url} prefect flow-run ls); Ctrl-C stops both"
+    )

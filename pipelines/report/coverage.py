@@ -1,0 +1,742 @@
+"""What a flow's dataset holds per series and time bucket, aggregated where the data lives.
+
+Tag history: rows, bad-quality rows (quality < 192, or none) and the min / mean / max of
+the good values per (tag, bucket); booleans count as 0/1, text values have no trend.
+Alarm history: events per (alarm path, bucket, priority, status).
+
+Years of rows are never loaded at once. The warehouse aggregates in SQL (one GROUP BY);
+the lake is scanned a record batch at a time with pyarrow, each batch reduced to its
+(series, bucket) groups before the next is read, so memory follows series x buckets,
+not rows. A sink of another type is read whole through `Sink.read` (correct, unbounded).
+The progress the sink keeps for the flow tells extracted buckets without rows (gaps)
+from buckets never extracted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, NoReturn, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY
+from connectors.timewindow import Window, from_ms
+from pipelines.state import tag_members
+from sinks.base import Progress, Sink, merge_windows
+
+GOOD_QUALITY = 192
+TARGET_BUCKETS = 100
+MAX_BUCKETS = 2000
+# Round bucket sizes in seconds, smallest first: 1 s ... 1 year.
+_BUCKET_CHOICES_S = (
+    1, 5, 10, 15, 30, 60, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200,
+    86400, 2 * 86400, 7 * 86400, 14 * 86400, 30 * 86400, 91 * 86400, 365 * 86400,
+)  # fmt: skip
+_DAY_MS = 86_400_000
+_MONDAY_MS = 4 * _DAY_MS  # 1970-01-05, the first Monday: weeks start on Mondays
+# Alarm priorities (spec: 1 Low .. 4 Critical) and states (spec: 0..3); index 0 / 4 hold
+# values outside the spec's range, so nothing is dropped silently.
+PRIORITIES = ("other", "Low", "Medium", "High", "Critical")
+STATUSES = (
+    "cleared, acknowledged",
+    "active, acknowledged",
+    "cleared, unacknowledged",
+    "active, unacknowledged",
+    "other",
+)
+_TS = pa.timestamp("ms", tz="UTC")
+_DIGITS = re.compile(r"(\d+)")
+_COMPACT_ROWS = 500_000  # partial groups held before they are merged again
+_BATCH_ROWS = 262_144
+
+
+class RangeError(ValueError):
+    """The asked range or bucket cannot be drawn (empty range, too many buckets)."""
+
+
+@dataclass(frozen=True)
+class TimeGrid:
+    """`count` buckets of `bucket` from `start` (a UTC multiple of the bucket)."""
+
+    start_ms: int
+    bucket_ms: int
+    count: int
+
+    @property
+    def end_ms(self) -> int:
+        return self.start_ms + self.count * self.bucket_ms
+
+    @property
+    def bucket(self) -> timedelta:
+        return timedelta(milliseconds=self.bucket_ms)
+
+    def span(self, lo_ms: int, hi_ms: int) -> tuple[int, int]:
+        """Indices [first, last) of the buckets that [lo_ms, hi_ms) touches, clipped."""
+        first = max(0, (lo_ms - self.start_ms) // self.bucket_ms)
+        last = min(self.count, -(-(hi_ms - self.start_ms) // self.bucket_ms))
+        return int(first), int(max(first, last))
+
+
+def nice_bucket(span: timedelta, target: int = TARGET_BUCKETS) -> timedelta:
+    """The smallest round bucket (1 s ... 1 day, 1 week ... 1 year) giving <= `target` buckets."""
+    for seconds in _BUCKET_CHOICES_S:
+        if span / timedelta(seconds=seconds) <= target:
+            return timedelta(seconds=seconds)
+    return timedelta(seconds=_BUCKET_CHOICES_S[-1])
+
+
+def plan_grid(window: Window, bucket: timedelta | None = None) -> TimeGrid:
+    """Buckets covering `window`, on UTC multiples of their size (weeks from Monday).
+
+    RangeError for a bucket under a second or one making more than MAX_BUCKETS.
+    """
+    size = bucket or nice_bucket(window.end - window.start)
+    size_ms = int(size.total_seconds() * 1000)
+    if size_ms < 1000:
+        raise RangeError(f"bucket {size} is shorter than a second")
+    origin = _MONDAY_MS if size_ms % (7 * _DAY_MS) == 0 else 0
+    start_ms = window.start_ms - (window.start_ms - origin) % size_ms
+    count = -(-(window.end_ms - start_ms) // size_ms)
+    if count > MAX_BUCKETS:
+        raise RangeError(
+            f"buckets of {size} over {window.end - window.start} make {count:,} buckets "
+            f"(at most {MAX_BUCKETS:,}): choose a larger bucket or a shorter range"
+        )
+    return TimeGrid(start_ms, size_ms, int(count))
+
+
+@dataclass(frozen=True)
+class TagCoverage:
+    """Per tag (rows of each array, `members` order) and bucket (columns)."""
+
+    flow: str
+    window: Window | None  # the range drawn; None when there is nothing at all
+    grid: TimeGrid
+    members: list[str]
+    rows: np.ndarray  # int64: rows
+    bad: np.ndarray  # int64: rows of quality < 192 (or none)
+    low: np.ndarray  # float64: min of good values, NaN where none
+    high: np.ndarray  # float64: max of good values, NaN where none
+    total: np.ndarray  # float64: sum of good values
+    counted: np.ndarray  # int64: good values (numbers and booleans)
+    extracted: np.ndarray  # bool: the flow's progress covers (part of) the bucket
+
+    @property
+    def mean(self) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.counted > 0, self.total / np.maximum(self.counted, 1), np.nan)
+
+    def gaps(self, index: int) -> int:
+        """Extracted buckets in which the tag has no row."""
+        return int(((self.rows[index] == 0) & self.extracted[index]).sum())
+
+    def not_extracted(self, index: int) -> int:
+        return int((~self.extracted[index]).sum())
+
+    def bad_buckets(self, index: int) -> int:
+        """Buckets in which the tag has at least one bad-quality row."""
+        return int((self.bad[index] > 0).sum())
+
+    @property
+    def totals(self) -> dict[str, int]:
+        return {
+            "members": len(self.members),
+            "rows": int(self.rows.sum()),
+            "bad_rows": int(self.bad.sum()),
+            "members_with_gaps": sum(1 for i in range(len(self.members)) if self.gaps(i)),
+        }
+
+
+@dataclass(frozen=True)
+class AlarmCoverage:
+    """Alarm events per path and bucket, and per priority / status (PRIORITIES, STATUSES)."""
+
+    flow: str
+    window: Window | None
+    grid: TimeGrid
+    paths: list[str]
+    events: np.ndarray  # int64 [path, bucket]
+    by_priority: np.ndarray  # int64 [priority index, bucket]
+    by_status: np.ndarray  # int64 [status index, bucket]
+    path_priority: np.ndarray  # int64 [path, priority index]
+    path_status: np.ndarray  # int64 [path, status index]
+
+    @property
+    def totals(self) -> dict[str, int]:
+        return {"paths": len(self.paths), "events": int(self.events.sum())}
+
+
+# -- partial groups: what one batch (or one SQL answer) contributes --------------------------
+
+_TAG_KEYS = ("member", "bucket")
+_TAG_PARTS = {
+    "rows": "sum",
+    "bad": "sum",
+    "low": "min",
+    "high": "max",
+    "total": "sum",
+    "counted": "sum",
+}
+_ALARM_KEYS = ("member", "bucket", "priority", "status")
+_ALARM_PARTS = {"events": "sum"}
+
+
+class _Groups:
+    """Partial aggregates merged as they come, so the held groups stay few."""
+
+    def __init__(self, keys: Sequence[str], parts: dict[str, str]) -> None:
+        self.keys = list(keys)
+        self.parts = parts
+        self._held: list[pa.Table] = []
+        self._held_rows = 0
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        self._held.append(table)
+        self._held_rows += table.num_rows
+        if self._held_rows > _COMPACT_ROWS and len(self._held) > 1:
+            merged = self.result()
+            self._held, self._held_rows = [merged], merged.num_rows
+
+    def result(self) -> pa.Table:
+        if not self._held:
+            return pa.table({})
+        table = pa.concat_tables(self._held) if len(self._held) > 1 else self._held[0]
+        grouped = table.group_by(self.keys).aggregate(list(self.parts.items()))
+        return grouped.rename_columns(
+            [
+                name.rsplit("_", 1)[0] if name not in self.keys else name
+                for name in grouped.column_names
+            ]
+        )
+
+
+def _bucket_of(ts: pa.ChunkedArray | pa.Array, grid: TimeGrid) -> pa.Array:
+    return pc.divide(pc.subtract(pc.cast(ts, pa.int64()), grid.start_ms), grid.bucket_ms)
+
+
+def _text(column: Any) -> Any:
+    return pc.cast(column, pa.string()) if pa.types.is_dictionary(column.type) else column
+
+
+def _tag_partials(table: pa.Table | pa.RecordBatch, grid: TimeGrid) -> pa.Table:
+    """Rows (tag, ts, quality, value, value_bool) -> one row per (tag, bucket) present."""
+    quality = table.column("quality")
+    good = pc.fill_null(pc.greater_equal(quality, GOOD_QUALITY), False)
+    numeric = pc.coalesce(table.column("value"), pc.cast(table.column("value_bool"), pa.float64()))
+    value = pc.if_else(good, numeric, pa.scalar(None, pa.float64()))
+    work = pa.table(
+        {
+            "member": table.column("tag"),
+            "bucket": _bucket_of(table.column("ts"), grid),
+            "bad": pc.cast(pc.invert(good), pa.int64()),
+            "value": value,
+        }
+    )
+    grouped = work.group_by(list(_TAG_KEYS)).aggregate(
+        [
+            ([], "count_all"),
+            ("bad", "sum"),
+            ("value", "min"),
+            ("value", "max"),
+            ("value", "sum"),
+            ("value", "count"),
+        ]
+    )
+    return pa.table(
+        {
+            "member": _text(grouped.column("member")),
+            "bucket": grouped.column("bucket"),
+            "rows": grouped.column("count_all"),
+            "bad": grouped.column("bad_sum"),
+            "low": grouped.column("value_min"),
+            "high": grouped.column("value_max"),
+            "total": grouped.column("value_sum"),
+            "counted": grouped.column("value_count"),
+        }
+    )
+
+
+def _alarm_partials(table: pa.Table | pa.RecordBatch, grid: TimeGrid) -> pa.Table:
+    """Rows (path, ts, priority, status) -> events per (path, bucket, priority, status)."""
+    work = pa.table(
+        {
+            "member": table.column("path"),
+            "bucket": _bucket_of(table.column("ts"), grid),
+            "priority": table.column("priority"),
+            "status": table.column("status"),
+        }
+    )
+    grouped = work.group_by(list(_ALARM_KEYS)).aggregate([([], "count_all")])
+    return pa.table(
+        {
+            "member": _text(grouped.column("member")),
+            "bucket": grouped.column("bucket"),
+            "priority": pc.cast(grouped.column("priority"), pa.int64()),
+            "status": pc.cast(grouped.column("status"), pa.int64()),
+            "events": grouped.column("count_all"),
+        }
+    )
+
+
+# -- sources: where the rows are and how they are reduced there -------------------------------
+
+
+class _Source(Protocol):
+    def span(self) -> Window | None:
+        """First and last row time (end exclusive), or None when the dataset is empty."""
+
+    def partials(self, window: Window, grid: TimeGrid) -> Iterator[pa.Table]:
+        """Partial groups of the rows in `window` (`_tag_partials` / `_alarm_partials` columns)."""
+
+
+def _columns(kind: str) -> list[str]:
+    if kind == KIND_TAG_HISTORY:
+        return ["tag", "ts", "quality", "value", "value_bool"]
+    return ["path", "ts", "priority", "status"]
+
+
+def _reduce(kind: str) -> Any:
+    return _tag_partials if kind == KIND_TAG_HISTORY else _alarm_partials
+
+
+class _LakeSource:
+    """A lake dataset read file by file, row group by row group (only the needed columns).
+
+    One `ParquetFile` at a time rather than a pyarrow Dataset scan: the scan's memory grew
+    with the number of files, a file at a time stays at one row group's worth whatever
+    their number (BENCHMARKS.md, "Figures behind design choices"). Row groups whose `ts`
+    statistics fall outside the range are not read.
+    """
+
+    def __init__(self, lake: Any, dataset: str, kind: str) -> None:
+        from connectors.schema import SCHEMAS
+        from sinks.store.layout import is_data_file
+
+        self.kind = kind
+        store = lake.store
+        directory = store.path(dataset).rstrip("/") + "/"
+        # Files readers see, as `ParquetLake.read` lists them: hidden directories skipped.
+        self.paths = sorted(
+            entry.path
+            for entry in store.find(directory)
+            if is_data_file(entry.name)
+            and not any(
+                p.startswith((".", "_")) for p in entry.path[len(directory) :].split("/")[:-1]
+            )
+        )
+        self.filesystem = store.pafs
+        self.member = "tag" if kind == KIND_TAG_HISTORY else "path"
+        self.schema = pa.schema(
+            [
+                pa.field(name, pa.dictionary(pa.int32(), pa.string()))
+                if name == self.member
+                else SCHEMAS[kind].field(name)
+                for name in _columns(kind)
+            ]
+        )
+
+    def _files(self) -> Iterator[Any]:
+        import pyarrow.parquet as pq
+
+        for path in self.paths:
+            with self.filesystem.open_input_file(path) as handle:
+                yield pq.ParquetFile(handle, read_dictionary=[self.member])
+
+    def span(self) -> Window | None:
+        lo: int | None = None
+        hi: int | None = None
+        for file in self._files():
+            for first, last in _ts_bounds(file):
+                lo = first if lo is None else min(lo, first)
+                hi = last if hi is None else max(hi, last)
+        return None if lo is None or hi is None else Window.from_ms(lo, hi + 1)
+
+    def partials(self, window: Window, grid: TimeGrid) -> Iterator[pa.Table]:
+        reduce = _reduce(self.kind)
+        lo, hi = pa.scalar(window.start_ms, _TS), pa.scalar(window.end_ms, _TS)
+        for file in self._files():
+            groups = [
+                index
+                for index, bounds in _row_group_bounds(file)
+                if bounds is None or (bounds[0] < window.end_ms and bounds[1] >= window.start_ms)
+            ]
+            present = [n for n in self.schema.names if n in file.schema_arrow.names]
+            for batch in file.iter_batches(_BATCH_ROWS, row_groups=groups, columns=present):
+                table = self._conform(batch)
+                ts = table.column("ts")
+                table = table.filter(pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi)))
+                if table.num_rows:
+                    yield reduce(table, grid)
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.Table:
+        """The batch with this kind's column types; a column the file lacks is all null."""
+        columns = [
+            batch.column(f.name).cast(f.type)
+            if f.name in batch.schema.names
+            else pa.nulls(batch.num_rows, f.type)
+            for f in self.schema
+        ]
+        return pa.Table.from_arrays(columns, schema=self.schema)
+
+
+def _row_group_bounds(file: Any) -> Iterator[tuple[int, tuple[int, int] | None]]:
+    """(row group, (min, max) epoch ms of `ts` from the footer, or None without statistics)."""
+    column = file.schema_arrow.get_field_index("ts")
+    for index in range(file.metadata.num_row_groups):
+        stats = file.metadata.row_group(index).column(column).statistics
+        known = stats is not None and stats.has_min_max
+        yield index, ((_ms(stats.min), _ms(stats.max)) if known else None)
+
+
+def _ts_bounds(file: Any) -> Iterator[tuple[int, int]]:
+    """(min, max) epoch ms of `ts` per row group: from the footer, else read."""
+    for index, bounds in _row_group_bounds(file):
+        if bounds is not None:
+            yield bounds
+            continue
+        column = file.read_row_group(index, columns=["ts"]).column("ts")
+        if len(column) > column.null_count:
+            found = pc.min_max(pc.cast(column, pa.int64()))
+            yield int(found["min"].as_py()), int(found["max"].as_py())
+
+
+def _ms(value: Any) -> int:
+    if isinstance(value, int):
+        return value
+    return int(pa.scalar(value, _TS).cast(pa.int64()).as_py())
+
+
+class _SqlSource:
+    """A warehouse dataset (table or view) aggregated by the database: one GROUP BY.
+
+    Buckets are computed by the database: `date_bin` on PostgreSQL 14+ (a timestamp to
+    group on, the bucket index taken after grouping: faster than epoch arithmetic on every
+    row), epoch milliseconds elsewhere. On PostgreSQL the query also asks for hash
+    aggregation: right after a load, before statistics exist, the planner would otherwise
+    sort every row to disk (BENCHMARKS.md, "Figures behind design choices").
+    """
+
+    def __init__(self, warehouse: Any, dataset: str, kind: str) -> None:
+        self.warehouse = warehouse
+        self.dataset = dataset
+        self.kind = kind
+        self.dialect = str(warehouse.dialect)
+
+    def _relation(self, conn: Any) -> str | None:
+        if not self.warehouse.layout.columns(conn, self.dataset):
+            return None
+        return str(self.warehouse.layout.table(self.dataset))
+
+    def span(self) -> Window | None:
+        import sqlalchemy as sa
+
+        from sinks.sql.load import epoch_ms_sql
+
+        with self.warehouse.engine.connect() as conn:
+            relation = self._relation(conn)
+            if relation is None:
+                return None
+            lo, hi = conn.execute(
+                sa.text(
+                    f"SELECT {epoch_ms_sql('lo', self.dialect)}, {epoch_ms_sql('hi', self.dialect)} "
+                    f"FROM (SELECT min(ts) AS lo, max(ts) AS hi FROM {relation}) AS s"
+                )
+            ).one()
+        return None if lo is None else Window.from_ms(int(lo), int(hi) + 1)
+
+    def _buckets(self, conn: Any, grid: TimeGrid) -> tuple[str, str]:
+        """SQL of the grouped bucket per row, and of its index once grouped."""
+        from sinks.sql.load import epoch_ms_sql
+
+        size = int(grid.bucket_ms)  # our own integer: safe to write into the SQL
+        version = getattr(conn.dialect, "server_version_info", None) or (0,)
+        if self.dialect == "postgresql" and version >= (14,):
+            binned = f"date_bin(interval '{size} milliseconds', ts, :origin_ts)"
+            index = (
+                f"CAST(round(extract(epoch FROM (bucket - :origin_ts)) * 1000 / {size}) AS BIGINT)"
+            )
+            return binned, index
+        epoch = epoch_ms_sql("ts", self.dialect)
+        if self.dialect == "mysql":  # no CAST AS DOUBLE PRECISION / BIGINT; FLOOR is exact
+            return f"FLOOR(({epoch} - :origin) / {size})", "bucket"
+        return (
+            f"CAST(floor(CAST({epoch} - :origin AS DOUBLE PRECISION) / {size}) AS BIGINT)",
+            "bucket",
+        )
+
+    def partials(self, window: Window, grid: TimeGrid) -> Iterator[pa.Table]:
+        import sqlalchemy as sa
+
+        params = {
+            "origin": grid.start_ms,
+            "origin_ts": from_ms(grid.start_ms),
+            "lo": window.start,
+            "hi": window.end,
+        }
+        with self.warehouse.engine.connect() as conn:
+            relation = self._relation(conn)
+            if relation is None:
+                return
+            if self.dialect == "postgresql":
+                conn.exec_driver_sql("SET LOCAL enable_sort = off")  # this read's transaction only
+            binned, index = self._buckets(conn, grid)
+            if self.kind == KIND_TAG_HISTORY:
+                keys, names = ["member", "bucket"], ["member", "bucket", *_TAG_PARTS]
+                good = f"quality >= {GOOD_QUALITY}"
+                inner = (
+                    f"SELECT tag AS member, {binned} AS bucket, "
+                    f"CASE WHEN {good} THEN 0 ELSE 1 END AS bad, "
+                    f"CASE WHEN {good} THEN coalesce(value, "
+                    "CASE WHEN value_bool THEN 1.0 WHEN NOT value_bool THEN 0.0 END) END AS v"
+                )
+                outer = (
+                    'count(*) AS "rows", sum(bad) AS bad, min(v) AS low, max(v) AS high, '
+                    "sum(v) AS total, count(v) AS counted"
+                )
+                types = [pa.string(), *[pa.int64()] * 3, *[pa.float64()] * 3, pa.int64()]
+            else:
+                keys, names = list(_ALARM_KEYS), [*_ALARM_KEYS, *_ALARM_PARTS]
+                inner = f"SELECT path AS member, {binned} AS bucket, priority, status"
+                outer = "count(*) AS events"
+                types = [pa.string(), *[pa.int64()] * 4]
+            shown = ["member", f"{index} AS bucket", *keys[2:]]
+            sql = (
+                f"SELECT {', '.join(shown)}, {outer} FROM ({inner} FROM {relation} "
+                f"WHERE ts >= :lo AND ts < :hi) AS s GROUP BY {', '.join(keys)}"
+            )
+            wanted = {k: v for k, v in params.items() if f":{k}" in sql}
+            result = conn.execution_options(stream_results=True).execute(sa.text(sql), wanted)
+            for rows in result.partitions(_BATCH_ROWS):
+                columns = list(zip(*rows, strict=True))
+                yield pa.table(
+                    {
+                        name: pa.array([_plain(v) for v in column], type=kind)
+                        for name, column, kind in zip(names, columns, types, strict=True)
+                    }
+                )
+
+
+def _plain(value: Any) -> Any:
+    """Decimals (PostgreSQL's sum/avg of numbers) as floats; everything else as it is."""
+    return float(value) if value is not None and type(value).__name__ == "Decimal" else value
+
+
+class _FrameSource:
+    """Any other sink: its whole dataset through `Sink.read`, reduced in slices."""
+
+    def __init__(self, sink: Sink, dataset: str, kind: str) -> None:
+        self.kind = kind
+        frame = sink.read(dataset, kind)
+        self.table = pa.Table.from_pandas(frame[_columns(kind)], preserve_index=False)
+        self.table = self.table.set_column(1, "ts", pc.cast(self.table.column("ts"), _TS))
+
+    def span(self) -> Window | None:
+        if self.table.num_rows == 0:
+            return None
+        bounds = pc.min_max(pc.cast(self.table.column("ts"), pa.int64()))
+        return Window.from_ms(int(bounds["min"].as_py()), int(bounds["max"].as_py()) + 1)
+
+    def partials(self, window: Window, grid: TimeGrid) -> Iterator[pa.Table]:
+        ts = self.table.column("ts")
+        wanted = pc.and_(
+            pc.greater_equal(ts, pa.scalar(window.start_ms, _TS)),
+            pc.less(ts, pa.scalar(window.end_ms, _TS)),
+        )
+        reduce = _reduce(self.kind)
+        for batch in self.table.filter(wanted).to_batches(_BATCH_ROWS):
+            yield reduce(batch, grid)
+
+
+def _source(sink: Sink, dataset: str, kind: str) -> _Source:
+    from sinks.lake.sink import ParquetLake
+    from sinks.sql.warehouse import SqlWarehouse
+
+    if isinstance(sink, ParquetLake):
+        return _LakeSource(sink, dataset, kind)
+    if isinstance(sink, SqlWarehouse):
+        return _SqlSource(sink, dataset, kind)
+    return _FrameSource(sink, dataset, kind)
+
+
+# -- coverage of a flow ----------------------------------------------------------------------
+
+
+def _progress_span(progress: Progress) -> Window | None:
+    windows = [w for member in tag_members(progress) for w in progress.windows_of(member)]
+    if not windows:
+        return None
+    return Window(min(w.start for w in windows), max(w.end for w in windows))
+
+
+def _resolve(
+    start: datetime | None, end: datetime | None, source: _Source, progress: Progress
+) -> Window | None:
+    """The range to draw: as asked, else from the first row or extracted window to the last.
+
+    The sink is asked for its rows' span only when a bound is missing (a full scan on some).
+    """
+    if start is not None and end is not None:
+        return Window(start, end) if end > start else _nothing(start, end, [])
+    known = [s for s in (source.span(), _progress_span(progress)) if s is not None]
+    lo = start or min((s.start for s in known), default=None)
+    hi = end or max((s.end for s in known), default=None)
+    if lo is None or hi is None:
+        return None
+    return Window(lo, hi) if hi > lo else _nothing(lo, hi, known)
+
+
+def _nothing(lo: datetime, hi: datetime, known: list[Window]) -> NoReturn:
+    held = "no rows and no extracted window"
+    if known:
+        first, last = min(s.start for s in known), max(s.end for s in known)
+        held = f"rows and extracted windows span {_iso(first)} to {_iso(last)}"
+    raise RangeError(f"nothing to draw from {_iso(lo)} to {_iso(hi)}: {held}")
+
+
+def _iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _gather(
+    sink: Sink,
+    dataset: str,
+    kind: str,
+    progress: Progress,
+    start: datetime | None,
+    end: datetime | None,
+    bucket: timedelta | None,
+) -> tuple[Window | None, TimeGrid, pa.Table]:
+    """The range, its buckets, and the dataset's groups in it (one row per group)."""
+    source = _source(sink, dataset, kind)
+    window = _resolve(start, end, source, progress)
+    if window is None:
+        return None, TimeGrid(0, 3_600_000, 0), pa.table({})
+    grid = plan_grid(window, bucket)
+    keys, parts = (
+        (_TAG_KEYS, _TAG_PARTS) if kind == KIND_TAG_HISTORY else (_ALARM_KEYS, _ALARM_PARTS)
+    )
+    groups = _Groups(keys, parts)
+    for part in source.partials(window, grid):
+        groups.add(part)
+    return window, grid, groups.result()
+
+
+def tag_coverage(
+    sink: Sink,
+    flow: str,
+    dataset: str,
+    *,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    bucket: timedelta | None = None,
+    progress: Progress | None = None,
+) -> TagCoverage:
+    """Tag history coverage of `flow` in `sink` over [start, end) (default: all it holds);
+    `progress`: what counts as extracted (default: the sink's progress of `flow`)."""
+    progress = progress or sink.progress(flow)
+    window, grid, found = _gather(sink, dataset, KIND_TAG_HISTORY, progress, start, end, bucket)
+    in_range = {
+        member
+        for member in tag_members(progress)  # not the records of windows a node left out
+        if window is not None
+        and any(w.start < window.end and w.end > window.start for w in progress.windows_of(member))
+    }
+    members, index = _members(found, in_range)
+    shape = (len(members), grid.count)
+    arrays: dict[str, np.ndarray] = {
+        "rows": np.zeros(shape, np.int64),
+        "bad": np.zeros(shape, np.int64),
+        "low": np.full(shape, np.nan),
+        "high": np.full(shape, np.nan),
+        "total": np.zeros(shape),
+        "counted": np.zeros(shape, np.int64),
+    }
+    if found.num_rows:
+        at = (index, found.column("bucket").to_numpy())
+        for name, values in arrays.items():
+            column = found.column(name)
+            filler = np.nan if name in ("low", "high") else 0
+            values[at] = (
+                column.fill_null(filler).to_numpy() if column.null_count else column.to_numpy()
+            )
+    extracted = _extracted(members, progress, grid, window)
+    return TagCoverage(flow, window, grid, members, extracted=extracted, **arrays)
+
+
+def natural_key(name: str) -> tuple[tuple[tuple[int, int | str], ...], str]:
+    """Sort key that puts `Temp 9` before `Temp 10`; equal numbers (`9`, `09`) by the name."""
+    parts = _DIGITS.split(name)  # text, digits, text, digits, ...
+    return tuple((0, int(part)) if i % 2 else (1, part) for i, part in enumerate(parts)), name
+
+
+def _members(found: pa.Table, extra: set[str]) -> tuple[list[str], np.ndarray]:
+    """Member names (found and `extra`) in natural order, and each found group's index."""
+    if not found.num_rows:
+        return sorted(extra, key=natural_key), np.zeros(0, np.int64)
+    encoded = found.column("member").combine_chunks().dictionary_encode()
+    dictionary = [str(name) for name in encoded.dictionary.to_pylist()]
+    members = sorted(set(dictionary) | extra, key=natural_key)
+    position = {name: i for i, name in enumerate(members)}
+    remap = np.array([position[name] for name in dictionary], dtype=np.int64)
+    return members, remap[encoded.indices.to_numpy(zero_copy_only=False)]
+
+
+def _extracted(
+    members: list[str], progress: Progress, grid: TimeGrid, window: Window | None
+) -> np.ndarray:
+    """Buckets the flow's progress touches per member; all of them when it keeps none."""
+    if not tag_members(progress) or window is None:
+        return np.ones((len(members), grid.count), dtype=bool)
+    extracted = np.zeros((len(members), grid.count), dtype=bool)
+    for row, member in enumerate(members):
+        for done in merge_windows(progress.windows_of(member)):
+            lo = max(done.start_ms, window.start_ms)
+            hi = min(done.end_ms, window.end_ms)
+            if lo < hi:
+                first, last = grid.span(lo, hi)
+                extracted[row, first:last] = True
+    return extracted
+
+
+def alarm_coverage(
+    sink: Sink,
+    flow: str,
+    dataset: str,
+    *,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    bucket: timedelta | None = None,
+    progress: Progress | None = None,
+) -> AlarmCoverage:
+    """Alarm events of `flow` in `sink` per path, priority and status over [start, end)."""
+    progress = progress or sink.progress(flow)
+    window, grid, found = _gather(sink, dataset, KIND_ALARM_HISTORY, progress, start, end, bucket)
+    paths, index = _members(found, set())
+    columns = len(PRIORITIES)
+    events = np.zeros((len(paths), grid.count), np.int64)
+    by_priority = np.zeros((columns, grid.count), np.int64)
+    by_status = np.zeros((len(STATUSES), grid.count), np.int64)
+    path_priority = np.zeros((len(paths), columns), np.int64)
+    path_status = np.zeros((len(paths), len(STATUSES)), np.int64)
+    if found.num_rows:
+        buckets = found.column("bucket").to_numpy()
+        counts = found.column("events").to_numpy()
+        priority = found.column("priority").fill_null(0).to_numpy()
+        priority = np.where((priority >= 1) & (priority <= 4), priority, 0)
+        status = found.column("status").fill_null(-1).to_numpy()
+        status = np.where((status >= 0) & (status <= 3), status, len(STATUSES) - 1)
+        np.add.at(events, (index, buckets), counts)
+        np.add.at(by_priority, (priority, buckets), counts)
+        np.add.at(by_status, (status, buckets), counts)
+        np.add.at(path_priority, (index, priority), counts)
+        np.add.at(path_status, (index, status), counts)
+    return AlarmCoverage(
+        flow, window, grid, paths, events, by_priority, by_status, path_priority, path_status
+    )

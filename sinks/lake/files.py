@@ -1,0 +1,220 @@
+"""The lake's data files: how they are written, what their footers say, what is remembered.
+
+A write must learn which earlier files of a partition hold rows of its scope. Reading
+every file would cost a partition's rows per chunk, so the lake asks the footers first
+(`FileInfo`: rows, `ts` and scope-column ranges, owner chunks) and remembers, while a file
+or directory is unchanged (its version): footers, partition listings and, within a row
+budget, the decoded rows of files a write had to read. A re-extraction over a compacted
+partition then reads the compacted file once, not once per chunk.
+
+Emptied files (0 rows) stay until they are older than the reader grace period, so a
+reader that listed them before a write still opens them; `LakeFiles.swept` removes the
+older ones when their partition is listed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from connectors import schema as tables
+from sinks.store.layout import Owner, is_data_file
+from sinks.store.objects import Entry, LakeStore
+
+ROW_GROUP_ROWS = 256 * 1024
+# Earlier files a write reads to learn which of their rows are in its scope are kept
+# decoded, while unchanged, up to this many rows (at least one file), so the chunks of a
+# re-extraction over a compacted partition read that file once, not once each.
+DECODED_MAX_ROWS = 2_000_000
+OWNERS_KEY = b"historian.owners"
+DATASET_KEY = b"historian"
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """What a data file's footer says: rows, ts range, scope-column range, owner chunks."""
+
+    rows: int
+    ts_min: int | None
+    ts_max: int | None
+    key_min: str | None
+    key_max: str | None
+    owners: tuple[Owner, ...]
+
+
+def footer_info(meta: pq.FileMetaData, kind: str) -> FileInfo:
+    """A file's facts from its footer alone; a range is None unless every non-empty row
+    group has statistics for it (a file without them is read, never skipped)."""
+    names = meta.schema.names
+    scope_col = tables.SCOPE_COLUMN[kind]
+    ts_i = names.index("ts") if "ts" in names else -1
+    key_i = names.index(scope_col) if scope_col in names else -1
+    ts_lo: list[int] = []
+    ts_hi: list[int] = []
+    key_lo: list[str] = []
+    key_hi: list[str] = []
+    complete = True
+    for group in range(meta.num_row_groups):
+        row_group = meta.row_group(group)
+        if row_group.num_rows == 0:
+            continue
+        for index, lows, highs in ((ts_i, ts_lo, ts_hi), (key_i, key_lo, key_hi)):
+            stats = row_group.column(index).statistics if index >= 0 else None
+            if stats is None or not stats.has_min_max:
+                complete = False
+                continue
+            raw_lo, raw_hi = (
+                (stats.min_raw, stats.max_raw) if index == ts_i else (stats.min, stats.max)
+            )
+            lows.append(raw_lo)
+            highs.append(raw_hi)
+    owners_raw = (meta.metadata or {}).get(OWNERS_KEY)
+    owners = tuple(tuple(o) for o in orjson.loads(owners_raw)) if owners_raw else ()
+    return FileInfo(
+        rows=meta.num_rows,
+        ts_min=min(ts_lo) if complete and ts_lo else None,
+        ts_max=max(ts_hi) if complete and ts_hi else None,
+        key_min=min(key_lo) if complete and key_lo else None,
+        key_max=max(key_hi) if complete and key_hi else None,
+        owners=owners,  # type: ignore[arg-type]
+    )
+
+
+def file_metadata(
+    dataset: str, kind: str, attrs: object, owners: Sequence[Owner]
+) -> dict[bytes, bytes]:
+    """A data file's schema metadata: the dataset's facts, and the chunks owning its rows
+    (what lets a later write skip files by their footer alone)."""
+    about = {"dataset": dataset, "kind": kind, "attrs": attrs}
+    return {DATASET_KEY: orjson.dumps(about), OWNERS_KEY: orjson.dumps(sorted(set(owners)))}
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """How the lake writes Parquet: compression, row groups, encodings."""
+
+    compression: str = "zstd"
+    target_file_rows: int = 1_000_000
+
+    @property
+    def group_rows(self) -> int:
+        return min(ROW_GROUP_ROWS, self.target_file_rows)
+
+    def options(self, schema: pa.Schema) -> dict[str, Any]:
+        """Dictionary pages for strings only (tag paths repeat; timestamps and values do
+        not, and trying costs time and space) and delta encoding for `ts` (BENCHMARKS.md)."""
+        options: dict[str, Any] = {
+            "compression": None if self.compression == "none" else self.compression,
+            "version": "2.6",
+            "write_statistics": True,
+            "use_dictionary": [
+                f.name
+                for f in schema
+                if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)
+            ],
+        }
+        if "ts" in schema.names and pa.types.is_timestamp(schema.field("ts").type):
+            options["column_encoding"] = {"ts": "DELTA_BINARY_PACKED"}
+        return options
+
+
+class LakeFiles:
+    """Footers, partition listings and decoded rows, each kept while unchanged.
+
+    Only the dataset's writer (its lock) changes its files, and it calls `forget` for
+    every path it changes; the versions guard against the rest.
+    """
+
+    def __init__(self, store: LakeStore, *, grace_s: float, decoded_rows: int) -> None:
+        self.store = store
+        self.grace_s = grace_s
+        self.decoded_rows = decoded_rows
+        self._infos: dict[str, tuple[str, FileInfo]] = {}
+        self._listings: dict[str, tuple[str, list[Entry]]] = {}  # directory -> version, files
+        self._decoded_lock = threading.Lock()
+        self._decoded: OrderedDict[str, tuple[str, pa.Table]] = OrderedDict()
+
+    def info(self, entry: Entry, kind: str) -> FileInfo:
+        """The file's footer facts, read once per version."""
+        cached = self._infos.get(entry.path)
+        if cached is not None and cached[0] == entry.version:
+            return cached[1]
+        info = footer_info(self.store.read_parquet_metadata(entry.path), kind)
+        self._infos[entry.path] = (entry.version, info)
+        return info
+
+    def data_files(self, directory: str) -> list[Entry]:
+        """The data files of a directory as listed now (no sweeping, no cache)."""
+        return [e for e in self.store.listdir(directory) if not e.is_dir and is_data_file(e.name)]
+
+    def listing(self, directory: str, kind: str) -> list[Entry]:
+        """A partition's data files, stale emptied ones removed (`swept`); listed again
+        only when the directory changed. Writes that change nothing (a re-extraction over
+        a compacted partition, whose emptied inputs are still there) would otherwise list
+        and stat every file of the partition per chunk. The directory's own version (local
+        disk) guards against changes not made through `forget`."""
+        version = self.store.dir_version(directory)
+        held = self._listings.get(directory)
+        if held is not None and version is not None and held[0] == version:
+            return held[1]
+        listing = self.swept(self.store.listdir(directory), kind)
+        version = self.store.dir_version(directory)
+        if version is not None:
+            self._listings[directory] = (version, listing)
+        return listing
+
+    def swept(self, entries: list[Entry], kind: str) -> list[Entry]:
+        """The data files of `entries`, after removing the emptied ones (and stray link
+        temps) older than the grace period: by then no reader still holds a listing that
+        names them."""
+        cutoff = time.time() - self.grace_s
+        kept = []
+        for entry in entries:
+            if not entry.is_dir and entry.modified_s <= cutoff:
+                stray = entry.name.startswith(".part-") and entry.name.endswith(".tmp")
+                if stray or (is_data_file(entry.name) and self.info(entry, kind).rows == 0):
+                    self.store.remove(entry.path)
+                    self.forget(entry.path)
+                    continue
+            if not entry.is_dir and is_data_file(entry.name):
+                kept.append(entry)
+        return kept
+
+    def decoded(self, entry: Entry, kind: str) -> pa.Table:
+        """A file's rows, strings dictionary-encoded, kept while the file is unchanged and
+        within the row budget (least recently used first out, one file at least)."""
+        with self._decoded_lock:
+            held = self._decoded.get(entry.path)
+            if held is not None and held[0] == entry.version:
+                self._decoded.move_to_end(entry.path)
+                return held[1]
+        strings = [f.name for f in tables.SCHEMAS[kind] if pa.types.is_string(f.type)]
+        table = self.store.read_table(entry.path, dictionary=strings)
+        with self._decoded_lock:
+            self._decoded[entry.path] = (entry.version, table)
+            while len(self._decoded) > 1 and (
+                sum(t.num_rows for _, t in self._decoded.values()) > self.decoded_rows
+            ):
+                self._decoded.popitem(last=False)
+        return table
+
+    def forget(self, path: str) -> None:
+        """Drop what is known of a file and of its directory's listing (it changed)."""
+        self._infos.pop(path, None)
+        self._listings.pop(path.rsplit("/", 1)[0], None)
+        with self._decoded_lock:
+            self._decoded.pop(path, None)
+
+    def clear(self) -> None:
+        self._infos.clear()
+        self._listings.clear()
+        with self._decoded_lock:
+            self._decoded.clear()

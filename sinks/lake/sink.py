@@ -1,0 +1,447 @@
+"""The Parquet lake: Hive-partitioned Parquet files any engine reads, written exactly once.
+
+Layout (under the lake's root, a local directory or any fsspec URL such as s3://b/prefix)::
+
+    <root>/<dataset>/node-<node>/date=YYYY-MM-DD/part-<chunk_id>[-<n>].parquet  "date"
+    <root>/<dataset>/node-<node>/month=YYYY-MM/part-<chunk_id>[-<n>].parquet    "month"
+    <root>/<dataset>/node-<node>/year=YYYY/part-<chunk_id>[-<n>].parquet        "year"
+    <root>/<dataset>/node-<node>/part-<chunk_id>[-<n>].parquet                  "none"
+    <root>/tag_metadata/part-tag_metadata.parquet                    the tag dimension
+    <root>/_historian/                                               the sink's own state
+        _flows/<key>/markers/<chunk_id>.json    one per committed chunk: flow, dataset,
+                                                chunk_id, window, members, files (with
+                                                row counts), rows fetched/committed,
+                                                committed_at
+        _flows/<key>/progress.json              compacted progress snapshot (a cache)
+        _flows/<key>/resets.json                per-member reset moments
+        <dataset>/dataset.json                  kind, partition scheme, node level, attrs
+        <dataset>/pending/<id>.json             intent of a write in progress
+        <dataset>/tmp/                          staged files (never under <dataset>/)
+        <dataset>/empty.parquet                 what emptied data files become
+        <dataset>/write.lock, locks/<key>.lock  flocks (local disk)
+        <dataset>/write.lease, locks/<key>.lease.json   leases (object storage)
+
+A dataset holds many nodes' rows: each under `node-<node>` (the name percent-encoded;
+not a Hive key: `node` is a column of every file, sinks/store/layout.py), so writers of
+different nodes touch disjoint directories. Datasets created by earlier versions (one
+node each, `dataset.json` without `node_level`) keep their partitions right under
+`<dataset>/`. `<key>` is a progress or lock key (`flow`, `flow@node`, `flow@node#2-of-4`),
+percent-encoded when it is not a plain name (`lake_layout.key_name`).
+
+Partitions are by the UTC day (month, year) of `ts`. `partition="auto"` (the default)
+picks a dataset's scheme when its first chunk is written, from the flow's chunk size
+(`lake_layout.auto_partition`: day, week, quarter-year windows -> date, month, year), so a
+chunk is one file, not one per day; `dataset.json` records the scheme and the dataset
+keeps it. Readers see the partition column its directories name (`date`, `month` or
+`year`); `ts` is in every file, so filter on `ts`. The Hive names let pyarrow.dataset,
+DuckDB (`read_parquet('<root>/<dataset>/**/*.parquet', hive_partitioning=1)`), Polars
+`scan_parquet` and `pandas.read_parquet('<root>/<dataset>')` read a dataset directly;
+the node directories are no Hive key, so `node` comes from the files.
+`ts` is `timestamp[ms, tz=UTC]`; the dataset's attrs (mode, method, interval...) are in
+each file's schema metadata under `historian`, and the chunks whose rows a file holds
+under `historian.owners`.
+
+A write replaces its scope's rows partition by partition: the overlap planner
+(`sinks.lake.overlap`) finds the earlier files holding rows of the scope by their footers
+(`sinks.lake.files`) and decides which are swapped, joined, trimmed or emptied; the
+journal (`sinks.lake.journal`) stages the files, records the intent, applies it and
+recovers an interrupted one; the compactor (`sinks.lake.compact`) merges small files;
+markers and progress are `sinks.lake.state`, a dataset's stored facts
+`sinks.lake.dataset`. This class is the Sink facade over them: validation, locks, errors.
+
+What a reader of the plain folder sees (pyarrow.dataset, DuckDB, pandas, Polars):
+
+* Every change of a data file is an atomic rename over its path, and no data file is
+  removed while a reader may still hold a listing naming it: a file whose rows all left
+  becomes an empty Parquet file (0 rows, the dataset's schema; `_historian/<dataset>/
+  empty.parquet`), which a later write to its partition or compaction removes once it is
+  older than `reader_grace_s` (60 s). So a read that takes less than that never fails
+  with FileNotFoundError because of a write.
+* New rows appear before the rows they replace leave: files of new rows first, then the
+  file the new rows join, then the other earlier files. No instant lacks a row that was
+  complete before the write began. The usual writes (a new chunk, a re-written chunk, a
+  re-extraction over a compacted file) change one file per partition, in one rename: a
+  reader sees the file before or after, each row once. A write that spans several earlier
+  files (another window size, other tag batches) and a compaction change several: between
+  its first and last rename a read may see some rows of the scope twice; a read in name
+  order (what pyarrow.dataset and DuckDB do) that starts before and ends after never
+  misses one, because the new rows go into the last of the files - unless they outgrow
+  `target_file_rows` and go to new files, which a listing taken before does not name.
+  Measured in tests/sinks/lake/test_lake_readers.py. Readers that need snapshots use a table
+  format (Delta Lake, Iceberg).
+
+Writes are crash-safe at every point (`sinks.lake.journal`): files are staged outside the
+dataset, an intent lists the renames and emptyings in the order above, and a write killed
+half-way is rolled forward, or back, on `open()` and before the next write of the
+dataset; after recovery each row is there once.
+
+`compact()` (after a run) merges a partition's small files (under 1/20 of
+`target_file_rows` rows) in batches of bounded rows and files (`sinks.lake.compact`),
+each into the path of its last file, the others emptied, through the same journal, and
+points the markers at the merged files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import orjson
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from connectors import schema as tables
+from connectors.schema import Rows
+from sinks.base import (
+    ChunkScope,
+    CountMismatch,
+    SinkError,
+    SinkUnavailable,
+)
+from sinks.lake.compact import Compactor
+from sinks.lake.dataset import DatasetFacts
+from sinks.lake.files import DATASET_KEY, DECODED_MAX_ROWS, FileFormat, LakeFiles
+from sinks.lake.journal import Journal, Plan
+from sinks.lake.overlap import WritePlanner
+from sinks.lake.rows import HISTORY_KINDS, reason, sorted_rows, table_of
+from sinks.lake.state import LakeState
+from sinks.scope import check_scope
+from sinks.store.layout import (
+    AUTO,
+    LOCKS_DIR,
+    METADATA_DATASET,
+    METADATA_FILE,
+    STATE_DIR,
+    check_chunk_id,
+    check_dataset,
+    check_flow,
+    check_partition,
+    is_data_file,
+    join,
+    key_name,
+)
+from sinks.store.locks import dataset_flock, dataset_lease, flow_flock, flow_lease
+from sinks.store.objects import LakeStore, redacted_url, token
+from sinks.store.progress import ProgressMethods
+
+# Emptied files stay (0 rows) this long before a write or a compaction of their partition
+# removes them: a reader that listed the lake before a write still opens every file it
+# listed, as long as it reads within this time. Until then each costs a reader an open.
+READER_GRACE_S = 60.0
+
+
+def _transient(exc: BaseException) -> bool:
+    """Is this failure of the storage worth a retry (a network error, a timeout)?"""
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    names = {klass.__name__ for klass in type(exc).__mro__}
+    return bool(
+        names
+        & {
+            "EndpointConnectionError",
+            "ConnectTimeoutError",
+            "ReadTimeoutError",
+            "ClientConnectorError",
+            "ServerDisconnectedError",
+            "ConnectionClosedError",
+        }
+    )
+
+
+class LakeParts:
+    """The lake's parts over one store: file facts, dataset facts, journal, planners."""
+
+    def __init__(self, lake: ParquetLake, store: LakeStore) -> None:
+        self.store = store
+        self.state = LakeState(store)
+        self.files = LakeFiles(
+            store,
+            grace_s=lake.reader_grace_s,
+            decoded_rows=max(lake.target_file_rows, DECODED_MAX_ROWS),
+        )
+        self.datasets = DatasetFacts(store, lake=lake.name, partition=lake.partition)
+        self.journal = Journal(store, self.state, self.files, self.datasets, lake.file_format)
+        self.writes = WritePlanner(
+            self.files,
+            self.journal,
+            self.datasets,
+            target_file_rows=lake.target_file_rows,
+            lake=lake.name,
+        )
+        self.compactor = Compactor(
+            self.files, self.journal, self.datasets, target_file_rows=lake.target_file_rows
+        )
+
+
+class ParquetLake(ProgressMethods):
+    """A Parquet lake on local disk or object storage (see the module docstring)."""
+
+    # Chunk writes of one dataset take turns under its lock (`_dataset_lock`), across
+    # processes too (other nodes, other shards): a second write at once would only wait.
+    write_concurrency: int = 1
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str = "lake",
+        partition: str = AUTO,
+        storage_options: Mapping[str, object] | None = None,
+        target_file_rows: int = 1_000_000,
+        compression: str = "zstd",
+        reader_grace_s: float = READER_GRACE_S,
+    ) -> None:
+        self.name = name
+        self.url = url
+        self.partition = check_partition(partition)
+        self.target_file_rows = max(1, int(target_file_rows))
+        self.compression = compression
+        self.reader_grace_s = float(reader_grace_s)
+        self.file_format = FileFormat(compression, self.target_file_rows)
+        self._storage_options = dict(storage_options or {})
+        self._parts: LakeParts | None = None
+        self._threads_lock = threading.Lock()
+        self._thread_locks: dict[str, threading.Lock] = {}
+
+    def __repr__(self) -> str:
+        return f"ParquetLake({self.describe()!r})"
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    @property
+    def parts(self) -> LakeParts:
+        """The lake's parts (opening the lake on first use); tests reach each one here."""
+        if self._parts is None:
+            self.open()
+        assert self._parts is not None
+        return self._parts
+
+    @property
+    def store(self) -> LakeStore:
+        return self.parts.store
+
+    @property
+    def state(self) -> LakeState:
+        return self.parts.state
+
+    def _error(self, action: str, exc: BaseException) -> SinkError:
+        cls = SinkUnavailable if _transient(exc) else SinkError
+        return cls(f"lake '{self.name}': {action}: {reason(exc)}")
+
+    @contextlib.contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        """Any failure below becomes a one-line SinkError naming the lake and the action."""
+        try:
+            yield
+        except SinkError:
+            raise
+        except Exception as exc:
+            raise self._error(action, exc) from exc
+
+    @contextlib.contextmanager
+    def _dataset_lock(self, dataset: str) -> Iterator[None]:
+        """One writer per dataset at a time, whatever its flow key or node: threads here,
+        processes by flock on local disk, by a lease object on object storage
+        (`sinks.store.locks.dataset_lease`). Held for one chunk's staging and commit only; the
+        fetches of every writer stay parallel."""
+        with self._threads_lock:
+            lock = self._thread_locks.setdefault(dataset, threading.Lock())
+        with lock:
+            if self.store.local:
+                with dataset_flock(self.store.path(STATE_DIR, dataset, "write.lock")):
+                    yield
+            else:
+                with dataset_lease(self.store, self.store.path(STATE_DIR, dataset, "write.lease")):
+                    yield
+
+    def _bucket_reachable(self, store: LakeStore) -> str:
+        """The bucket of an object-storage lake, SinkError when it does not exist."""
+        bucket = store.root.split("/", 1)[0]
+        try:
+            store.fs.info(bucket)  # raises when unreachable, unlike fs.exists
+        except FileNotFoundError:
+            raise SinkError(f"lake '{self.name}': {store.display(bucket)} does not exist") from None
+        return bucket
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Reach the root, create the state directory, finish any interrupted write."""
+        with self._errors(f"open {redacted_url(self.url)}"):
+            store = LakeStore(self.url, self._storage_options)
+            if store.local:
+                store.makedirs(store.path(STATE_DIR, LOCKS_DIR))
+            else:
+                self._bucket_reachable(store)
+            self._parts = LakeParts(self, store)
+            self._parts.journal.recover_all(self._dataset_lock)
+
+    def close(self) -> None:
+        if self._parts is not None:
+            self._parts.files.clear()
+
+    def describe(self) -> str:
+        return (
+            f"parquet lake '{self.name}' at {redacted_url(self.url)} (partition={self.partition})"
+        )
+
+    def probe(self) -> str:
+        """Whether the lake can be written, found without creating or writing anything
+        (`historian check`): a local root that exists must be a writable directory, else
+        its nearest existing parent; object storage must have its bucket."""
+        with self._errors(f"check {redacted_url(self.url)}"):
+            store = LakeStore(self.url, self._storage_options)
+            if not store.local:
+                bucket = self._bucket_reachable(store)
+                return f"bucket {store.display(bucket)} reachable"
+            root = Path(store.root)
+            existing = next((p for p in (root, *root.parents) if p.exists()), root.anchor)
+            where = Path(existing)
+            if not where.is_dir():
+                raise SinkError(f"lake '{self.name}': {where} is not a directory")
+            if not os.access(where, os.W_OK | os.X_OK):
+                raise SinkError(f"lake '{self.name}': {where} is not writable")
+            if where == root:
+                return "exists, writable"
+            return f"does not exist yet; {where} is writable"
+
+    def check_writable(self) -> None:
+        with self._errors(f"{redacted_url(self.url)} is not writable"):
+            probe = self.store.path(STATE_DIR, f".probe-{token()}")
+            self.store.write_bytes(probe, b"probe")
+            self.store.remove(probe)
+
+    def lock(self, flow: str) -> AbstractContextManager[None]:
+        check_flow(flow)
+        store = self.store
+        if store.local:
+            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lock"), flow)
+        return flow_lease(
+            store, store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lease.json"), flow
+        )
+
+    # -- writing --------------------------------------------------------------------------
+
+    def write(self, scope: ChunkScope, rows: Rows, rows_fetched: int) -> int:
+        """Replace the scope's rows by `rows` and record the chunk (module docstring)."""
+        check_flow(scope.flow)
+        dataset = check_dataset(scope.dataset)
+        chunk = check_chunk_id(scope.chunk_id)
+        if scope.kind not in HISTORY_KINDS:
+            raise SinkError(f"lake '{self.name}': kind {scope.kind!r} is not a history kind")
+        what = f"write chunk {chunk} of dataset '{dataset}'"
+        table = table_of(rows, scope.kind, f"lake '{self.name}': {what}")
+        check_scope(scope, table, f"lake '{self.name}'")
+        if table.num_rows != rows_fetched:
+            raise CountMismatch(
+                f"lake '{self.name}': chunk {chunk} of dataset '{dataset}': {table.num_rows} rows "
+                f"to commit but {rows_fetched} fetched; nothing written"
+            )
+        table = sorted_rows(table, tables.KEYS[scope.kind])
+        with self._errors(what), self._dataset_lock(dataset):
+            parts = self.parts
+            parts.journal.recover(dataset)
+            parts.datasets.check(scope)
+            plan = Plan(ident=chunk, dataset=dataset)
+            try:
+                parts.writes.plan(plan, scope, table)
+            except BaseException:
+                parts.journal.discard(plan)
+                raise
+            parts.journal.commit(plan)
+        return plan.rows
+
+    # -- compaction -----------------------------------------------------------------------
+
+    def small_file_rows(self) -> int:
+        """Below this many rows a file is worth merging: 1/20 of `target_file_rows`.
+
+        A larger file costs a reader one more open among tens, while merging it rewrites
+        all its rows: a backfill's chunk files (tens of thousands of rows each) stay as
+        written, the slivers of chunks cut by a partition boundary and the few-hundred-row
+        files of incremental runs are merged.
+        """
+        return max(1, self.target_file_rows // 20)
+
+    def compact(self, dataset: str, *, min_rows: int | None = None) -> int:
+        """Merge each partition's small files (< min_rows, default `small_file_rows()`)
+        into files of up to ~target_file_rows; a partition with fewer than two is left alone.
+
+        Returns how many files were merged away. Crash-safe like a write (an intent first);
+        the markers of the merged chunks are pointed at the new files. Memory is bounded
+        by `sinks.lake.compact` whatever the number of files. Emptied files older than
+        `reader_grace_s` are removed first.
+        """
+        check_dataset(dataset)
+        if min_rows is None:
+            min_rows = self.small_file_rows()
+        with self._errors(f"compact dataset '{dataset}'"), self._dataset_lock(dataset):
+            parts = self.parts
+            parts.journal.recover(dataset)
+            facts = parts.datasets.get(dataset)
+            if facts is None:
+                return 0
+            return parts.compactor.compact(dataset, str(facts["kind"]), min_rows)
+
+    # -- metadata -------------------------------------------------------------------------
+
+    def write_metadata(self, frame: pd.DataFrame) -> int:
+        """Upsert the tag dimension by (node, tag) in `<root>/tag_metadata/`."""
+        kind = tables.KIND_TAG_METADATA
+        frame = frame.drop_duplicates(subset=list(tables.TAG_METADATA_KEY), keep="last")
+        table = table_of(frame, kind, f"lake '{self.name}': write tag metadata")
+        with self._errors("write tag metadata"), self._dataset_lock(METADATA_DATASET):
+            journal = self.parts.journal
+            journal.recover(METADATA_DATASET)
+            rel = join(METADATA_DATASET, METADATA_FILE)
+            path = self.store.path(rel)
+            combined = table
+            if self.store.exists(path):
+                old = self.store.read_table(path).select(table.schema.names).cast(table.schema)
+                keys = table.select(list(tables.TAG_METADATA_KEY))
+                kept = old.join(keys, list(tables.TAG_METADATA_KEY), join_type="left anti")
+                combined = pa.concat_tables(
+                    [kept.select(table.schema.names).cast(table.schema), table]
+                )
+            combined = combined.sort_by([(key, "ascending") for key in tables.TAG_METADATA_KEY])
+            plan = Plan(ident="tag_metadata", dataset=METADATA_DATASET)
+            about = {DATASET_KEY: orjson.dumps({"dataset": METADATA_DATASET, "kind": kind})}
+            try:
+                temp = journal.stage(plan, combined, rel, about)
+            except BaseException:
+                journal.discard(plan)
+                raise
+            plan.ops = [{"op": "place", "tmp": temp, "dest": rel, "owners": [], "new": False}]
+            journal.commit(plan)
+        return int(table.num_rows)
+
+    # -- reading --------------------------------------------------------------------------
+
+    def read(self, dataset: str, kind: str) -> pd.DataFrame:
+        """The whole dataset, sorted by the kind's key, with the kind's exact types."""
+        check_dataset(dataset, metadata=kind == tables.KIND_TAG_METADATA)
+        if kind not in tables.SCHEMAS:
+            raise SinkError(f"lake '{self.name}': unknown kind {kind!r}")
+        target = tables.SCHEMAS[kind]
+        with self._errors(f"read dataset '{dataset}'"):
+            top = self.store.path(dataset)
+            prefix = top.rstrip("/") + "/"
+            paths = sorted(
+                entry.path
+                for entry in self.store.find(top)
+                if is_data_file(entry.name)
+                and not any(
+                    p.startswith((".", "_")) for p in entry.path[len(prefix) :].split("/")[:-1]
+                )
+            )
+            if not paths:
+                return tables.empty_frame(kind)
+            found = pads.dataset(paths, format="parquet", filesystem=self.store.pafs, schema=target)
+            table = found.to_table(columns=target.names).cast(target).replace_schema_metadata(None)
+            table = table.sort_by([(key, "ascending") for key in tables.KEYS[kind]])
+            return tables.frame_from_table(table)

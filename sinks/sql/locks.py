@@ -1,0 +1,171 @@
+"""Flow locks of the warehouse: one run per flow, released when the holder dies.
+
+PostgreSQL: a session advisory lock taken with `pg_try_advisory_lock` on a connection of
+its own, kept for the whole run. The server drops it when that session ends, including
+when the client process is killed. DuckDB: `fcntl.flock` on a file beside the database;
+the kernel drops it when the process dies. Both refuse at once, never wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import threading
+from collections.abc import Iterator
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from sinks.base import FlowLocked
+from sinks.store.locks import flow_flock
+
+_PLAIN_FLOW = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+# Locks of in-memory DuckDB databases: the database lives and dies with this process.
+_MEMORY_LOCKS: set[str] = set()
+_MEMORY_GUARD = threading.Lock()
+
+
+def advisory_key(flow: str, schema: str | None) -> str:
+    """The text hashed into the advisory lock id ('historian:' || [schema ':'] || flow).
+
+    The schema is part of it because two warehouses in one database (different schemas)
+    are different sinks: a run writing to one must not block a run writing to the other.
+    """
+    return f"historian:{schema}:{flow}" if schema else f"historian:{flow}"
+
+
+class AdvisoryLock:
+    """`pg_try_advisory_lock(hashtext(key))` held on a connection of its own for a run.
+
+    The server releases a session's locks when the session ends, which is what frees the
+    lock of a killed run; it is also what a server restart or `pg_terminate_backend` does
+    to a live one. `ensure()` notices that and takes the lock again, or raises FlowLocked
+    when another run took it meanwhile, so a run that outlives a restart never writes
+    beside another run of its flow.
+    """
+
+    def __init__(self, engine: Engine, flow: str, key: str, where: str) -> None:
+        self.engine = engine
+        self.flow = flow
+        self.key = key
+        self.where = where
+        self.pid: int | None = None  # the backend holding the lock
+        self._conn: sa.Connection | None = None
+
+    def acquire(self, *, again: bool = False) -> None:
+        conn = self.engine.connect()
+        try:
+            got = conn.execute(
+                sa.text("SELECT pg_try_advisory_lock(hashtext(:k)), pg_backend_pid()"),
+                {"k": self.key},
+            ).one()
+            if not got[0]:
+                holder = _advisory_holder(conn, self.key)
+                lost = " since the database went away" if again else ""
+                raise FlowLocked(
+                    f"flow '{self.flow}' is already running (lock held in {self.where}"
+                    f"{holder}){lost}"
+                )
+            conn.commit()
+        except BaseException:
+            _drop(conn)
+            raise
+        self._conn, self.pid = conn, int(got[1])
+
+    def held_sql(self) -> tuple[str, dict[str, object]]:
+        """A query (true or false) for inside another transaction: does our session still
+        hold the lock? False once the server has ended that session."""
+        return (
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND pid = :lock_pid AND objsubid = 1 AND ((classid::bigint << 32) | "
+            "objid::bigint) = hashtext(:lock_key)::bigint)",
+            {"lock_pid": self.pid, "lock_key": self.key},
+        )
+
+    def ensure(self) -> None:
+        """Take the lock again if the session that held it has ended."""
+        if self._conn is not None:
+            try:
+                sql, params = self.held_sql()
+                if self._conn.execute(sa.text(sql), params).scalar():
+                    self._conn.commit()
+                    return
+            except SQLAlchemyError:
+                pass
+            self.release()
+        self.acquire(again=True)
+
+    def release(self) -> None:
+        if self._conn is not None:
+            _drop(self._conn)
+        self._conn, self.pid = None, None
+
+
+def _drop(conn: sa.Connection) -> None:
+    """Close a lock's session, whatever state it is in (which releases its locks)."""
+    with contextlib.suppress(SQLAlchemyError):
+        conn.invalidate()
+    with contextlib.suppress(SQLAlchemyError):
+        conn.close()
+
+
+@contextlib.contextmanager
+def advisory_lock(engine: Engine, flow: str, key: str, where: str) -> Iterator[AdvisoryLock]:
+    """Hold the flow's advisory lock for the block, or FlowLocked."""
+    lock = AdvisoryLock(engine, flow, key, where)
+    lock.acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+def _advisory_holder(conn: sa.Connection, key: str) -> str:
+    """' by backend pid N' when pg_locks says who holds the lock (best effort)."""
+    try:
+        pid = conn.execute(
+            sa.text(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) "
+                "= hashtext(:k)::bigint LIMIT 1"
+            ),
+            {"k": key},
+        ).scalar()
+        conn.rollback()
+    except SQLAlchemyError:
+        return ""
+    return f" by backend pid {pid}" if pid is not None else ""
+
+
+def lock_file_path(database: str, flow: str) -> str:
+    """`<db file>.<flow>.lock`; flows that are not plain names are hashed, never pathed."""
+    name = (
+        flow
+        if _PLAIN_FLOW.match(flow)
+        else "flow-" + hashlib.sha256(flow.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    )
+    return f"{database}.{name}.lock"
+
+
+def file_lock(path: str, flow: str) -> contextlib.AbstractContextManager[None]:
+    """Hold an exclusive, non-blocking flock on `path`, or FlowLocked naming the holder.
+
+    The same primitive as the lake's flow lock: the kernel frees it when the holder dies.
+    """
+    return flow_flock(path, flow)
+
+
+@contextlib.contextmanager
+def memory_lock(key: str, flow: str) -> Iterator[None]:
+    """The flow lock of an in-memory database: process-local by nature."""
+    with _MEMORY_GUARD:
+        if key in _MEMORY_LOCKS:
+            raise FlowLocked(f"flow '{flow}' is already running (in this process)")
+        _MEMORY_LOCKS.add(key)
+    try:
+        yield
+    finally:
+        with _MEMORY_GUARD:
+            _MEMORY_LOCKS.discard(key)

@@ -1,0 +1,144 @@
+"""The lake's file facts on their own: footers, the format, and what is remembered when."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from connectors import schema
+from sinks.lake.files import FileFormat, LakeFiles, file_metadata, footer_info
+from sinks.store.objects import Entry, LakeStore
+from tests.sinks.lake.lake_frames import T0, history_frame, window
+
+KIND = schema.KIND_TAG_HISTORY
+MS0 = int(T0.timestamp() * 1000)
+
+
+def history(tags: list[str], start_h: int, end_h: int) -> pa.Table:
+    frame = history_frame(tags, window(start_h, end_h), step_s=3600)
+    return schema.table_from_frame(frame, KIND)
+
+
+def put(path: Path, table: pa.Table, owners: list[tuple[str, str]], **options: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metadata = file_metadata("hist", KIND, {}, owners)
+    pq.write_table(table.replace_schema_metadata(metadata), path, **options)
+
+
+def entry(store: LakeStore, path: Path) -> Entry:
+    (found,) = [e for e in store.listdir(str(path.parent)) if e.name == path.name]
+    return found
+
+
+def test_a_footer_gives_rows_ranges_and_owners(tmp_path: Path) -> None:
+    path = tmp_path / "a.parquet"
+    put(
+        path, history(["/b", "/a"], 0, 3), [("f", "k2"), ("f", "k1"), ("f", "k1")], row_group_size=2
+    )
+    info = footer_info(pq.read_metadata(path), KIND)
+    assert (info.rows, info.ts_min, info.ts_max) == (6, MS0, MS0 + 2 * 3_600_000)
+    assert (info.key_min, info.key_max) == ("/a", "/b")
+    assert info.owners == (("f", "k1"), ("f", "k2"))
+
+
+def test_a_footer_without_statistics_has_no_ranges_so_the_file_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "a.parquet"
+    put(path, history(["/a"], 0, 3), [], write_statistics=False)
+    info = footer_info(pq.read_metadata(path), KIND)
+    assert info.rows == 3
+    assert (info.ts_min, info.ts_max, info.key_min, info.key_max) == (None,) * 4
+    assert info.owners == ()
+
+
+def test_the_format_dictionary_encodes_strings_only_and_delta_encodes_ts() -> None:
+    options = FileFormat("none", target_file_rows=1000).options(schema.TAG_HISTORY_SCHEMA)
+    assert options["compression"] is None
+    assert options["use_dictionary"] == ["node", "tag", "value_str"]
+    assert options["column_encoding"] == {"ts": "DELTA_BINARY_PACKED"}
+    assert FileFormat(target_file_rows=1000).group_rows == 1000
+    assert FileFormat().group_rows == 256 * 1024
+
+
+def counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[str]:
+    calls: list[str] = []
+    original = getattr(LakeStore, name)
+
+    def counted(store: LakeStore, path: str, *args: Any, **kw: Any) -> Any:
+        calls.append(path)
+        return original(store, path, *args, **kw)
+
+    monkeypatch.setattr(LakeStore, name, counted)
+    return calls
+
+
+def test_a_footer_is_read_once_per_version_of_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LakeStore(str(tmp_path))
+    files = LakeFiles(store, grace_s=60.0, decoded_rows=100)
+    path = tmp_path / "d" / "part-a.parquet"
+    put(path, history(["/a"], 0, 3), [("f", "a")])
+    reads = counting(monkeypatch, "read_parquet_metadata")
+    first = entry(store, path)
+    assert files.info(first, KIND).rows == 3
+    assert files.info(first, KIND).rows == 3
+    assert len(reads) == 1
+    time.sleep(0.01)
+    put(path, history(["/a"], 0, 5), [("f", "a")])
+    assert files.info(entry(store, path), KIND).rows == 5, "a new version is read again"
+    assert len(reads) == 2
+
+
+def test_decoded_rows_are_kept_within_the_budget_least_recent_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LakeStore(str(tmp_path))
+    files = LakeFiles(store, grace_s=60.0, decoded_rows=8)
+    for name in "abc":
+        put(tmp_path / "d" / f"part-{name}.parquet", history(["/a"], 0, 4), [("f", name)])
+    a, b, c = (entry(store, tmp_path / "d" / f"part-{n}.parquet") for n in "abc")
+    reads = counting(monkeypatch, "read_table")
+    for item in (a, b, a, c, a, b):  # 4 rows each: two files fit
+        table = files.decoded(item, KIND)
+        assert pa.types.is_dictionary(table.schema.field("tag").type)
+    assert [Path(p).name for p in reads] == [
+        "part-a.parquet",
+        "part-b.parquet",
+        "part-c.parquet",  # evicts b (a was used since)
+        "part-b.parquet",
+    ]
+    files.forget(a.path)
+    files.decoded(a, KIND)
+    assert len(reads) == 5, "a forgotten file is read again"
+
+
+def test_a_listing_is_kept_until_its_directory_changes_and_sweeps_old_empty_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LakeStore(str(tmp_path))
+    files = LakeFiles(store, grace_s=0.5, decoded_rows=100)
+    directory = tmp_path / "d"
+    put(directory / "part-a.parquet", history(["/a"], 0, 3), [("f", "a")])
+    put(directory / "part-old.parquet", schema.TAG_HISTORY_SCHEMA.empty_table(), [])
+    (directory / ".part-x.parquet.1.tmp").write_bytes(b"")
+    (directory / "notes.txt").write_text("not data")
+    time.sleep(0.7)  # past the grace: ages are the store's (ctime on local disk)
+    put(directory / "part-new.parquet", schema.TAG_HISTORY_SCHEMA.empty_table(), [])
+    listings = counting(monkeypatch, "listdir")
+    names = [e.name for e in files.listing(str(directory), KIND)]
+    assert sorted(names) == ["part-a.parquet", "part-new.parquet"]
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "notes.txt",
+        "part-a.parquet",
+        "part-new.parquet",
+    ], "an emptied file past the grace and a stray link temp are removed; young ones stay"
+    files.listing(str(directory), KIND)
+    assert len(listings) == 1, "unchanged directory: listed once"
+    put(directory / "part-b.parquet", history(["/b"], 0, 3), [("f", "b")])
+    assert len(files.listing(str(directory), KIND)) == 3
+    assert len(listings) == 2

@@ -1,0 +1,132 @@
+"""Re-writing what the lake already holds: cost that does not grow with compacted files,
+and files that stay readable for readers that listed them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from sinks.lake.sink import ParquetLake
+from sinks.store.objects import LakeStore
+from tests.sinks.lake.lake_frames import concat, history_frame, in_scope, rows_of, scope, window
+
+TAGS = ("/plant/a", "/plant/b", "/plant/c", "/plant/d")
+MINUTES = 60
+
+
+def minute(m: int) -> Any:
+    return window(m / 60, (m + 1) / 60)
+
+
+def write_minute(lake: ParquetLake, m: int, **kw: Any) -> None:
+    frame = history_frame(TAGS, minute(m), step_s=20)
+    for column, value in kw.items():
+        frame[column] = frame[column] + value
+    lake.write(scope(TAGS, minute(m), f"m{m:02d}"), frame, len(frame))
+
+
+def compacted_hour(root: Path) -> tuple[ParquetLake, Path]:
+    """An hour of one-minute chunks, compacted into one file."""
+    lake = ParquetLake(str(root))
+    for m in range(MINUTES):
+        write_minute(lake, m)
+    lake.compact("hist")
+    (merged,) = [p for p in (root / "hist").rglob("*.parquet") if pq.read_metadata(p).num_rows]
+    return lake, merged
+
+
+class FileOps:
+    """Counts the lake's file operations: what a write costs, not how long it takes."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: Counter[str] = Counter()
+        self.rows_written = 0
+        for name in ("write_parquet", "write_parquet_parts", "replace", "copy_over", "read_table"):
+            monkeypatch.setattr(LakeStore, name, self._wrap(name, getattr(LakeStore, name)))
+
+    def _wrap(self, name: str, original: Any) -> Any:
+        def wrapped(store: LakeStore, *args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            if name == "write_parquet":
+                self.rows_written += args[0].num_rows
+            return original(store, *args, **kwargs)
+
+        return wrapped
+
+
+def test_reextracting_unchanged_rows_over_a_compacted_file_writes_no_data(
+    tmp_lake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lake, merged = compacted_hour(tmp_lake)
+    before, stat = rows_of(lake.read("hist", "tag_history")), merged.stat()
+    progress = lake.progress("f")
+    ops = FileOps(monkeypatch)
+    for m in range(MINUTES):  # the same chunks again, same rows
+        write_minute(lake, m)
+    assert ops.calls["write_parquet"] == 0, "no data file written"
+    assert ops.calls["replace"] == 0, "no file moved"
+    assert ops.calls["read_table"] == 1, "the compacted file was read once, not once a chunk"
+    after = merged.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (stat.st_ino, stat.st_mtime_ns)
+    assert rows_of(lake.read("hist", "tag_history")) == before
+    assert lake.progress("f") == progress
+    assert {r.chunk_id for r in lake.chunk_log("f", 100)} == {f"m{m:02d}" for m in range(60)}
+    marker = orjson.loads((tmp_lake / "_historian/_flows/f/markers/m07.json").read_bytes())
+    assert marker["files"] == [{"path": str(merged.relative_to(tmp_lake / "hist")), "rows": 720}]
+
+
+def test_a_changed_chunk_over_a_compacted_file_joins_it_in_one_rename(
+    tmp_lake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lake, merged = compacted_hour(tmp_lake)
+    others = {p: p.stat().st_mtime_ns for p in (tmp_lake / "hist").rglob("*.parquet")}
+    ops = FileOps(monkeypatch)
+    write_minute(lake, 30, value=0.5)  # a late correction of one minute
+    assert ops.calls["write_parquet"] == 1
+    assert ops.calls["replace"] == 1, "one rename: a reader sees the file before or after"
+    assert ops.rows_written == pq.read_metadata(merged).num_rows
+    changed = [p for p, t in others.items() if p.stat().st_mtime_ns != t]
+    assert changed == [merged]
+    hour = history_frame(TAGS, window(0, 1), step_s=20)
+    fixed = history_frame(TAGS, minute(30), step_s=20)
+    fixed["value"] = fixed["value"] + 0.5
+    expected = concat(
+        [in_scope(hour, TAGS, window(0, 0.5)), fixed, in_scope(hour, TAGS, window(31 / 60, 1))]
+    )
+    assert rows_of(lake.read("hist", "tag_history")) == rows_of(expected)
+
+
+def test_emptied_files_stay_readable_until_the_grace_has_passed(tmp_lake: Path) -> None:
+    lake, merged = compacted_hour(tmp_lake)
+    files = sorted((tmp_lake / "hist").rglob("*.parquet"))
+    assert len(files) == MINUTES, "inputs are emptied, not removed: listings stay readable"
+    assert sum(pq.read_metadata(p).num_rows == 0 for p in files) == MINUTES - 1
+    assert pq.read_table(files[0]).schema.names == pq.read_table(merged).schema.names
+    lake.compact("hist")
+    write_minute(lake, 5)
+    assert len(list((tmp_lake / "hist").rglob("*.parquet"))) == MINUTES, "within the grace"
+    write_minute(ParquetLake(str(tmp_lake), reader_grace_s=0), 5)  # a write to the partition
+    assert list((tmp_lake / "hist").rglob("*.parquet")) == [merged]
+
+
+def test_a_compaction_past_the_grace_removes_emptied_files_of_every_partition(
+    tmp_lake: Path,
+) -> None:
+    lake = ParquetLake(str(tmp_lake))
+    for day in range(3):  # three date partitions of four small files each
+        for h in range(4):
+            frame = history_frame(TAGS, window(day * 24 + h, day * 24 + h + 1), step_s=600)
+            lake.write(
+                scope(TAGS, window(day * 24 + h, day * 24 + h + 1), f"d{day}h{h}"),
+                frame,
+                len(frame),
+            )
+    lake.compact("hist")
+    assert len(list((tmp_lake / "hist").rglob("*.parquet"))) == 12
+    ParquetLake(str(tmp_lake), reader_grace_s=0).compact("hist")
+    assert len(list((tmp_lake / "hist").rglob("*.parquet"))) == 3, "one per day, all swept"
