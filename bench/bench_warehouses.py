@@ -51,7 +51,8 @@ from connectors import schema
 from connectors.timewindow import Window
 from sinks.base import ChunkScope
 from sinks.sql.load import copy_binary
-from sinks.sql.warehouse import SqlWarehouse, _typed_table
+from sinks.sql.rows import typed_table
+from sinks.sql.warehouse import SqlWarehouse
 
 CONTENDERS = ("pg-copy", "pg-adbc", "pg-sink", "mariadb-sink", "mariadb-to_sql")
 
@@ -112,7 +113,7 @@ def _pg_bare(
 ) -> float:
     made_table(sink, chunks[0][0])
     storage = sink._ensure_dataset(chunks[0][0].dataset, chunks[0][0].kind)
-    tables = [sink._narrow(_typed_table(frame, scope.kind)) for scope, frame in chunks]
+    tables = [sink._narrow(typed_table(frame, scope.kind)) for scope, frame in chunks]
     total = sum(t.num_rows for t in tables)
     if not adbc:
 

@@ -1,11 +1,20 @@
-"""The SQL warehouse: PostgreSQL (binary COPY, one transaction per chunk) or embedded DuckDB.
+"""The SQL warehouse sink: PostgreSQL (binary COPY), MariaDB/MySQL (LOAD DATA) or DuckDB.
 
-Every chunk write is ONE transaction: delete the chunk's scope from the target, bulk-load
-the frame (PostgreSQL: binary COPY; DuckDB: a registered Arrow view), record the chunk
-(rows fetched and committed), merge its window into the progress of every member, and
-check the count. The state therefore lives with the data: a crash or a dropped connection
-at any point leaves either the whole chunk or nothing, and a re-run replaces instead of
-adding.
+Every chunk write is ONE transaction (sinks/sql/chunk.py): the state lives with the data,
+so a crash or a dropped connection at any point leaves either the whole chunk or nothing,
+and a re-run replaces instead of adding. This class keeps what lives between calls (the
+engine, the flow locks, the datasets prepared, the series ids learned) and the policy
+around every call (database errors made one line; writes and reads tried again while the
+database is away). The statements live beside it, one job to a module:
+
+    chunk.py      one chunk's transaction: replace its scope, record it, merge progress
+    state.py      the run state: chunk records and progress windows
+    datasets.py   each dataset's kind and identity, fixed by its first write
+    series.py     (node, tag) <-> series_id of the narrow tag-history layout
+    rows.py       the rows as the Arrow tables the loads take
+    probe.py      whether a run could write here (`historian check`)
+    tables.py     the tables; load.py, pg_copy.py, mysql.py the loads; locks.py the flow
+                  locks; dialects.py what each database spells its own way
 
 PostgreSQL takes two chunk writes at once (`write_concurrency`, used by the runner): each
 is still one transaction on its own connection, with a disjoint scope. What they share is
@@ -13,9 +22,6 @@ ordered: a dataset's facts are registered once, before its first chunk, and the 
 merges take turns under a per-flow transaction-scoped advisory lock, taken after the bulk
 load. Why: a chunk's write is mostly the server inserting into the key's B-tree on one
 backend; a second chunk keeps the other core busy (bench/bench_sql.py).
-
-Tables (in `schema` when given, created if missing) are described in sinks/sql/tables.py;
-loading in sinks/sql/load.py and sinks/sql/pg_copy.py; locks in sinks/sql/locks.py.
 
 Tag history in PostgreSQL is loaded narrow: (node, tag) becomes the integer `series_id`
 of `historian_series` (looked up once per open sink and pair, new pairs added in a short
@@ -35,14 +41,12 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
@@ -53,38 +57,24 @@ from connectors.schema import (
     KIND_TAG_METADATA,
     SCHEMAS,
     Rows,
-    as_table,
     frame_from_table,
 )
-from connectors.timewindow import Window
 from sinks.base import (
     ChunkRecord,
     ChunkScope,
-    CountMismatch,
     Progress,
-    SharedWindows,
     SinkError,
     SinkUnavailable,
-    merge_windows,
 )
-from sinks.identity import differences, identity
+from sinks.identity import identity
 from sinks.scope import check_scope
 from sinks.sql import mysql as sql_mysql
+from sinks.sql import state
+from sinks.sql.chunk import replace_chunk
+from sinks.sql.datasets import check_facts
 from sinks.sql.dialects import dialect_of, quote
-from sinks.sql.errors import (
-    duckdb_holder,
-    is_database_error,
-    is_duplicate_key,
-    is_transient,
-    one_line,
-)
-from sinks.sql.load import (
-    copy_binary,
-    load_duckdb,
-    scalar_list,
-    select_arrow,
-    upsert_postgres,
-)
+from sinks.sql.errors import duckdb_holder, is_database_error, is_transient, one_line
+from sinks.sql.load import load_duckdb, select_arrow, upsert_postgres
 from sinks.sql.locks import (
     AdvisoryLock,
     advisory_key,
@@ -93,13 +83,11 @@ from sinks.sql.locks import (
     lock_file_path,
     memory_lock,
 )
-from sinks.sql.pg_copy import dense_codes
+from sinks.sql.probe import probe_file, probe_postgres
+from sinks.sql.rows import narrow, plain, series_pairs, typed_table
+from sinks.sql.series import SeriesIds
 from sinks.sql.tables import (
-    CHUNKS_TABLE,
-    DATASETS_TABLE,
     METADATA_TABLE,
-    PROGRESS_TABLE,
-    SERIES_TABLE,
     VERSION_TABLE,
     Layout,
     Storage,
@@ -118,6 +106,7 @@ RETRY_S = 60.0
 RETRY_FIRST_DELAY_S = 0.25
 RETRY_MAX_DELAY_S = 5.0
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class SqlWarehouse:
@@ -156,7 +145,7 @@ class SqlWarehouse:
         )
         self._engine: Engine | None = None
         self._ready: dict[str, Storage] = {}
-        self._series: dict[tuple[str, str], int] = {}
+        self._series = SeriesIds(self.layout, name)
         self._registered: set[tuple[str, str]] = set()
         # Chunk writes the runner may run at once (each its own connection and transaction):
         # while the server inserts one chunk into the key's B-tree, the next is encoded and
@@ -299,56 +288,21 @@ class SqlWarehouse:
 
     def probe(self) -> str:
         """Whether the warehouse can be written, found without creating anything
-        (`historian check`): a DuckDB file is not opened (opening creates it, and takes
-        the one writer's lock), only its directory or file checked; PostgreSQL is asked
-        for the privileges a run needs, in a transaction that is rolled back."""
-        database = self._database_file
+        (`historian check`, sinks/sql/probe.py)."""
         if self.dialect == "duckdb":
-            path = Path(database) if database else None
-            if path is None:
-                return "in memory"
-            existing = next((p for p in (path, *path.parents) if p.exists()), Path(path.anchor))
-            if existing == path:
-                if not os.access(path, os.R_OK | os.W_OK):
-                    raise SinkError(f"sink {self.name}: {path} is not writable")
-                return "exists, writable"
-            if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-                raise SinkError(f"sink {self.name}: {existing} is not a writable directory")
-            return f"does not exist yet; {existing} is writable"
+            return probe_file(self._database_file, self.name)
         engine = sa.create_engine(self.url, connect_args=self._connect_args)
-        if self.dialect == "mysql":
-            try:
-                with self._errors("check"):
-                    return sql_mysql.probe(engine, self.layout.catalog_schema)
-            except SinkError as exc:
-                raise SinkError(f"sink {self.name}: {exc}") from None
-            finally:
-                engine.dispose()
         try:
+            if self.dialect == "mysql":
+                try:
+                    with self._errors("check"):
+                        return sql_mysql.probe(engine, self.layout.catalog_schema)
+                except SinkError as exc:
+                    raise SinkError(f"sink {self.name}: {exc}") from None
             with self._errors("check"), engine.connect() as conn:
-                schema = self.layout.catalog_schema
-                exists = conn.execute(
-                    sa.text("SELECT count(*) FROM pg_namespace WHERE nspname = :s"), {"s": schema}
-                ).scalar()
-                if exists:
-                    allowed = conn.execute(
-                        sa.text("SELECT has_schema_privilege(:s, 'CREATE')"), {"s": schema}
-                    ).scalar()
-                    found = f"schema {schema} exists"
-                else:
-                    allowed = conn.execute(
-                        sa.text("SELECT has_database_privilege(current_database(), 'CREATE')")
-                    ).scalar()
-                    found = f"schema {schema} does not exist yet"
-                conn.rollback()
+                return probe_postgres(conn, self.layout.catalog_schema, self.name)
         finally:
             engine.dispose()
-        if not allowed:
-            raise SinkError(
-                f"sink {self.name}: no CREATE privilege "
-                + (f"on schema {schema}" if exists else "in the database (to create the schema)")
-            )
-        return f"{found}, writable"
 
     def check_writable(self) -> None:
         with self._errors("write check"), self.engine.connect() as conn:
@@ -415,27 +369,17 @@ class SqlWarehouse:
         check_dataset_name(scope.dataset)
         if scope.kind not in HISTORY_KINDS:
             raise SinkError(f"chunk {scope.chunk_id}: cannot write kind {scope.kind!r}")
-        table = _typed_table(rows, scope.kind)
+        table = typed_table(rows, scope.kind)
         check_scope(scope, table, f"sink {self.name}")
         return self._retrying(lambda: self._write(scope, table, rows_fetched), flow=scope.flow)
 
     def _write(self, scope: ChunkScope, table: pa.Table, rows_fetched: int) -> int:
         storage = self._ensure_dataset(scope.dataset, scope.kind)
         self._register(scope)
-        table = self._narrow(table) if storage.narrow else _plain(table)
+        table = self._narrow(table) if storage.narrow else plain(table)
         with self._errors(f"write chunk {scope.chunk_id}"), self.engine.begin() as conn:
             self._check_lock(conn, scope.flow)
-            self._check_attrs(conn, scope)
-            self._delete_scope(conn, scope, storage)
-            committed = self._load(conn, scope, table, storage)
-            if committed != rows_fetched:
-                raise CountMismatch(
-                    f"sink {self.name}: chunk {scope.chunk_id} committed {committed} rows, "
-                    f"fetched {rows_fetched}: nothing committed"
-                )
-            self._record_chunk(conn, scope, rows_fetched, committed)
-            self._merge_progress(conn, scope)
-        return committed
+            return replace_chunk(conn, self.layout, scope, table, storage, rows_fetched, self.name)
 
     def _check_lock(self, conn: Connection, flow: str) -> None:
         """Inside a write: does this sink still hold the flow's lock? A server restart ends
@@ -471,277 +415,26 @@ class SqlWarehouse:
             if key in self._registered:
                 return
             with self._errors(f"register dataset {scope.dataset}"), self.engine.begin() as conn:
-                self._check_attrs(conn, scope)
+                check_facts(conn, self.layout, scope, self.name)
             self._registered.add(key)
 
     def _narrow(self, table: pa.Table) -> pa.Table:
-        """Tag history rows with (node, tag) replaced by their series_id (text column last)."""
-        rest = _plain(table.select([n for n in table.column_names if n not in ("node", "tag")]))
-        fixed = [n for n in rest.column_names if not _is_text(rest.schema.field(n).type)]
-        text = [n for n in rest.column_names if n not in fixed]
-        columns = [rest.column(n) for n in fixed + text]
-        names = ["series_id", *fixed, *text]
-        if table.num_rows == 0:
-            return pa.table([pa.array([], pa.int32()), *columns], names=names)
-        nodes = pc.dictionary_encode(table.column("node").combine_chunks())
-        tags = pc.dictionary_encode(table.column("tag").combine_chunks())
-        node_codes = np.asarray(nodes.indices, dtype=np.int64)
-        tag_codes = np.asarray(tags.indices, dtype=np.int64)
-        pair_codes, count = dense_codes(node_codes * len(tags.dictionary) + tag_codes)
-        firsts = np.full(count, -1, np.int64)
-        firsts[pair_codes[::-1]] = np.arange(len(pair_codes) - 1, -1, -1)  # first row of each
-        node_names = nodes.dictionary.to_pylist()
-        tag_names = tags.dictionary.to_pylist()
-        pairs = [
-            (node_names[node_codes[row]], tag_names[tag_codes[row]]) for row in firsts.tolist()
-        ]
+        """Tag history rows with (node, tag) replaced by their series_id, new pairs added to
+        the series table first, in a short transaction of their own."""
+        pairs, rows_pair = series_pairs(table)
         with self._prepare:
-            self._learn_series([p for p in pairs if p not in self._series])
-        ids = np.array([self._series[p] for p in pairs], dtype=np.int32)
-        return pa.table([pa.array(ids[pair_codes]), *columns], names=names)
-
-    def _learn_series(self, pairs: list[tuple[str, str]]) -> None:
-        """Add (node, tag) pairs to the series table if new, and remember their ids."""
-        if not pairs:
-            return
-        series = self.layout.table(SERIES_TABLE)
-        if self.dialect == "mysql":
-            self._learn_series_mysql(series, pairs)
-            return
-        given = (
-            'SELECT n COLLATE "C" AS node, t COLLATE "C" AS tag '
-            "FROM unnest(CAST(:n AS TEXT[]), CAST(:t AS TEXT[])) AS given (n, t)"
-        )
-        params = {"n": [p[0] for p in pairs], "t": [p[1] for p in pairs]}
-        with self._errors("register tags"), self.engine.begin() as conn:
-            conn.execute(
-                sa.text(
-                    f"INSERT INTO {series} (node, tag) {given} ORDER BY 1, 2 "
-                    "ON CONFLICT (node, tag) DO NOTHING"
-                ),
-                params,
-            )
-            found = conn.execute(
-                sa.text(
-                    f"SELECT s.series_id, s.node, s.tag FROM {series} s "
-                    f"JOIN ({given}) g ON g.node = s.node AND g.tag = s.tag"
-                ),
-                params,
-            ).fetchall()
-        for series_id, node, tag in found:
-            self._series[(str(node), str(tag))] = int(series_id)
-        missing = [p for p in pairs if p not in self._series]
-        if missing:
-            raise SinkError(f"sink {self.name}: tags not registered: {missing[0]!r}")
-
-    def _learn_series_mysql(self, series: str, pairs: list[tuple[str, str]]) -> None:
-        """`_learn_series` without arrays: an executemany upsert, then the pairs' ids read
-        back by tag (the series table is small; its key is a digest, sinks/sql/dialects.py)."""
-        ordered = sorted(set(pairs))
-        with self._errors("register tags"), self.engine.begin() as conn:
-            conn.execute(
-                sa.text(
-                    f"INSERT INTO {series} (node, tag) VALUES (:n, :t) "
-                    + self.sql.upsert(("node", "tag"), ())
-                ),
-                [{"n": node, "t": tag} for node, tag in ordered],
-            )
-            wanted = set(ordered)
-            found = conn.execute(
-                self.sql.text(f"SELECT series_id, node, tag FROM {series} WHERE tag IN :t", "t"),
-                {"t": sorted({tag for _, tag in ordered})},
-            ).fetchall()
-        for series_id, node, tag in found:
-            if (str(node), str(tag)) in wanted:
-                self._series[(str(node), str(tag))] = int(series_id)
-        missing = [p for p in pairs if p not in self._series]
-        if missing:
-            raise SinkError(f"sink {self.name}: tags not registered: {missing[0]!r}")
-
-    def _check_attrs(self, conn: Connection, scope: ChunkScope) -> None:
-        """Register the dataset's facts on first write; refuse a write whose facts differ."""
-        wanted = identity(scope.attrs)
-        datasets = self.layout.table(DATASETS_TABLE)
-        select = sa.text(
-            f"SELECT kind, {self.sql.json_text('attrs')} FROM {datasets} WHERE dataset = :d"
-        )
-        found = conn.execute(select, {"d": scope.dataset}).one_or_none()
-        if found is None:
-            # Only the first registration inserts; chunks (see `_register`) merely read.
-            conn.execute(
-                sa.text(
-                    f"INSERT INTO {datasets} (dataset, kind, attrs, created_at) "
-                    f"VALUES (:d, :k, {self.sql.json_param('a')}, :t) "
-                    + self.sql.upsert(("dataset",), ())
-                ),
-                {
-                    "d": scope.dataset,
-                    "k": scope.kind,
-                    "a": json.dumps(wanted),
-                    "t": datetime.now(UTC),
-                },
-            )
-            # Another process may have registered it first (the insert then did nothing):
-            # MariaDB's snapshot predates that row, a locking read sees it.
-            latest = sa.text(
-                select.text + (" LOCK IN SHARE MODE" if self.dialect == "mysql" else "")
-            )
-            found = conn.execute(latest, {"d": scope.dataset}).one()
-        kind, raw = found
-        problems = differences(kind, json.loads(raw), scope.kind, scope.attrs)
-        if problems:
-            raise SinkError(
-                f"sink {self.name}: dataset {scope.dataset} was written with other settings "
-                f"({'; '.join(problems)}): use another dataset name or reset it"
-            )
-
-    def _delete_scope(self, conn: Connection, scope: ChunkScope, storage: Storage) -> None:
-        """Delete the scope's rows: its node's, of its members, in its window."""
-        target = storage.target
-        params: dict[str, Any] = {"s": scope.window.start, "e": scope.window.end, "n": scope.node}
-        where = "ts >= :s AND ts < :e"
-        if storage.narrow and self.dialect == "mysql":
-            # The series' ids first: a subquery in a DELETE is run per row in MariaDB 10,
-            # and the key of the rows leads with series_id (the window alone has no index).
-            params["ids"] = scalar_list(
-                conn,
-                f"SELECT series_id FROM {self.layout.table(SERIES_TABLE)} "
-                "WHERE node = :n AND tag IN :t",
-                {"n": scope.node, "t": list(scope.members)},
-                self.sql.text,
-            )
-            if not params["ids"]:
-                return
-            where += " AND series_id IN :ids"
-        elif storage.narrow:
-            # The node's series of the scope's tags (the key leads with series_id).
-            params["members"] = list(scope.members)
-            where += (
-                " AND series_id = ANY(ARRAY(SELECT series_id FROM "
-                f"{self.layout.table(SERIES_TABLE)} WHERE node = :n AND tag = ANY(:members)))"
-            )
-        else:
-            # The key leads with node (tag history: then tag; alarms: then path).
-            where += " AND node = :n"
-            if scope.kind == KIND_TAG_HISTORY:
-                params["members"] = list(scope.members)
-                where += " AND " + self.sql.in_list("tag", "members")
-        lists = ("ids",) if "ids" in params else ()
-        if "members" in params and not storage.narrow:
-            lists = ("members",)
-        conn.execute(self.sql.text(f"DELETE FROM {target} WHERE {where}", *lists), params)
-
-    def _load(self, conn: Connection, scope: ChunkScope, table: pa.Table, storage: Storage) -> int:
-        target = storage.target
-        key = KEYS[scope.kind]
-        try:
-            if self.dialect == "postgresql":
-                return copy_binary(conn, target, table) if table.num_rows else 0
-            if self.dialect == "mysql":
-                return sql_mysql.load_data(conn, target, table)
-            return load_duckdb(conn, target, table, key)
-        except Exception as exc:
-            if is_database_error(exc) and is_duplicate_key(exc):
-                raise CountMismatch(
-                    f"sink {self.name}: chunk {scope.chunk_id}: rows share one key "
-                    f"({', '.join(key)}); fetched {table.num_rows}, nothing committed"
-                ) from None
-            raise
-
-    def _record_chunk(
-        self, conn: Connection, scope: ChunkScope, fetched: int, committed: int
-    ) -> None:
-        columns = (
-            "flow, chunk_id, dataset, window_start, window_end, members, rows_fetched, "
-            "rows_committed, committed_at"
-        )
-        upsert = self.sql.upsert(("flow", "chunk_id"), columns.split(", ")[2:])
-        conn.execute(
-            sa.text(
-                f"INSERT INTO {self.layout.table(CHUNKS_TABLE)} ({columns}) "
-                f"VALUES (:f, :c, :d, :s, :e, :m, :rf, :rc, :t) {upsert}"
-            ),
-            {
-                "f": scope.flow,
-                "c": scope.chunk_id,
-                "d": scope.dataset,
-                "s": scope.window.start,
-                "e": scope.window.end,
-                "m": len(scope.members),
-                "rf": fetched,
-                "rc": committed,
-                "t": datetime.now(UTC),
-            },
-        )
-
-    def _merge_progress(self, conn: Connection, scope: ChunkScope) -> None:
-        """Set-based merge: read the touching windows of all members, replace them merged.
-
-        Chunks of one flow may be written by concurrent transactions (see
-        `write_concurrency`), and two of them can touch one stored window (a look-back
-        re-reading inside it): each would replace it by its own merge and the second insert
-        would collide. A transaction-scoped advisory lock per flow makes the merges take
-        turns, each reading what the previous one committed (READ COMMITTED: a new snapshot
-        per statement). It is taken after the bulk load, so only the short merge and the
-        commit are serialised. The lock's key is the progress key, so shards of one key in
-        other processes take turns too; MariaDB has no such lock inside a transaction, and
-        reads the touching windows with a locking read instead.
-        """
-        progress = self.layout.table(PROGRESS_TABLE)
-        if self.dialect == "postgresql":
-            conn.execute(
-                sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"),
-                {"k": f"historian-progress:{self.layout.catalog_schema}:{scope.flow}"},
-            )
-        members = list(dict.fromkeys(scope.members))
-        window = scope.window
-        touching = (
-            f"flow = :f AND {self.sql.in_list('member', 'm')} "
-            "AND window_end >= :s AND window_start <= :e"
-        )
-        params = {"f": scope.flow, "m": members, "s": window.start, "e": window.end}
-        windows: dict[str, list[Window]] = {member: [window] for member in members}
-        for member, start, end in conn.execute(
-            self.sql.text(
-                f"SELECT member, window_start, window_end FROM {progress} WHERE {touching}"
-                # MariaDB: a locking read, so that merges of one key in other processes
-                # (shards) take turns and each reads what the previous one committed.
-                + (" FOR UPDATE" if self.dialect == "mysql" else ""),
-                "m",
-            ),
-            params,
-        ):
-            windows[member].append(Window(_aware(start), _aware(end)))
-        conn.execute(self.sql.text(f"DELETE FROM {progress} WHERE {touching}", "m"), params)
-        rows = [(m, w) for m, found in windows.items() for w in merge_windows(found)]
-        if self.dialect == "mysql":  # no arrays to unnest: one executemany
-            conn.execute(
-                sa.text(
-                    f"INSERT INTO {progress} (flow, member, window_start, window_end) "
-                    "VALUES (:f, :m, :s, :e)"
-                ),
-                [{"f": scope.flow, "m": m, "s": w.start, "e": w.end} for m, w in rows],
-            )
-            return
-        conn.execute(
-            sa.text(
-                f"INSERT INTO {progress} (flow, member, window_start, window_end) "
-                "SELECT :f, unnest(CAST(:m AS TEXT[])), unnest(CAST(:s AS TIMESTAMPTZ[])), "
-                "unnest(CAST(:e AS TIMESTAMPTZ[]))"
-            ),
-            {
-                "f": scope.flow,
-                "m": [m for m, _ in rows],
-                "s": [w.start for _, w in rows],
-                "e": [w.end for _, w in rows],
-            },
-        )
+            new = self._series.unknown(pairs)
+            if new:
+                with self._errors("register tags"), self.engine.begin() as conn:
+                    self._series.learn(conn, new)
+            ids = self._series.ids(pairs)
+        return narrow(table, ids[rows_pair])
 
     def write_metadata(self, frame: pd.DataFrame) -> int:
         if frame.empty:
             return 0
         unique = frame.drop_duplicates(subset=list(KEYS[KIND_TAG_METADATA]), keep="last")
-        table = _typed_table(unique, KIND_TAG_METADATA)
+        table = typed_table(unique, KIND_TAG_METADATA)
         target = self.layout.table(METADATA_TABLE)
         key = KEYS[KIND_TAG_METADATA]
 
@@ -758,97 +451,36 @@ class SqlWarehouse:
     # -- state ------------------------------------------------------------------------
 
     def progress(self, flow: str) -> Progress:
-        return self._retrying(lambda: self._progress(flow))
-
-    def _progress(self, flow: str) -> Progress:
-        with self._errors("read progress"), self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.text(
-                    "SELECT member, window_start, window_end FROM "
-                    f"{self.layout.table(PROGRESS_TABLE)} WHERE flow = :f "
-                    "ORDER BY member, window_start"
-                ),
-                {"f": flow},
-            ).fetchall()
-        completed: dict[str, list[Window]] = {}
-        for member, start, end in rows:
-            completed.setdefault(member, []).append(Window(_aware(start), _aware(end)))
-        shared = SharedWindows()
-        return Progress(flow, {m: shared.merged(w) for m, w in completed.items()})
+        return self._retrying(lambda: self._read("read progress", state.read_progress, flow))
 
     def chunk_log(self, flow: str, limit: int = 100) -> list[ChunkRecord]:
-        return self._retrying(lambda: self._chunk_log(flow, limit))
-
-    def _chunk_log(self, flow: str, limit: int) -> list[ChunkRecord]:
-        with self._errors("read chunk log"), self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.text(
-                    "SELECT chunk_id, window_start, window_end, members, rows_fetched, "
-                    f"rows_committed, committed_at FROM {self.layout.table(CHUNKS_TABLE)} "
-                    "WHERE flow = :f ORDER BY committed_at DESC, chunk_id LIMIT :n"
-                ),
-                {"f": flow, "n": max(0, int(limit))},
-            ).fetchall()
-        return [
-            ChunkRecord(
-                flow, str(cid), Window(_aware(s), _aware(e)), int(m), int(rf), int(rc), _aware(t)
-            )
-            for cid, s, e, m, rf, rc, t in rows
-        ]
+        return self._retrying(
+            lambda: self._read("read chunk log", state.read_chunk_log, flow, limit)
+        )
 
     def flows(self) -> list[str]:
-        with self._errors("read flows"), self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.text(
-                    f"SELECT flow FROM {self.layout.table(PROGRESS_TABLE)} UNION "
-                    f"SELECT flow FROM {self.layout.table(CHUNKS_TABLE)} ORDER BY flow"
-                )
-            ).fetchall()
-        return [str(row[0]) for row in rows]
+        return self._read("read flows", state.read_flows)
+
+    def _read(
+        self,
+        doing: str,
+        reader: Callable[Concatenate[Connection, Layout, P], T],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """One read of the state tables, on a connection of its own."""
+        with self._errors(doing), self.engine.connect() as conn:
+            return reader(conn, self.layout, *args, **kwargs)
 
     def reset(self, flow: str, member: str | None = None) -> int:
-        condition = "flow = :f" + (" AND member = :m" if member is not None else "")
-        tables = [(PROGRESS_TABLE, condition)]
-        if member is None:
-            tables.append((CHUNKS_TABLE, "flow = :f"))
-        removed = 0
         with self._errors("reset"), self.engine.begin() as conn:
-            for table, where in tables:
-                removed += self._delete(
-                    conn,
-                    f"DELETE FROM {self.layout.table(table)} WHERE {where}",
-                    {"f": flow, "m": member},
-                )
-        return removed
-
-    def _delete(self, conn: Connection, sql: str, params: dict[str, Any]) -> int:
-        """Run a DELETE; how many rows it removed (RETURNING where the dialect has it:
-        DuckDB reports no rowcount; MySQL has no DELETE ... RETURNING)."""
-        if not self.sql.delete_returning:
-            return int(conn.execute(sa.text(sql), params).rowcount)
-        return len(conn.execute(sa.text(sql + " RETURNING 1"), params).fetchall())
+            return state.reset(conn, self.layout, flow, member)
 
     def forget_after(self, flow: str, moment: datetime) -> int:
         """Cut the flow's progress at `moment` and drop the chunk records of windows ending
         after it, in one transaction; returns the chunk records dropped."""
-        progress = self.layout.table(PROGRESS_TABLE)
-        params = {"f": flow, "t": moment.astimezone(UTC)}
         with self._errors("forget progress"), self.engine.begin() as conn:
-            conn.execute(
-                sa.text(f"DELETE FROM {progress} WHERE flow = :f AND window_start >= :t"), params
-            )
-            conn.execute(
-                sa.text(
-                    f"UPDATE {progress} SET window_end = :t "
-                    "WHERE flow = :f AND window_start < :t AND window_end > :t"
-                ),
-                params,
-            )
-            return self._delete(
-                conn,
-                f"DELETE FROM {self.layout.table(CHUNKS_TABLE)} WHERE flow = :f AND window_end > :t",
-                params,
-            )
+            return state.forget_after(conn, self.layout, flow, moment)
 
     def compact(self, dataset: str) -> int:
         """Nothing to merge: the database keeps its own storage (see `Sink.compact`)."""
@@ -871,54 +503,3 @@ class SqlWarehouse:
             sql = f"SELECT {columns} FROM {self.layout.table(name)} ORDER BY {order}"
             table = select_arrow(conn, self.dialect, sql, schema)
         return frame_from_table(table)
-
-
-def _typed_table(rows: Rows, kind: str) -> pa.Table:
-    """The rows as an Arrow table of the kind's exact schema, or a one-line SinkError."""
-    if not len(rows):
-        return SCHEMAS[kind].empty_table()
-    try:
-        table = as_table(rows)
-        # Text columns may come dictionary-encoded (tag names, repeated on every row): they
-        # stay so, as the narrow load wants codes anyway; plain text stays plain.
-        target = pa.schema(
-            [
-                f.with_type(table.schema.field(f.name).type)
-                if f.name in table.column_names
-                and _is_text(f.type)
-                and _is_text_dictionary(table.schema.field(f.name).type)
-                else f
-                for f in SCHEMAS[kind]
-            ]
-        )
-        return table.select(target.names).cast(target)
-    except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
-        reason = " ".join(str(exc).split())[:200]
-        raise SinkError(f"frame does not match the {kind} schema: {reason}") from None
-
-
-def _is_text(kind: pa.DataType) -> bool:
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_text_dictionary(kind)
-
-
-def _is_text_dictionary(kind: pa.DataType) -> bool:
-    if not pa.types.is_dictionary(kind):
-        return False
-    return bool(pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type))
-
-
-def _plain(table: pa.Table) -> pa.Table:
-    """Dictionary-encoded columns decoded (what the wide tables and DuckDB are loaded from)."""
-    for i, f in enumerate(table.schema):
-        if pa.types.is_dictionary(f.type):
-            table = table.set_column(i, f.name, table.column(i).cast(f.type.value_type))
-    return table
-
-
-def _aware(moment: Any) -> datetime:
-    """A driver's timestamp as an aware UTC datetime."""
-    if isinstance(moment, str):
-        moment = datetime.fromisoformat(moment)
-    if not isinstance(moment, datetime):
-        raise SinkError(f"unexpected timestamp value {type(moment).__name__}")
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
