@@ -2,8 +2,9 @@
 
 PostgreSQL: a session advisory lock taken with `pg_try_advisory_lock` on a connection of
 its own, kept for the whole run. The server drops it when that session ends, including
-when the client process is killed. DuckDB: `fcntl.flock` on a file beside the database;
-the kernel drops it when the process dies. Both refuse at once, never wait.
+when the client process is killed; MariaDB/MySQL's `GET_LOCK` is held the same way
+(sinks/sql/mysql.py), both as a `SessionLock`. DuckDB: `fcntl.flock` on a file beside the
+database; the kernel drops it when the process dies. All refuse at once, never wait.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import hashlib
 import re
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
 import sqlalchemy as sa
@@ -36,23 +38,63 @@ def advisory_key(flow: str, schema: str | None) -> str:
     return f"historian:{schema}:{flow}" if schema else f"historian:{flow}"
 
 
-class AdvisoryLock:
-    """`pg_try_advisory_lock(hashtext(key))` held on a connection of its own for a run.
+class SessionLock(ABC):
+    """A flow lock held by a session of its own for a run; each database says how to take
+    it (`acquire`) and how to ask, inside another transaction, whether it is still held
+    (`held_sql`).
 
     The server releases a session's locks when the session ends, which is what frees the
-    lock of a killed run; it is also what a server restart or `pg_terminate_backend` does
+    lock of a killed run; it is also what a server restart or a terminated backend does
     to a live one. `ensure()` notices that and takes the lock again, or raises FlowLocked
     when another run took it meanwhile, so a run that outlives a restart never writes
-    beside another run of its flow.
+    beside another run of its flow. The sink's concurrent writers all call `ensure()`
+    after a restart: they take turns, or the second would drop the session the first
+    just took the lock on, then find the lock held by that dying session.
     """
 
-    def __init__(self, engine: Engine, flow: str, key: str, where: str) -> None:
+    def __init__(self, engine: Engine, flow: str, where: str) -> None:
         self.engine = engine
         self.flow = flow
-        self.key = key
         self.where = where
-        self.pid: int | None = None  # the backend holding the lock
+        self.pid: int | None = None  # the backend (connection) holding the lock
         self._conn: sa.Connection | None = None
+        self._turns = threading.Lock()
+
+    @abstractmethod
+    def acquire(self, *, again: bool = False) -> None:
+        """Take the lock on a new session, or FlowLocked at once (`again`: after losing it)."""
+
+    @abstractmethod
+    def held_sql(self) -> tuple[str, dict[str, object]]:
+        """A query (true or false) for inside another transaction: does our session still
+        hold the lock? False once the server has ended that session."""
+
+    def ensure(self) -> None:
+        """Take the lock again if the session that held it has ended."""
+        with self._turns:
+            if self._conn is not None:
+                try:
+                    sql, params = self.held_sql()
+                    if self._conn.execute(sa.text(sql), params).scalar():
+                        self._conn.commit()
+                        return
+                except SQLAlchemyError:
+                    pass
+                self.release()
+            self.acquire(again=True)
+
+    def release(self) -> None:
+        if self._conn is not None:
+            drop_session(self._conn)
+        self._conn, self.pid = None, None
+
+
+class AdvisoryLock(SessionLock):
+    """`pg_try_advisory_lock(hashtext(key))` (PostgreSQL)."""
+
+    def __init__(self, engine: Engine, flow: str, key: str, where: str) -> None:
+        super().__init__(engine, flow, where)
+        self.key = key
 
     def acquire(self, *, again: bool = False) -> None:
         conn = self.engine.connect()
@@ -70,13 +112,11 @@ class AdvisoryLock:
                 )
             conn.commit()
         except BaseException:
-            _drop(conn)
+            drop_session(conn)
             raise
         self._conn, self.pid = conn, int(got[1])
 
     def held_sql(self) -> tuple[str, dict[str, object]]:
-        """A query (true or false) for inside another transaction: does our session still
-        hold the lock? False once the server has ended that session."""
         return (
             "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
             "AND pid = :lock_pid AND objsubid = 1 AND ((classid::bigint << 32) | "
@@ -84,26 +124,8 @@ class AdvisoryLock:
             {"lock_pid": self.pid, "lock_key": self.key},
         )
 
-    def ensure(self) -> None:
-        """Take the lock again if the session that held it has ended."""
-        if self._conn is not None:
-            try:
-                sql, params = self.held_sql()
-                if self._conn.execute(sa.text(sql), params).scalar():
-                    self._conn.commit()
-                    return
-            except SQLAlchemyError:
-                pass
-            self.release()
-        self.acquire(again=True)
 
-    def release(self) -> None:
-        if self._conn is not None:
-            _drop(self._conn)
-        self._conn, self.pid = None, None
-
-
-def _drop(conn: sa.Connection) -> None:
+def drop_session(conn: sa.Connection) -> None:
     """Close a lock's session, whatever state it is in (which releases its locks)."""
     with contextlib.suppress(SQLAlchemyError):
         conn.invalidate()

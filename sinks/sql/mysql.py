@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from sinks.base import FlowLocked, SinkError
 from sinks.sql.dialects import MySQL, quote
+from sinks.sql.locks import SessionLock, drop_session
 
 NULL = "\\N"
 
@@ -146,17 +146,12 @@ def lock_name(key: str) -> str:
     return "historian:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:48]
 
 
-class NamedLock:
-    """`GET_LOCK(name, 0)` held on a connection of its own for a run (sinks/sql/locks.py's
-    `AdvisoryLock` for MariaDB/MySQL: the same acquire / held_sql / ensure / release)."""
+class NamedLock(SessionLock):
+    """`GET_LOCK(name, 0)` (MariaDB/MySQL; `pid` is the connection id)."""
 
     def __init__(self, engine: Engine, flow: str, key: str, where: str) -> None:
-        self.engine = engine
-        self.flow = flow
+        super().__init__(engine, flow, where)
         self.name = lock_name(key)
-        self.where = where
-        self.pid: int | None = None
-        self._conn: sa.Connection | None = None
 
     def acquire(self, *, again: bool = False) -> None:
         conn = self.engine.connect()
@@ -173,7 +168,7 @@ class NamedLock:
                 )
             conn.commit()
         except BaseException:
-            _drop(conn)
+            drop_session(conn)
             raise
         self._conn, self.pid = conn, int(pid)
 
@@ -182,31 +177,6 @@ class NamedLock:
             "SELECT COALESCE(IS_USED_LOCK(:lock_name) = :lock_pid, 0)",
             {"lock_name": self.name, "lock_pid": self.pid},
         )
-
-    def ensure(self) -> None:
-        if self._conn is not None:
-            try:
-                sql, params = self.held_sql()
-                if self._conn.execute(sa.text(sql), params).scalar():
-                    self._conn.commit()
-                    return
-            except SQLAlchemyError:
-                pass
-            self.release()
-        self.acquire(again=True)
-
-    def release(self) -> None:
-        if self._conn is not None:
-            _drop(self._conn)
-        self._conn, self.pid = None, None
-
-
-def _drop(conn: sa.Connection) -> None:
-    """Close a lock's session, whatever state it is in (which releases its locks)."""
-    with contextlib.suppress(SQLAlchemyError):
-        conn.invalidate()
-    with contextlib.suppress(SQLAlchemyError):
-        conn.close()
 
 
 @contextlib.contextmanager

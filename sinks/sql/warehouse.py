@@ -76,7 +76,7 @@ from sinks.sql.dialects import dialect_of, quote
 from sinks.sql.errors import duckdb_holder, is_database_error, is_transient, one_line
 from sinks.sql.load import load_duckdb, select_arrow, upsert_postgres
 from sinks.sql.locks import (
-    AdvisoryLock,
+    SessionLock,
     advisory_key,
     advisory_lock,
     file_lock,
@@ -138,7 +138,7 @@ class SqlWarehouse:
         # How long `open` waits for another process to let go of a DuckDB file.
         self.busy_wait_s = max(0.0, float(busy_wait_s))
         # flow -> the lock this sink holds for it
-        self._locks: dict[str, AdvisoryLock | sql_mysql.NamedLock] = {}
+        self._locks: dict[str, SessionLock] = {}
         # Masked in every message: the URL's password and libpq's PGPASSWORD.
         self._secrets = tuple(
             s for s in (parsed.password, os.environ.get("PGPASSWORD")) if isinstance(s, str) and s
@@ -339,7 +339,7 @@ class SqlWarehouse:
             key, where = advisory_key(flow, schema), self.describe()
             with contextlib.ExitStack() as stack:
                 with self._errors("lock"):
-                    held: AdvisoryLock | sql_mysql.NamedLock
+                    held: SessionLock
                     if self.dialect == "mysql":
                         held = stack.enter_context(
                             sql_mysql.named_lock(self.engine, flow, key, where)

@@ -31,6 +31,9 @@ import sqlalchemy as sa
 from connectors import schema
 from pipelines.core.runner import ChunkOutcome, FlowRun, RunSummary, write_all
 from sinks.base import CountMismatch, FlowLocked, SinkError, SinkUnavailable
+from sinks.sql import mysql as sql_mysql
+from sinks.sql.locks import SessionLock, advisory_lock
+from sinks.sql.mysql import NamedLock
 from sinks.sql.pg_copy import encode_binary_copy
 from sinks.sql.warehouse import SqlWarehouse
 from tests.sinks.sql.sql_frames import ATTRS, alarms, history, hours, rows, scope, sort_key
@@ -519,6 +522,58 @@ def test_a_flow_lock_released_by_the_database_is_taken_again_before_the_next_wri
         assert pg_sink.progress("f1").windows_of("a") == [hours(0, 2)]
     finally:
         other.close()
+        admin.dispose()
+
+
+def end_lock_session(admin: sa.Engine, lock: SessionLock) -> None:
+    """End the session holding `lock` as a server restart would, and wait until the
+    server has released the lock with it."""
+    with admin.connect() as conn:
+        if isinstance(lock, NamedLock):
+            conn.execute(sa.text(f"KILL CONNECTION {int(lock.pid or 0)}"))
+            deadline = time.monotonic() + 15
+            while conn.execute(sa.text("SELECT IS_USED_LOCK(:k)"), {"k": lock.name}).scalar():
+                assert time.monotonic() < deadline, "the killed session let go of its lock"
+                time.sleep(0.02)
+        else:
+            conn.execute(sa.text("SELECT pg_terminate_backend(:p, 30000)"), {"p": lock.pid})
+        conn.commit()
+
+
+@pytest.mark.parametrize(
+    "dialect",
+    [
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+    ],
+)
+def test_writers_taking_a_lost_flow_lock_again_at_once_take_it_once(
+    request: pytest.FixtureRequest, dialect: str
+) -> None:
+    """After a restart every concurrent writer asks the lock to be taken again: the second
+    must find it taken by the first, not drop the first's new session and then meet the
+    lock still held by that dying session (FlowLocked, and the run fails)."""
+    url = request.getfixturevalue("mariadb_url" if dialect == "mariadb" else "pg_url")
+    engine, admin = sa.create_engine(url), sa.create_engine(url)
+    take = sql_mysql.named_lock if dialect == "mariadb" else advisory_lock
+    try:
+        with take(engine, "f1", f"historian:race-{dialect}:f1", "here") as lock:
+            for _ in range(5):
+                end_lock_session(admin, lock)
+                both = threading.Barrier(2)
+
+                def ensure(held: SessionLock = lock, both: threading.Barrier = both) -> None:
+                    both.wait()
+                    held.ensure()
+
+                with ThreadPoolExecutor(max_workers=2) as pool:
+                    for future in [pool.submit(ensure) for _ in range(2)]:
+                        future.result()
+                with engine.connect() as conn:
+                    sql, params = lock.held_sql()
+                    assert conn.execute(sa.text(sql), params).scalar()
+    finally:
+        engine.dispose()
         admin.dispose()
 
 
