@@ -64,8 +64,8 @@ def plain(table: pa.Table) -> pa.Table:
 
 
 def series_pairs(table: pa.Table) -> tuple[list[Pair], npt.NDArray[np.int64]]:
-    """The distinct (node, tag) pairs of tag history rows, in order of first appearance,
-    and each row's index into them."""
+    """The distinct (node, tag) pairs of tag history rows, and each row's index into them
+    (found on dictionary codes: no Python per row)."""
     if table.num_rows == 0:
         return [], np.zeros(0, np.int64)
     nodes = pc.dictionary_encode(table.column("node").combine_chunks())
