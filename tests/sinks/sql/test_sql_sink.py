@@ -30,7 +30,7 @@ import sqlalchemy as sa
 
 from connectors import schema
 from pipelines.core.runner import ChunkOutcome, FlowRun, RunSummary, write_all
-from sinks.base import CountMismatch, FlowLocked, SinkError, SinkUnavailable
+from sinks.base import ChunkScope, CountMismatch, FlowLocked, SinkError, SinkUnavailable
 from sinks.sql import mysql as sql_mysql
 from sinks.sql.locks import SessionLock, advisory_lock
 from sinks.sql.mysql import NamedLock
@@ -400,6 +400,38 @@ def pg_sink(pg_url: str, pg_schema: str) -> Iterator[SqlWarehouse]:
     warehouse.close()
 
 
+def columns_of(sink: SqlWarehouse) -> dict[tuple[str, str], tuple[str, str]]:
+    """(table, column) -> (data type, nullable) of every column in the sink's schema, in
+    each table's column order."""
+    with sink.engine.connect() as conn:
+        return {
+            (t, c): (d, n)
+            for t, c, d, n in conn.execute(
+                sa.text(
+                    "SELECT table_name, column_name, data_type, is_nullable "
+                    "FROM information_schema.columns WHERE table_schema = :s "
+                    "ORDER BY table_name, ordinal_position"
+                ),
+                {"s": sink.schema},
+            )
+        }
+
+
+def primary_keys_of(sink: SqlWarehouse) -> dict[str, str]:
+    """table -> its primary key's columns, comma-separated, in the sink's schema."""
+    with sink.engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT tc.table_name, string_agg(k.column_name, ',' ORDER BY k.ordinal_position) "
+                "FROM information_schema.table_constraints tc JOIN information_schema.key_column_usage k "
+                "USING (constraint_schema, constraint_name) WHERE tc.constraint_type = 'PRIMARY KEY' "
+                "AND tc.table_schema = :s GROUP BY tc.table_name"
+            ),
+            {"s": sink.schema},
+        ).fetchall()
+    return {str(table): str(key) for table, key in rows}
+
+
 @pytest.mark.postgres
 def test_pg_tables_have_the_schema_types(pg_sink: SqlWarehouse) -> None:
     window = hours(0, 1)
@@ -408,56 +440,31 @@ def test_pg_tables_have_the_schema_types(pg_sink: SqlWarehouse) -> None:
     pg_sink.write(
         scope(["*"], window, dataset="al", kind=ALARM, attrs=attrs), alarms(["p"], window), 4
     )
-    with pg_sink.engine.connect() as conn:
-        found = {
-            (t, c): (d, n)
-            for t, c, d, n in conn.execute(
-                sa.text(
-                    "SELECT table_name, column_name, data_type, is_nullable "
-                    "FROM information_schema.columns WHERE table_schema = :s "
-                    "ORDER BY table_name, ordinal_position"
-                ),
-                {"s": pg_sink.schema},
-            )
-        }
-        keys = conn.execute(
-            sa.text(
-                "SELECT tc.table_name, string_agg(k.column_name, ',' ORDER BY k.ordinal_position) "
-                "FROM information_schema.table_constraints tc JOIN information_schema.key_column_usage k "
-                "USING (constraint_schema, constraint_name) WHERE tc.constraint_type = 'PRIMARY KEY' "
-                "AND tc.table_schema = :s GROUP BY tc.table_name"
-            ),
-            {"s": pg_sink.schema},
-        ).fetchall()
+    found = columns_of(pg_sink)
     # Tag history: a view with the schema's columns over the narrow rows table.
-    view = [c for (t, c) in found if t == "hist"]
-    assert view == [f.name for f in schema.TAG_HISTORY_SCHEMA]
-    assert found[("hist", "node")][0] == found[("hist", "tag")][0] == "text"
-    assert found[("hist", "ts")][0] == "timestamp with time zone"
+    assert [c for (t, c) in found if t == "hist"] == [f.name for f in schema.TAG_HISTORY_SCHEMA]
+    view_types = {c: found[("hist", c)][0] for c in ("node", "tag", "ts")}
+    assert view_types == {"node": "text", "tag": "text", "ts": TS_SQL.lower()}
     rows_table = "historian_rows_hist"
     stored = [c for (t, c) in found if t == rows_table]  # widest first: no padding
     assert stored == [
-        "ts",
-        "value",
-        "extra",
-        "series_id",
-        "seq",
-        "quality",
-        "value_bool",
-        "value_str",
-    ]
-    assert found[(rows_table, "series_id")] == ("integer", "NO")
-    assert found[(rows_table, "ts")] == ("timestamp with time zone", "NO")
-    assert found[(rows_table, "seq")] == ("smallint", "NO")
-    assert found[(rows_table, "value")] == ("double precision", "YES")
-    assert found[(rows_table, "value_bool")] == ("boolean", "YES")
-    assert found[(rows_table, "value_str")] == ("text", "YES")
-    assert found[(rows_table, "extra")] == ("bigint", "YES")
-    assert found[("al", "ack_ts")] == ("timestamp with time zone", "YES")
-    assert found[("tag_metadata", "updated_at")] == ("timestamp with time zone", "NO")
-    assert found[("historian_datasets", "attrs")] == ("jsonb", "NO")
-    assert found[("historian_chunks", "rows_committed")] == ("bigint", "NO")
-    assert dict(keys) == {
+        "ts", "value", "extra", "series_id", "seq", "quality", "value_bool", "value_str",
+    ]  # fmt: skip
+    expected = {
+        (rows_table, "series_id"): ("integer", "NO"),
+        (rows_table, "ts"): (TS_SQL.lower(), "NO"),
+        (rows_table, "seq"): ("smallint", "NO"),
+        (rows_table, "value"): ("double precision", "YES"),
+        (rows_table, "value_bool"): ("boolean", "YES"),
+        (rows_table, "value_str"): ("text", "YES"),
+        (rows_table, "extra"): ("bigint", "YES"),
+        ("al", "ack_ts"): (TS_SQL.lower(), "YES"),
+        ("tag_metadata", "updated_at"): (TS_SQL.lower(), "NO"),
+        ("historian_datasets", "attrs"): ("jsonb", "NO"),
+        ("historian_chunks", "rows_committed"): ("bigint", "NO"),
+    }
+    assert {column: found[column] for column in expected} == expected
+    assert primary_keys_of(pg_sink) == {
         "historian_rows_hist": "series_id,ts,seq",
         "historian_series": "series_id",
         "al": "node,path,ts,status",
@@ -577,32 +584,24 @@ def test_writers_taking_a_lost_flow_lock_again_at_once_take_it_once(
         admin.dispose()
 
 
-@pytest.mark.parametrize("retry_s", [0.0, 30.0], ids=["no-retry", "retried"])
-def test_pg_connection_killed_mid_write_commits_nothing_then_the_write_is_tried_again(
-    pg_sink: SqlWarehouse, pg_url: str, retry_s: float
-) -> None:
-    """A write's connection terminated while it waits: its transaction commits nothing.
-    With a retry budget the sink writes it again on a new connection; without one the
-    write fails with one line and the next write succeeds."""
-    pg_sink.retry_s = retry_s
-    window = hours(0, 1)
-    frame = history(["a", "b"], window, step_s=60)
-    pg_sink.write(scope(["a"], hours(5, 6)), history(["a"], hours(5, 6)), 6)  # tables exist
+def write_with_its_connection_killed(
+    sink: SqlWarehouse, pg_url: str, chunk: ChunkScope, frame: pd.DataFrame
+) -> list[BaseException]:
+    """Write the chunk while another session holds the chunk log, so the write gets as
+    far as loading its rows and then waits; terminate the write's connection there.
+    Returns what the write raised (nothing, when it was tried again and committed)."""
     outcome: list[BaseException] = []
 
     def write() -> None:
         try:
-            pg_sink.write(scope(["a", "b"], window), frame, len(frame))
+            sink.write(chunk, frame, len(frame))
         except BaseException as exc:
             outcome.append(exc)
 
     admin = sa.create_engine(pg_url)
     with admin.connect() as blocker:
-        # Hold the chunk log: the write gets as far as loading its rows, then waits.
         blocker.execute(
-            sa.text(
-                f"LOCK TABLE {pg_sink.layout.table('historian_chunks')} IN ACCESS EXCLUSIVE MODE"
-            )
+            sa.text(f"LOCK TABLE {sink.layout.table('historian_chunks')} IN ACCESS EXCLUSIVE MODE")
         )
         me = blocker.execute(sa.text("SELECT pg_backend_pid()")).scalar()
         writer = threading.Thread(target=write)
@@ -615,7 +614,7 @@ def test_pg_connection_killed_mid_write_commits_nothing_then_the_write_is_tried_
                 {"me": me},
             ).scalar()
             time.sleep(0.05)
-        assert victim is not None
+        assert victim is not None, "the write waits on the chunk log"
         with admin.connect() as killer:
             assert killer.execute(
                 sa.text("SELECT pg_terminate_backend(:p)"), {"p": victim}
@@ -623,12 +622,36 @@ def test_pg_connection_killed_mid_write_commits_nothing_then_the_write_is_tried_
         blocker.rollback()
         writer.join(timeout=15)
     admin.dispose()
-    if retry_s:
-        assert outcome == []
-        assert len(pg_sink.read("hist", HIST)) == 6 + 120
-        assert len(pg_sink.chunk_log("f1")) == 2
-        assert pg_sink.progress("f1").windows_of("b") == [window]
-        return
+    assert not writer.is_alive(), "the write came back"
+    return outcome
+
+
+def test_pg_connection_killed_mid_write_commits_nothing_then_the_write_is_tried_again(
+    pg_sink: SqlWarehouse, pg_url: str
+) -> None:
+    """A write's connection terminated while it waits: its transaction commits nothing,
+    and with a retry budget the sink writes it again, once, on a new connection."""
+    pg_sink.retry_s = 30.0
+    window = hours(0, 1)
+    frame = history(["a", "b"], window, step_s=60)
+    pg_sink.write(scope(["a"], hours(5, 6)), history(["a"], hours(5, 6)), 6)  # tables exist
+    assert write_with_its_connection_killed(pg_sink, pg_url, scope(["a", "b"], window), frame) == []
+    assert len(pg_sink.read("hist", HIST)) == 6 + 120
+    assert len(pg_sink.chunk_log("f1")) == 2
+    assert pg_sink.progress("f1").windows_of("b") == [window]
+
+
+def test_pg_connection_killed_mid_write_without_retries_fails_in_one_line_and_commits_nothing(
+    pg_sink: SqlWarehouse, pg_url: str
+) -> None:
+    """Without a retry budget the cut write fails with one line, leaves no trace, and the
+    next write of the chunk succeeds."""
+    pg_sink.retry_s = 0.0
+    window = hours(0, 1)
+    frame = history(["a", "b"], window, step_s=60)
+    chunk = scope(["a", "b"], window)
+    pg_sink.write(scope(["a"], hours(5, 6)), history(["a"], hours(5, 6)), 6)  # tables exist
+    outcome = write_with_its_connection_killed(pg_sink, pg_url, chunk, frame)
     assert len(outcome) == 1
     assert isinstance(outcome[0], SinkUnavailable), outcome[0]
     assert "\n" not in str(outcome[0])
@@ -636,7 +659,7 @@ def test_pg_connection_killed_mid_write_commits_nothing_then_the_write_is_tried_
     assert len(pg_sink.read("hist", HIST)) == 6
     assert pg_sink.progress("f1").windows_of("b") == []
     assert len(pg_sink.chunk_log("f1")) == 1
-    assert pg_sink.write(scope(["a", "b"], window), frame, len(frame)) == len(frame) == 120
+    assert pg_sink.write(chunk, frame, len(frame)) == len(frame) == 120
     assert pg_sink.progress("f1").windows_of("b") == [window]
 
 
