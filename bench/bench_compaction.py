@@ -90,7 +90,7 @@ def lake_class(revision: str | None) -> Any:
         from sinks.lake.sink import ParquetLake
 
         return ParquetLake
-    return sinks_module_at(revision, "parquet").ParquetLake
+    return sinks_module_at(revision, "lake.sink", "parquet").ParquetLake
 
 
 def peak_mb() -> float:

@@ -106,7 +106,7 @@ def run_once(
 
 def sinks_at(revision: str) -> type[SqlWarehouse]:
     """SqlWarehouse of sinks/ at a git revision, imported as package `sinks_<revision>`."""
-    warehouse: type[SqlWarehouse] = sinks_module_at(revision, "sql").SqlWarehouse
+    warehouse: type[SqlWarehouse] = sinks_module_at(revision, "sql.warehouse", "sql").SqlWarehouse
     return warehouse
 
 

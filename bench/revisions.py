@@ -14,13 +14,16 @@ from pathlib import Path
 from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
+_ROOTS: dict[str, Path] = {}  # package name -> the folder its revision was written to
 
 
-def sinks_module_at(revision: str, module: str) -> ModuleType:
+def sinks_module_at(revision: str, *modules: str) -> ModuleType:
     """`sinks.<module>` as it was at `revision`, imported as package `sinks_<revision>`
-    (its own imports of `sinks.` rewritten; `connectors/` is this tree's)."""
+    (its own imports of `sinks.` rewritten; `connectors/` is this tree's). Of several
+    names, the first the revision has: a module's name changed when sinks/ gained
+    sub-packages (`sql` became `sql.warehouse`)."""
     package = "sinks_" + "".join(c if c.isalnum() else "_" for c in revision)
-    if package not in sys.modules:
+    if package not in _ROOTS:
         top = tempfile.mkdtemp(prefix="bench-sinks-")
         atexit.register(shutil.rmtree, top, True)  # imported by now; nothing left behind
         folder = Path(top) / package
@@ -28,14 +31,20 @@ def sinks_module_at(revision: str, module: str) -> ModuleType:
         listed = _git("ls-tree", "-r", "--name-only", revision, "sinks/").split()
         for path in listed:
             text = _git("show", f"{revision}:{path}")
-            text = text.replace("from sinks.", f"from {package}.").replace(
-                "import sinks.", f"import {package}."
-            )
+            for old, new in (("from sinks.", "from {}."), ("from sinks import", "from {} import")):
+                text = text.replace(old, new.format(package))
+            text = text.replace("import sinks.", f"import {package}.")
             target = folder / Path(path).relative_to("sinks")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
         sys.path.insert(0, str(folder.parent))
-    return importlib.import_module(f"{package}.{module}")
+        _ROOTS[package] = folder
+    root = _ROOTS[package]
+    for module in modules:
+        path = root.joinpath(*module.split("."))
+        if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+            return importlib.import_module(f"{package}.{module}")
+    raise ModuleNotFoundError(f"sinks/ at {revision} has none of {', '.join(modules)}")
 
 
 def _git(*args: str) -> str:
