@@ -1,6 +1,6 @@
-"""The sinks/ package of another git revision, importable beside this tree's, so a bench
-can alternate the two in one process and one run (the machine is shared: only ratios
-measured side by side mean anything)."""
+"""A package (sinks/, connectors/) of another git revision, importable beside this tree's,
+so a bench can alternate the two in one process and one run (the machine is shared: only
+ratios measured side by side mean anything)."""
 
 from __future__ import annotations
 
@@ -17,24 +17,25 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def sinks_module_at(revision: str, module: str) -> ModuleType:
-    """`sinks.<module>` as it was at `revision`, imported as package `sinks_<revision>`
-    (its own imports of `sinks.` rewritten; `connectors/` is this tree's)."""
-    package = "sinks_" + "".join(c if c.isalnum() else "_" for c in revision)
+    """`sinks.<module>` as it was at `revision` (`connectors/` is this tree's)."""
+    return package_module_at(revision, "sinks", module)
+
+
+def package_module_at(revision: str, top: str, module: str) -> ModuleType:
+    """`<top>.<module>` as it was at `revision`, imported as package `<top>_<revision>`
+    (its own imports of `<top>` rewritten; the other packages are this tree's)."""
+    package = f"{top}_" + "".join(c if c.isalnum() else "_" for c in revision)
     if package not in sys.modules:
-        top = tempfile.mkdtemp(prefix="bench-sinks-")
-        atexit.register(shutil.rmtree, top, True)  # imported by now; nothing left behind
-        folder = Path(top) / package
-        folder.mkdir()
-        listed = _git("ls-tree", "-r", "--name-only", revision, "sinks/").split()
-        for path in listed:
+        folder = Path(tempfile.mkdtemp(prefix=f"bench-{top}-"))
+        atexit.register(shutil.rmtree, folder, True)  # imported by now; nothing left behind
+        for path in _git("ls-tree", "-r", "--name-only", revision, f"{top}/").split():
             text = _git("show", f"{revision}:{path}")
-            text = text.replace("from sinks.", f"from {package}.").replace(
-                "import sinks.", f"import {package}."
-            )
-            target = folder / Path(path).relative_to("sinks")
+            for form in ("from {}.", "import {}.", "from {} import "):
+                text = text.replace(form.format(top), form.format(package))
+            target = folder / package / Path(path).relative_to(top)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
-        sys.path.insert(0, str(folder.parent))
+        sys.path.insert(0, str(folder))
     return importlib.import_module(f"{package}.{module}")
 
 

@@ -2,7 +2,7 @@
 
 Every model keeps unknown fields (`extra="allow"`), takes the node's camelCase names and
 offers snake_case attributes. The history fast path does not use these models: the
-engine parses answer bytes straight into Arrow (`connectors/normalise.py`).
+engine parses answer bytes straight into Arrow (`connectors/normalise/`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from connectors.errors import MalformedAnswer, NodeRequestError, UnknownTag, quoted
 from connectors.fetch import FilterQuery
-from connectors.normalise import parse_tag_details, tag_details_paths
+from connectors.normalise.details import parse_tag_details, tag_details_paths
 from connectors.schema import TAG_METADATA_SCHEMA
 from pipelines.config.models import TagSelectionConfig
 

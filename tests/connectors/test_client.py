@@ -24,7 +24,7 @@ from connectors.errors import (
     TLSVerificationError,
     UnknownTag,
 )
-from connectors.normalise import parse_history_answer
+from connectors.normalise.history import parse_history_answer
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.settings import NodeSettings
 from connectors.simulator import SimConfig, SimulatedNode, run_server
