@@ -425,15 +425,7 @@ def _history_from_bytes(body: bytes, node: str, encoded: bool) -> HistoryPage:
     answer = fastrows.split_answer(body)
     if answer is None:
         raise _Careful
-    datas: list[msgspec.Raw] = []
-    for entry in answer.values():
-        data = entry.get("data")
-        if data is None:
-            raise _Careful
-        for key, member in entry.items():
-            if key != "data" and not fastrows.member_is_json(member):
-                raise _Careful
-        datas.append(data)
+    datas = _datas_of(answer)
     csv, plans = fastrows.data_as_csv(datas)
     try:
         whole = fastrows.read_whole(csv, plans)
@@ -456,6 +448,21 @@ def _history_from_bytes(body: bytes, node: str, encoded: bool) -> HistoryPage:
         if len(data) == 4 and bytes(data) == b"null":
             by_tag[tag] = TagStats(0, None, None, 0, null_data=True)
     return HistoryPage(table, by_tag)
+
+
+def _datas_of(answer: fastrows.Entries) -> list[msgspec.Raw]:
+    """Each entry's `data` as raw text; _Careful when an entry has none or another member
+    is not JSON (what only the careful reading can name)."""
+    datas: list[msgspec.Raw] = []
+    for entry in answer.values():
+        data = entry.get("data")
+        if data is None:
+            raise _Careful
+        for key, member in entry.items():
+            if key != "data" and not fastrows.member_is_json(member):
+                raise _Careful
+        datas.append(data)
+    return datas
 
 
 def parse_single_history_answer(
