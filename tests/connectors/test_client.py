@@ -34,7 +34,7 @@ START = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
 END = START + timedelta(minutes=20)
 
 
-# -- system, views --------------------------------------------------------
+# -- system, views -------------------------------------------------------------------------
 
 
 def test_system_status_is_typed(client: NodeClient) -> None:
@@ -53,7 +53,7 @@ def test_tag_get_views(client: NodeClient) -> None:
     assert client.tag_get_views() == ["default", "operations", "maintenance"]
 
 
-# -- tags: browse, read, details, history ---------------------------------------------
+# -- tags: browse, read, details, history --------------------------------------------------
 
 
 def test_tag_browse_object_and_flat(client: NodeClient) -> None:
@@ -182,9 +182,6 @@ def test_more_threads_than_connections_never_hang_or_lose_a_request(
             assert dict(zip(paths, pool.map(fetch, paths), strict=True)) == expected
 
 
-# -- subscriptions ---------------------------------------------------------------------------
-
-
 # -- alarms ----------------------------------------------------------------------------------
 
 
@@ -207,18 +204,6 @@ def test_alarm_history_equals_ground_truth(client: NodeClient, node: SimulatedNo
     assert got, "the window should hold alarm events"
     raw = client.alarm_history_bytes("/", start, end, AlarmFilter(min_priority=1))
     assert [e for e in orjson.loads(raw)["data"] if e["ts"] < to_ms(end)] == got
-
-
-# -- backups ---------------------------------------------------------------------------------
-
-
-# -- certificates ----------------------------------------------------------------------------
-
-
-# -- modules ---------------------------------------------------------------------------------
-
-
-# -- licenses and logs -----------------------------------------------------------------------
 
 
 # -- transport: HTTPS and credentials --------------------------------------------------------
