@@ -6,7 +6,7 @@ about 10 % of the tags boolean or string (`--numeric-only`: none). Prints the me
 runs with the cyclic GC paused (what the normaliser does) and, for comparison, with it left
 running, of the careful reading alone (orjson for the whole answer), and of orjson.loads.
 
-`--compare REV` also times `parse_history_answer` of connectors/normalise.py as it was at
+`--compare REV` also times `parse_history_answer` of connectors/normalise/ as it was at
 the git revision REV, alternating with the current one run by run (the machine is shared:
 only a side-by-side ratio means anything), after checking both give the same table.
 
@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,10 +29,17 @@ from unittest import mock
 
 import orjson
 
-from connectors.normalise import parse_history_answer, parse_history_answer_careful
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.revisions import package_module_at  # noqa: E402
+from connectors.normalise.history import (  # noqa: E402
+    parse_history_answer,
+    parse_history_answer_careful,
+)
 
 START_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def build_answer(tags: int, rows: int, seed: int = 7, numeric_only: bool = False) -> bytes:
@@ -86,23 +90,9 @@ def median_seconds(run: Callable[[], object], runs: int) -> float:
 
 
 def module_at(revision: str) -> ModuleType:
-    """connectors/normalise.py as it was at a git revision, imported under another name."""
-    source = subprocess.run(
-        ["git", "show", f"{revision}:connectors/normalise.py"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    ).stdout
-    folder = Path(tempfile.mkdtemp(prefix="bench_normalise_"))
-    path = folder / "normalise_at_revision.py"
-    path.write_bytes(source)
-    spec = importlib.util.spec_from_file_location("normalise_at_revision", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    """The history normaliser as it was at a git revision (connectors/normalise.py, or
+    connectors/normalise/history.py since it became a package), imported beside ours."""
+    return package_module_at(revision, "connectors", "normalise.history", "normalise")
 
 
 def compare(body: bytes, total: int, revision: str, runs: int) -> None:

@@ -30,13 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.normalise import (
-    HistoryPage,
-    TagStats,
-    assign_seq,
-    parse_alarm_history_answer,
-    parse_history_answer,
-)
+from connectors.normalise.alarms import parse_alarm_history_answer
+from connectors.normalise.history import HistoryPage, TagStats, assign_seq, parse_history_answer
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.pager import CapGuess, RawPager, TagPage
 from connectors.schema import ALARM_HISTORY_SCHEMA, TAG_HISTORY_ENCODED_SCHEMA, sort_key

@@ -2,12 +2,12 @@
 
 Every model keeps unknown fields (`extra="allow"`), takes the node's camelCase names and
 offers snake_case attributes. The history fast path does not use these models: the
-engine parses answer bytes straight into Arrow (`connectors/normalise.py`).
+engine parses answer bytes straight into Arrow (`connectors/normalise/`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -335,18 +335,20 @@ class SubscriptionRecord(NodeModel):
 
 
 class TagEvent(NodeModel):
-    type: str = "tag"
+    type: Literal["tag"] = "tag"
     tag: str
     data: TagData | None = None
     status: TagStatus | None = None
 
 
 class ModelEvent(NodeModel):
-    type: str = "model"
+    type: Literal["model"] = "model"
     model: dict[str, Any] = Field(default_factory=dict)
 
 
 class SubscriptionEvents(NodeModel):
     discarded_events: int = 0
     remaining_events: int = 0
+    # `type` is a literal of each event model: an event of a kind this reading does not
+    # know stays the dict the node sent, rather than passing for a `model` event.
     events: list[TagEvent | ModelEvent | dict[str, Any]] = Field(default_factory=list)

@@ -22,18 +22,17 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Protocol
 
-import httpx
 import orjson
 import pyarrow as pa
 
 from connectors.errors import MalformedAnswer, NodeRequestError, UnknownTag, quoted
 from connectors.fetch import FilterQuery
-from connectors.normalise import parse_tag_details, tag_details_paths
+from connectors.normalise.details import parse_tag_details, tag_details_paths
 from connectors.schema import TAG_METADATA_SCHEMA
 from pipelines.config.models import TagSelectionConfig
 
@@ -41,15 +40,20 @@ log = logging.getLogger("historian.selection")
 
 
 class DetailsClient(Protocol):
-    def request(
+    """What selection asks of a node (`NodeClient`): details and browse answers as sent."""
+
+    def tag_details_bytes(
+        self, path: str, *, filter_regex: str | None = None, recurrent: bool | None = None
+    ) -> bytes: ...
+
+    def tag_browse_bytes(
         self,
-        operation: str,
-        method: str,
-        resource: str,
-        cmd: str,
-        params: Mapping[str, Any] | None = None,
-        body: object | None = None,
-    ) -> httpx.Response: ...
+        path: str = "/",
+        *,
+        flat: bool | None = None,
+        recurrent: bool | None = None,
+        hide_groups: bool | None = None,
+    ) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -104,18 +108,14 @@ def _details(
 ) -> tuple[list[str], _Answer]:
     """The tag paths of one details answer, and the answer (its metadata is read later).
     Asked of one group without recursion, an entry without `fullPath` is that group's."""
-    params: dict[str, Any] = {"path": path, "options.recurrent": recurrent}
-    if regex is not None:
-        params["options.filter"] = regex
     group = None if recurrent else path
-    body = client.request("tag.details", "GET", "tag", "details", params=params).content
+    body = client.tag_details_bytes(path, filter_regex=regex, recurrent=recurrent)
     paths = tag_details_paths(body, group=group)
     return paths, _Answer(body, int(time.time() * 1000), group)
 
 
-def _browse(client: DetailsClient, params: Mapping[str, Any], where: str) -> Any:
+def _browse_json(body: bytes, where: str) -> Any:
     """A browse answer as JSON (a malformed one is fatal: MalformedAnswer)."""
-    body = client.request("tag.browse", "GET", "tag", "browse", params=params).content
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -135,14 +135,9 @@ def _flat_listing(client: DetailsClient, group: str, recurrent: bool) -> set[str
     """The tag paths under `group` from a flat browse, or None when the node does not give
     a flat listing this reading understands (its shape is not shown in the spec): an
     array of path strings, or of objects with `fullPath` or `path`; groups end in `/`."""
-    params = {
-        "path": group,
-        "options.flat": True,
-        "options.recurrent": recurrent,
-        "options.hideGroups": True,
-    }
     try:
-        answer = _browse(client, params, group)
+        body = client.tag_browse_bytes(group, flat=True, recurrent=recurrent, hide_groups=True)
+        answer = _browse_json(body, group)
     except (NodeRequestError, MalformedAnswer):
         return None
     if not isinstance(answer, list):
@@ -167,7 +162,7 @@ def _tree_groups(client: DetailsClient, group: str, recurrent: bool) -> list[str
     found = [group]
     if not recurrent:
         return found
-    answer = _browse(client, {"path": group, "options.recurrent": True}, group)
+    answer = _browse_json(client.tag_browse_bytes(group, recurrent=True), group)
 
     def walk(node: Any, prefix: str) -> None:
         groups = node.get("groups") if isinstance(node, dict) else None

@@ -402,21 +402,11 @@ def aggregate(
     buckets = _bucket_count(start_ms, end_ms, interval_ms)
     if buckets == 0:
         return []
+    seen = _Seen(history_start_ms, visible_until_ms, late)
     previous = None
     lead_ms = 0  # the first block also covers the first window of the previous-event search
     if method == "avg" and spec.type != "string":
-        window_end, span = _first_window(spec, start_ms, visible_until_ms, late)
-        if window_end == start_ms and window_end > history_start_ms:
-            lead_ms = span
-        else:
-            previous = _search_back(
-                spec,
-                window_end,
-                span,
-                history_start_ms=history_start_ms,
-                visible_until_ms=visible_until_ms,
-                late=late,
-            )
+        previous, lead_ms = _avg_previous(spec, start_ms, seen)
     per_block = max(1, BLOCK_SAMPLES * spec.period_ms // interval_ms)
     rows: list[tuple[Any, ...]] = []
     for first in range(0, buckets, per_block):
@@ -431,19 +421,7 @@ def aggregate(
             late=late,
         )
         if lead_ms:
-            before = int(np.searchsorted(samples.ts, block_start, side="left"))
-            if before:
-                previous = (samples.value(before - 1), int(samples.quality[before - 1]))
-            else:
-                previous = _search_back(
-                    spec,
-                    start_ms - lead_ms,
-                    _next_span(spec, lead_ms),
-                    history_start_ms=history_start_ms,
-                    visible_until_ms=visible_until_ms,
-                    late=late,
-                )
-            samples = samples.slice(before, len(samples))
+            samples, previous = _without_lead(spec, samples, block_start, lead_ms, seen)
             lead_ms = 0
         rows += aggregated_rows(
             samples, block_start, block_end, interval_ms, method, spec.type, previous
@@ -451,6 +429,49 @@ def aggregate(
         if len(samples):
             previous = (samples.value(-1), int(samples.quality[-1]))
     return rows
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What of a tag's history a query sees: from its start, up to the node's clock, with
+    the late samples that have arrived."""
+
+    history_start_ms: int
+    visible_until_ms: int
+    late: Sequence[tuple[int, Any, int]]
+
+    def search_back(self, spec: TagSpec, window_end: int, span: int) -> tuple[Any, int] | None:
+        return _search_back(
+            spec,
+            window_end,
+            span,
+            history_start_ms=self.history_start_ms,
+            visible_until_ms=self.visible_until_ms,
+            late=self.late,
+        )
+
+
+def _avg_previous(spec: TagSpec, start_ms: int, seen: _Seen) -> tuple[tuple[Any, int] | None, int]:
+    """The event before `start` that `avg` carries into the first bucket, or (None, lead)
+    when the first block is to be generated `lead` ms early to find it there."""
+    window_end, span = _first_window(spec, start_ms, seen.visible_until_ms, seen.late)
+    if window_end == start_ms and window_end > seen.history_start_ms:
+        return None, span
+    return seen.search_back(spec, window_end, span), 0
+
+
+def _without_lead(
+    spec: TagSpec, samples: Samples, block_start: int, lead_ms: int, seen: _Seen
+) -> tuple[Samples, tuple[Any, int] | None]:
+    """The first block's samples from `block_start` on, and the last event before it (from
+    the lead, else searched further back)."""
+    before = int(np.searchsorted(samples.ts, block_start, side="left"))
+    previous: tuple[Any, int] | None
+    if before:
+        previous = (samples.value(before - 1), int(samples.quality[before - 1]))
+    else:
+        previous = seen.search_back(spec, block_start - lead_ms, _next_span(spec, lead_ms))
+    return samples.slice(before, len(samples)), previous
 
 
 def _bucket_count(start_ms: int, end_ms: int, interval_ms: int) -> int:
@@ -486,45 +507,16 @@ def aggregated_rows(
     count = _bucket_count(start_ms, end_ms, interval_ms)
     if count == 0:
         return []
-    bounds = start_ms + interval_ms * np.arange(count + 1, dtype=np.int64)
-    edges = np.searchsorted(samples.ts, bounds, side="left")
-    part = samples.slice(int(edges[0]), int(edges[-1]))
-    lo = edges[:-1] - edges[0]
-    hi = edges[1:] - edges[0]
-    good = part.quality >= GOOD
-    good_before = np.zeros(len(part) + 1, dtype=np.int64)
-    np.cumsum(good, out=good_before[1:])
-    good_first = good_before[lo]
-    good_count = good_before[hi] - good_first
-    has = good_count > 0
-    good_at = np.flatnonzero(good)
-    starts, lengths = good_first[has], good_count[has]
-    first_good, last_good = good_at[starts], good_at[starts + lengths - 1]
+    buckets = _Buckets.of(samples, start_ms + interval_ms * np.arange(count + 1, dtype=np.int64))
     results: list[Any]
     if method in ("first", "last"):
-        picked = first_good if method == "first" else last_good
-        if tag_type == "number" and part.kind == "number" and not part.odd:
-            results = _round6(part.data[picked]).tolist()
-        else:
-            if tag_type != "string" and part.odd:
-                part.numbers()  # a value that is not a number fails here, as it always did
-            results = [round(v, 6) if isinstance(v, float) else v for v in part.pick(picked)]
+        results = _first_or_last(buckets, method, tag_type)
     elif tag_type == "string":
-        results = [None] * len(starts)
+        results = [None] * len(buckets.starts)
     else:
-        numbers, missing = part.numbers()
-        with np.errstate(all="ignore"):
-            if method in ("min", "max"):
-                found = _runs(numbers[good_at], starts, lengths, method)
-            elif method == "delta":
-                found = numbers[last_good] - numbers[first_good]
-            elif method == "stddev":
-                found = _stddev(numbers[good_at], starts, lengths)
-            else:
-                found = _time_weighted(part, numbers, missing, good, has, lo, hi, bounds, previous)
-                found = found[has]
-        results = _round6(found).tolist()
+        results = _round6(_numeric(buckets, method, previous)).tolist()
     values: list[Any]
+    has = buckets.has
     quality = np.where(has, GOOD, 0)
     if has.all():
         values = results
@@ -534,7 +526,76 @@ def aggregated_rows(
         values = spread.tolist()
     if (method in ("first", "last") or tag_type == "string") and None in results:
         quality[[i for i, v in enumerate(values) if v is None]] = 0
+    bounds = buckets.bounds
     return list(zip(bounds[:-1].tolist(), values, quality.tolist(), repeat(0), strict=False))
+
+
+@dataclass(frozen=True)
+class _Buckets:
+    """Buckets [bounds[i], bounds[i+1]) over `part`, the samples inside them: the events of
+    bucket i are `lo[i]:hi[i]` of `part`; the good events of each bucket that `has` one are
+    one run `starts[j]:starts[j]+lengths[j]` of `good_at` (searchsorted, no loop)."""
+
+    bounds: np.ndarray
+    part: Samples
+    lo: np.ndarray
+    hi: np.ndarray
+    good: np.ndarray
+    has: np.ndarray
+    good_at: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, samples: Samples, bounds: np.ndarray) -> _Buckets:
+        edges = np.searchsorted(samples.ts, bounds, side="left")
+        part = samples.slice(int(edges[0]), int(edges[-1]))
+        lo = edges[:-1] - edges[0]
+        hi = edges[1:] - edges[0]
+        good = part.quality >= GOOD
+        good_before = np.zeros(len(part) + 1, dtype=np.int64)
+        np.cumsum(good, out=good_before[1:])
+        good_first = good_before[lo]
+        good_count = good_before[hi] - good_first
+        has = good_count > 0
+        good_at = np.flatnonzero(good)
+        starts, lengths = good_first[has], good_count[has]
+        return cls(bounds, part, lo, hi, good, has, good_at, starts, lengths)
+
+    def first_good(self) -> np.ndarray:
+        return np.asarray(self.good_at[self.starts])
+
+    def last_good(self) -> np.ndarray:
+        return np.asarray(self.good_at[self.starts + self.lengths - 1])
+
+
+def _first_or_last(buckets: _Buckets, method: str, tag_type: str) -> list[Any]:
+    """The first or last good value of each bucket holding one, as the node rounds it."""
+    part = buckets.part
+    picked = buckets.first_good() if method == "first" else buckets.last_good()
+    if tag_type == "number" and part.kind == "number" and not part.odd:
+        return list(_round6(part.data[picked]).tolist())
+    if tag_type != "string" and part.odd:
+        part.numbers()  # a value that is not a number fails here, as it always did
+    return [round(v, 6) if isinstance(v, float) else v for v in part.pick(picked)]
+
+
+def _numeric(buckets: _Buckets, method: str, previous: tuple[Any, int] | None) -> np.ndarray:
+    """min, max, delta, stddev or the time-weighted avg of each bucket holding a good value
+    (booleans as 0/1), before rounding."""
+    b = buckets
+    numbers, missing = b.part.numbers()
+    with np.errstate(all="ignore"):
+        if method in ("min", "max"):
+            return _runs(numbers[b.good_at], b.starts, b.lengths, method)
+        if method == "delta":
+            return np.asarray(numbers[b.last_good()] - numbers[b.first_good()])
+        if method == "stddev":
+            return _stddev(numbers[b.good_at], b.starts, b.lengths)
+        found = _time_weighted(
+            b.part, numbers, missing, b.good, b.has, b.lo, b.hi, b.bounds, previous
+        )
+        return np.asarray(found[b.has])
 
 
 def _runs(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, how: str) -> np.ndarray:

@@ -126,15 +126,11 @@ class _Handler(BaseHTTPRequestHandler):
         resource = parts.path.strip("/")
         params = dict(parse_qsl(parts.query, keep_blank_values=True))
         cmd = params.pop("cmd", "")
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if length < 0:
+        raw_body = self._read_body()
+        if raw_body is None:
             self.close_connection = True
             self._send(error_answer(400, "invalid Content-Length"))
             return
-        raw_body = self.rfile.read(length) if length else b""
         if not self._authorised():
             answer = error_answer(401, "unauthorised")
             answer.headers["WWW-Authenticate"] = 'Bearer realm="node"'
@@ -143,23 +139,33 @@ class _Handler(BaseHTTPRequestHandler):
         fault = node.faults.decide(f"{resource}.{cmd}")
         if fault is not None and self._inject(fault):
             return
-        body: Any = None
-        if raw_body.strip():
-            try:
-                body = orjson.loads(raw_body)
-            except orjson.JSONDecodeError:
-                self._send(error_answer(400, "the body is not JSON"))
-                return
+        try:
+            body = orjson.loads(raw_body) if raw_body.strip() else None
+        except orjson.JSONDecodeError:
+            self._send(error_answer(400, "the body is not JSON"))
+            return
+        answer = _altered(self._handle(method, resource, cmd, params, body), fault)
+        self._send(answer, truncate=fault == "truncate" and len(answer.body) > 1)
+
+    def _read_body(self) -> bytes | None:
+        """The request's body, or None when its Content-Length is not a length."""
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            return None
+        if length < 0:
+            return None
+        return self.rfile.read(length) if length else b""
+
+    def _handle(
+        self, method: str, resource: str, cmd: str, params: dict[str, str], body: Any
+    ) -> Answer:
+        """The node's answer; a replayed GET (`_REPLAYED`) from the node's cache."""
+        node = self.server.node
         if f"{resource}.{cmd}" in _REPLAYED and method == "GET":
             key = _replay_key(resource, cmd, params)
-            answer = node.cached(key, lambda: node.handle(method, resource, cmd, params, body))
-        else:
-            answer = node.handle(method, resource, cmd, params, body)
-        if fault == "nonjson" and answer.status == 200:
-            answer = Answer(200, b"<html><body>502 Bad Gateway</body></html>", "text/html")
-        if fault == "cutjson" and answer.status == 200:
-            answer = Answer(200, answer.body[: len(answer.body) // 2], answer.content_type)
-        self._send(answer, truncate=fault == "truncate" and len(answer.body) > 1)
+            return node.cached(key, lambda: node.handle(method, resource, cmd, params, body))
+        return node.handle(method, resource, cmd, params, body)
 
     def _inject(self, fault: str) -> bool:
         """Inject a fault that replaces the answer (True), or prepare one that alters it."""
@@ -362,3 +368,15 @@ def _replay_key(resource: str, cmd: str, params: dict[str, str]) -> str:
         except RequestError:  # a bad value: the handler answers 400; the key only has to differ
             normal[name] = value
     return orjson.dumps([resource, cmd, normal], option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _altered(answer: Answer, fault: str | None) -> Answer:
+    """A good answer as a `nonjson` fault (a proxy's page) or a `cutjson` one (half the
+    body) leaves it; any other answer as it is."""
+    if answer.status != 200:
+        return answer
+    if fault == "nonjson":
+        return Answer(200, b"<html><body>502 Bad Gateway</body></html>", "text/html")
+    if fault == "cutjson":
+        return Answer(200, answer.body[: len(answer.body) // 2], answer.content_type)
+    return answer

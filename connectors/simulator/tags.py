@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from connectors.options import METHODS, MODES, HistoryOptions
+from connectors.options import METHODS, MODES, HistoryOptions, Method
 from connectors.simulator.protocol import (
     Answer,
     Handler,
@@ -53,32 +53,47 @@ def parse_history_options(params: Params, *, new_methods: bool = True) -> Histor
     mode = params.get("options.mode") or "delta"
     if mode not in MODES:
         raise RequestError(400, f"options.mode {mode!r} is not one of {', '.join(MODES)}")
+    method = _method(params, new_methods)
+    interval = _positive(params, "options.interval")
+    limit = parse_int(params.get("options.limit"), "options.limit")
+    if limit is not None and limit < 0:
+        raise RequestError(400, "options.limit must not be negative")
+    return HistoryOptions(
+        mode=mode,  # type: ignore[arg-type]  # checked against MODES above
+        method=method,
+        interval_ms=(interval or DEFAULT_INTERVAL_MS) if mode == "aggregated" else None,
+        deadband=_deadband(params),
+        invalid_as_null=parse_optional_bool(params.get("options.invalidAsNull")),
+        limit=limit or None,
+    )
+
+
+def _method(params: Params, new_methods: bool) -> Method | None:
     method = params.get("options.method") or None
     if method is not None and method not in METHODS:
         raise RequestError(400, f"options.method {method!r} is not one of {', '.join(METHODS)}")
     if not new_methods and method in ("stddev", "delta"):
-        method = None
-    interval = parse_int(params.get("options.interval"), "options.interval")
-    if interval is not None and interval <= 0:
-        raise RequestError(400, "options.interval must be positive")
-    limit = parse_int(params.get("options.limit"), "options.limit")
-    if limit is not None and limit < 0:
-        raise RequestError(400, "options.limit must not be negative")
-    deadband: float | None = None
-    raw_deadband = params.get("options.deadband")
-    if raw_deadband not in (None, ""):
-        try:
-            deadband = float(str(raw_deadband).strip().rstrip("u"))
-        except ValueError:
-            raise RequestError(400, "options.deadband is not a number") from None
-    return HistoryOptions(
-        mode=mode,  # type: ignore[arg-type]  # checked against MODES above
-        method=method,  # checked against METHODS above
-        interval_ms=(interval or DEFAULT_INTERVAL_MS) if mode == "aggregated" else None,
-        deadband=deadband,
-        invalid_as_null=parse_optional_bool(params.get("options.invalidAsNull")),
-        limit=limit or None,
-    )
+        return None
+    return method  # type: ignore[return-value]  # checked against METHODS above
+
+
+def _positive(params: Params, name: str) -> int | None:
+    value = parse_int(params.get(name), name)
+    if value is not None and value <= 0:
+        raise RequestError(400, f"{name} must be positive")
+    return value
+
+
+def _deadband(params: Params) -> float | None:
+    """`options.deadband` as a number; the `u` suffix a tag's configured deadband carries
+    (spec: config.deadband) is read past."""
+    raw = params.get("options.deadband")
+    if raw in (None, ""):
+        return None
+    try:
+        return float(str(raw).strip().rstrip("u"))
+    except ValueError:
+        raise RequestError(400, "options.deadband is not a number") from None
 
 
 def request_echo(

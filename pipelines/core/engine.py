@@ -39,7 +39,7 @@ from connectors.fetch import (
     HistoryClient,
     HistoryFetcher,
 )
-from connectors.normalise import history_table
+from connectors.normalise.history import history_table
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.pager import CapGuess
 from connectors.schema import frame_from_table

@@ -34,7 +34,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.normalise import parse_alarm_history_answer, parse_history_answer
+from connectors.normalise.alarms import parse_alarm_history_answer
+from connectors.normalise.history import parse_history_answer
 from connectors.options import HistoryOptions
 from connectors.schema import (
     KIND_ALARM_HISTORY,

@@ -19,6 +19,7 @@ import httpx
 import orjson
 import pytest
 
+from connectors.admin import NodeAdmin
 from connectors.client import NodeClient
 from connectors.errors import (
     AuthenticationError,
@@ -39,6 +40,7 @@ from connectors.errors import (
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.settings import NodeSettings
 from connectors.simulator import SimConfig, SimulatedNode, run_server
+from connectors.subscriptions import NodeSubscriptions
 
 START = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
 END = START + timedelta(hours=1)
@@ -143,7 +145,7 @@ def test_alarm_history_query_carries_the_filter() -> None:
 def test_post_sends_a_json_body_and_cmd_in_the_query() -> None:
     recorder = Recorder(httpx.Response(200))
     with mock_client(recorder) as client:
-        client.tag_write(HOSTILE[1], True)
+        NodeAdmin(client).tag_write(HOSTILE[1], True)
     request = recorder.requests[0]
     assert request.method == "POST"
     assert request.url.path == "/tag"
@@ -155,9 +157,9 @@ def test_post_sends_a_json_body_and_cmd_in_the_query() -> None:
 @pytest.mark.parametrize(
     ("call", "path", "cmd"),
     [
-        (lambda c: c.tag_subscription_events(4, limit=10), "/tag/", "subscriptionEvents"),
-        (lambda c: c.tag_cancel_subscription(4), "/tag/", "cancelSubscription"),
-        (lambda c: c.log_browse(), "/log/", "browse"),
+        (lambda c: NodeSubscriptions(c).events(4, limit=10), "/tag/", "subscriptionEvents"),
+        (lambda c: NodeSubscriptions(c).cancel(4), "/tag/", "cancelSubscription"),
+        (lambda c: NodeAdmin(c).log_browse(), "/log/", "browse"),
     ],
 )
 def test_operations_the_spec_puts_under_a_trailing_slash(
@@ -173,7 +175,7 @@ def test_operations_the_spec_puts_under_a_trailing_slash(
 def test_a_base_url_path_is_kept_before_the_resource() -> None:
     recorder = Recorder(httpx.Response(200, content=b"3"))
     with mock_client(recorder, url="https://gw.test/n3/") as client:
-        assert client.system_error_count() == 3
+        assert NodeAdmin(client).system_error_count() == 3
     assert str(recorder.requests[0].url) == "https://gw.test:3443/n3/system?cmd=errorCount"
 
 
@@ -189,8 +191,8 @@ def test_plain_number_empty_and_json_string_answers() -> None:
     )
     with mock_client(recorder) as client:
         assert client.alarm_count("/") == 12
-        client.backup_create("nightly")  # an empty 200 is success
-        assert client.module_get_config_data("logger", "Logger") == config
+        NodeAdmin(client).backup_create("nightly")  # an empty 200 is success
+        assert NodeAdmin(client).module_get_config_data("logger", "Logger") == config
 
 
 def test_base64_zip_answer_is_decoded_raw_or_json_quoted() -> None:
@@ -200,8 +202,8 @@ def test_base64_zip_answer_is_decoded_raw_or_json_quoted() -> None:
     text = base64.b64encode(archive)
     recorder = Recorder(httpx.Response(200, content=text), json_answer(text.decode()))
     with mock_client(recorder) as client:
-        assert client.backup_export("a") == archive
-        assert client.log_export(["Historian.2024-01-01"]) == archive
+        assert NodeAdmin(client).backup_export("a") == archive
+        assert NodeAdmin(client).log_export(["Historian.2024-01-01"]) == archive
 
 
 def test_system_status_accepts_flat_dotted_keys() -> None:
@@ -219,7 +221,7 @@ def test_system_status_accepts_flat_dotted_keys() -> None:
 def test_unknown_fields_are_kept() -> None:
     answer = {"enabled": True, "standby": False, "mode": "backup", "since": 5}
     with mock_client(Recorder(json_answer(answer))) as client:
-        status = client.redundancy_status()
+        status = NodeAdmin(client).redundancy_status()
     assert status.mode == "backup"
     assert status.model_extra == {"since": 5}
 
@@ -232,8 +234,8 @@ def test_unknown_fields_are_kept() -> None:
         (b'{"a": 1}', lambda c: c.alarm_get("/")),
         (b'[{"description": "no path"}]', lambda c: c.alarm_get("/")),
         (b'{"tags": {"/a": {"data": {"quality": "good"}}}}', lambda c: c.tag_read("/a")),
-        (b"not base64!", lambda c: c.backup_export("x")),
-        (b'{"Historian": [["2024-01-01"]]}', lambda c: c.log_browse()),
+        (b"not base64!", lambda c: NodeAdmin(c).backup_export("x")),
+        (b'{"Historian": [["2024-01-01"]]}', lambda c: NodeAdmin(c).log_browse()),
     ],
     ids=[
         "truncated-json",
@@ -295,7 +297,7 @@ def test_a_transient_status_then_success_returns_the_answer(status: int) -> None
         httpx.Response(200, content=b"5"),
     )
     with mock_client(recorder, retries=2) as client:
-        assert client.system_error_count() == 5
+        assert NodeAdmin(client).system_error_count() == 5
     assert len(recorder.requests) == 3
 
 
@@ -432,10 +434,10 @@ def test_transport_failures_are_transient_and_retried(
 ) -> None:
     recorder = Recorder(exception, exception, httpx.Response(200, content=b"1"))
     with mock_client(recorder, retries=2) as client:
-        assert client.system_error_count() == 1
+        assert NodeAdmin(client).system_error_count() == 1
     recorder = Recorder(exception)
     with mock_client(recorder, retries=1) as client, pytest.raises(RetriesExhausted) as caught:
-        client.system_error_count()
+        NodeAdmin(client).system_error_count()
     assert isinstance(caught.value.last, error)
     assert len(recorder.requests) == 2
 
@@ -505,10 +507,10 @@ def test_a_web_page_in_place_of_the_answer_is_asked_again(
 ) -> None:
     node, handle = faulty
     with _sim_client(handle) as client:
-        expected = client.system_error_count()
+        expected = NodeAdmin(client).system_error_count()
         node.faults.fail_next("nonjson", 1)
         try:
-            assert client.system_error_count() == expected
+            assert NodeAdmin(client).system_error_count() == expected
         finally:
             node.faults.clear()
 
@@ -569,10 +571,10 @@ def test_no_secret_in_logs_reprs_or_errors(
         bad = NodeSettings(url=handle.http_url, token_env="NODE_TOKEN_BAD")
         with NodeClient(good) as client:
             node.faults.fail_next("503", 2)
-            assert client.system_error_count() == 0  # retried past two 503s: logged
+            assert NodeAdmin(client).system_error_count() == 0  # retried past two 503s: logged
             node.faults.fail_next("502", 10)
             with pytest.raises(RetriesExhausted) as exhausted:
-                client.system_error_count()
+                NodeAdmin(client).system_error_count()
             errors.append(exhausted.value)
             texts = [repr(client), repr(client.settings), str(client.settings)]
         with NodeClient(bad) as client, pytest.raises(AuthenticationError) as refused:
@@ -602,7 +604,7 @@ def test_the_token_travels_in_the_header_only(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("NODE_TOKEN", "tok-HEADER-5")
     recorder = Recorder(httpx.Response(200, content=b"0"))
     with mock_client(recorder, token_env="NODE_TOKEN") as client:
-        client.system_error_count()
+        NodeAdmin(client).system_error_count()
     request = recorder.requests[0]
     assert request.headers["Authorization"] == "Bearer tok-HEADER-5"
     assert "tok-HEADER-5" not in str(request.url)

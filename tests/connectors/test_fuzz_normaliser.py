@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from connectors.errors import MalformedAnswer
-from connectors.normalise import (
+from connectors.normalise.alarms import parse_alarm_history_answer
+from connectors.normalise.details import parse_tag_details
+from connectors.normalise.history import (
     history_page_from_bytes,
-    parse_alarm_history_answer,
     parse_history_answer,
     parse_history_answer_careful,
-    parse_tag_details,
 )
 
 

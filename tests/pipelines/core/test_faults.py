@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from connectors.admin import NodeAdmin
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from pipelines.config.destinations import SinkSet
 from pipelines.config.nodes import NodePool
@@ -158,7 +159,7 @@ def test_restart_service_answers_503_then_the_run_goes_on(
     def restart_service(outcome: Any, summary: Any) -> None:
         if not done:
             done.append(True)
-            nodes.get("n").client.system_restart_service()
+            NodeAdmin(nodes.get("n").client).system_restart_service()
 
     with NodePool(config) as nodes, SinkSet(config, path.parent) as sinks:
         run_flow(config, "f", nodes=nodes, sinks=sinks, now=NOW, on_chunk=restart_service)

@@ -1,4 +1,5 @@
-"""The normaliser: answer bytes -> typed Arrow tables, exact values, never a silent drop."""
+"""History answers -> typed Arrow tables: exact values, never a silent drop; the byte-level
+reading (fastrows) gives what the careful one gives."""
 
 from __future__ import annotations
 
@@ -16,29 +17,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connectors import fastrows
 from connectors.errors import MalformedAnswer
-from connectors.normalise import (
+from connectors.normalise import fastrows
+from connectors.normalise.history import (
     HistoryPage,
     TagStats,
     assign_seq,
     history_frame,
     history_page_from_bytes,
-    parse_alarm_history_answer,
     parse_history_answer,
     parse_history_answer_careful,
     parse_single_history_answer,
-    parse_tag_details,
-    tag_details_paths,
 )
 from connectors.schema import (
-    ALARM_HISTORY_SCHEMA,
     TAG_HISTORY_ENCODED_SCHEMA,
     TAG_HISTORY_SCHEMA,
-    TAG_METADATA_SCHEMA,
 )
+from tests.connectors.normalise.json_values import T0, json_values
 
-T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 ODD_PATH = '/Plant A/Line 1/Temp, "inlet" ü.1'
 
 
@@ -577,21 +573,6 @@ def test_neighbours_of_one_kind_are_read_in_one_go_and_split_again() -> None:
 
 # -- tag history: properties ----------------------------------------------------------------
 
-json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**64), 2**64)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=5)
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda children: (
-        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=3), children, max_size=4)
-    ),
-    max_leaves=20,
-)
-
 
 def _rows_in(answer: Any) -> int:
     return sum(len(entry["data"] or []) for entry in answer.values())
@@ -739,232 +720,6 @@ def test_assign_seq_numbers_ties_in_input_order(samples: list[tuple[str, int]]) 
         expected.append((tag, offset, seen[(tag, offset)], float(i)))
         seen[(tag, offset)] += 1
     assert got == expected
-
-
-# -- alarm history ---------------------------------------------------------------------------
-
-
-def alarm_event(**fields: Any) -> dict[str, Any]:
-    event = {
-        "path": "/Alarms/Boiler, hi",
-        "description": "Boiler high",
-        "priority": 3,
-        "status": 3,
-        "ts": T0,
-        "value": True,
-        "ackInfo": None,
-    }
-    event.update(fields)
-    return event
-
-
-def alarm_answer(data: Any) -> bytes:
-    return orjson.dumps({"request": {"path": "/Alarms/", "start": T0, "end": T0 + 1}, "data": data})
-
-
-def test_alarm_objects_become_typed_rows_with_json_text_and_sorted_extra() -> None:
-    ack = {"ts": T0 + 60_000, "user": "ops", "msg": "seen"}
-    body = alarm_answer(
-        [
-            alarm_event(online=1, remote=None, origin={"z": 1, "a": [2]}),
-            alarm_event(ts=T0 + 60_000, status=1, ackInfo=ack, value=12.5),
-        ]
-    )
-    table = parse_alarm_history_answer(body, "node-1")
-    assert table.schema == ALARM_HISTORY_SCHEMA
-    first, second = table.to_pylist()
-    assert first["node"] == "node-1"
-    assert first["path"] == "/Alarms/Boiler, hi"
-    assert int(first["ts"].timestamp() * 1000) == T0
-    assert (first["status"], first["priority"]) == (3, 3)
-    assert first["value"] == "true"
-    assert first["description"] == "Boiler high"
-    assert first["ack_info"] is None
-    assert first["ack_ts"] is None
-    assert first["extra"] == '{"online":1,"origin":{"a":[2],"z":1},"remote":null}'
-    assert second["value"] == "12.5"
-    assert int(second["ack_ts"].timestamp() * 1000) == T0 + 60_000
-    assert (second["ack_user"], second["ack_msg"]) == ("ops", "seen")
-    assert orjson.loads(second["ack_info"]) == ack
-    assert second["extra"] is None
-
-
-def test_alarm_arrays_are_read_positionally_with_the_rest_in_extra() -> None:
-    body = alarm_answer([[T0, "/Alarms/a", 2, 1, False, "low", None, "x", 5]])
-    row = parse_alarm_history_answer(body, "n").to_pylist()[0]
-    assert (row["path"], row["status"], row["priority"], row["value"], row["description"]) == (
-        "/Alarms/a",
-        2,
-        1,
-        "false",
-        "low",
-    )
-    assert orjson.loads(row["extra"]) == {"_rest": ["x", 5]}
-
-
-def test_alarm_answer_with_null_or_empty_data_is_empty() -> None:
-    assert parse_alarm_history_answer(alarm_answer(None), "n").num_rows == 0
-    assert parse_alarm_history_answer(alarm_answer([]), "n").schema == ALARM_HISTORY_SCHEMA
-
-
-BAD_ALARMS = {
-    "not JSON": b"oops",
-    "no data": b'{"request": {}}',
-    "data object": alarm_answer({"a": 1}),
-    "event number": alarm_answer([5]),
-    "no path": alarm_answer([{"ts": T0}]),
-    "no ts": alarm_answer([{"path": "/a"}]),
-    "ts string": alarm_answer([alarm_event(ts="2024")]),
-    "ts huge": b'{"data": [{"path": "/a", "ts": 18446744073709551615}]}',
-    "status string": alarm_answer([alarm_event(status="active")]),
-    "priority too big": alarm_answer([alarm_event(priority=70000)]),
-}
-
-
-@pytest.mark.parametrize("body", BAD_ALARMS.values(), ids=BAD_ALARMS.keys())
-def test_wrong_alarm_shapes_raise_malformed_answer(body: bytes) -> None:
-    with pytest.raises(MalformedAnswer) as caught:
-        parse_alarm_history_answer(body, "n", chunk_label="alarms [2024-01-01T00:00Z, +1d)")
-    assert caught.value.operation == "alarm.history"
-    assert caught.value.where is not None
-    assert "alarms [2024-01-01T00:00Z, +1d)" in caught.value.where
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.one_of(
-        json_values,
-        st.lists(json_values, max_size=4),
-        st.lists(
-            st.dictionaries(
-                st.sampled_from(["path", "ts", "status", "priority", "value", "ackInfo", "x"]),
-                json_values,
-            ),
-            max_size=4,
-        ),
-    )
-)
-def test_any_alarm_json_either_parses_or_raises_malformed_answer(data: Any) -> None:
-    try:
-        body = alarm_answer(data)
-    except orjson.JSONEncodeError:
-        return
-    try:
-        table = parse_alarm_history_answer(body, "n")
-    except MalformedAnswer:
-        return
-    assert table.num_rows == (len(data) if isinstance(data, list) else 0)
-
-
-# -- tag details -----------------------------------------------------------------------------
-
-DETAILS = {
-    "description": "",
-    "_templates": [],
-    "tags": {
-        "Temp": {
-            "id": 1,
-            "fullPath": "/Plant A/Temp",
-            "remote": None,
-            "config": {
-                "description": "Inlet temperature",
-                "type": "number",
-                "numberType": "float64",
-                "format": "%.1f",
-                "deadband": "0.1u",
-                "clientAccess": "R",
-                "engUnits": "°C",
-                "views": ["main"],
-                "extensions": {
-                    "history": {
-                        "enabled": True,
-                        "module": "Historian",
-                        "config": {"mode": "deadband", "deadband": 0.5},
-                    }
-                },
-            },
-        },
-        "Bare": {"id": 2},
-    },
-}
-
-
-def test_tag_details_become_the_tag_dimension() -> None:
-    table = parse_tag_details(orjson.dumps(DETAILS), "node-1", T0)
-    assert table.schema == TAG_METADATA_SCHEMA
-    temp, bare = table.to_pylist()
-    assert temp["tag"] == "/Plant A/Temp"
-    assert (temp["type"], temp["number_type"], temp["eng_units"]) == ("number", "float64", "°C")
-    assert (temp["deadband"], temp["client_access"], temp["format"]) == ("0.1u", "R", "%.1f")
-    assert temp["history_enabled"] is True
-    assert (temp["history_mode"], temp["history_deadband"]) == ("deadband", "0.5")
-    assert temp["views"] == '["main"]'
-    assert orjson.loads(temp["config"]) == DETAILS["tags"]["Temp"]["config"]  # type: ignore[index]
-    assert int(temp["updated_at"].timestamp() * 1000) == T0
-    assert bare["tag"] == "Bare"
-    assert bare["config"] is None
-    assert bare["history_enabled"] is None
-
-
-def test_tag_details_accept_a_parsed_mapping() -> None:
-    assert parse_tag_details(DETAILS, "n", T0).num_rows == 2
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.one_of(
-        json_values,
-        st.fixed_dictionaries(
-            {"tags": st.dictionaries(st.text(max_size=3), json_values, max_size=3)}
-        ),
-    )
-)
-def test_any_details_json_either_parses_or_raises_malformed_answer(answer: Any) -> None:
-    try:
-        body = orjson.dumps(answer)
-    except orjson.JSONEncodeError:
-        return
-    try:
-        table = parse_tag_details(body, "n", T0)
-    except MalformedAnswer:
-        return
-    assert table.schema == TAG_METADATA_SCHEMA
-
-
-def test_details_paths_name_the_tags_the_full_reading_names() -> None:
-    assert tag_details_paths(orjson.dumps(DETAILS)) == ["/Plant A/Temp", "Bare"]
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.one_of(
-        json_values,
-        st.fixed_dictionaries(
-            {"tags": st.dictionaries(st.text(max_size=3), json_values, max_size=3)}
-        ),
-    )
-)
-def test_details_paths_agree_with_the_full_reading(answer: Any) -> None:
-    try:
-        body = orjson.dumps(answer)
-    except orjson.JSONEncodeError:
-        return
-    try:
-        expected: list[str] | type[MalformedAnswer] = (
-            parse_tag_details(body, "n", T0).column("tag").to_pylist()
-        )
-    except MalformedAnswer:
-        expected = MalformedAnswer
-    if expected is MalformedAnswer:
-        with pytest.raises(MalformedAnswer):
-            tag_details_paths(body)
-    else:
-        assert tag_details_paths(body) == expected
-
-
-def test_details_paths_of_a_truncated_answer_are_malformed() -> None:
-    with pytest.raises(MalformedAnswer, match="not JSON"):
-        tag_details_paths(orjson.dumps(DETAILS)[:40])
 
 
 def test_nan_is_never_invented_for_a_null_value() -> None:

@@ -1,0 +1,124 @@
+"""What one failed exchange with the node means, decided once at the HTTP boundary.
+
+A status (`status_error`) or a transport failure (`transport_error`) becomes one
+`connectors.errors` type, transient or fatal; the client retries exactly the transient
+ones. A 200 whose body is a web page (`is_markup`) came from something in front of the
+node, a proxy's login or error page, and is transient too.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import ssl
+import time
+from datetime import UTC
+
+import httpx
+
+from connectors.errors import (
+    AuthenticationError,
+    NodeBusy,
+    NodeConnectionError,
+    NodeError,
+    NodeRequestError,
+    NodeServerError,
+    NodeTimeout,
+    NodeUnavailable,
+    RateLimited,
+    TLSVerificationError,
+    UnknownTag,
+)
+
+
+def status_error(operation: str, response: httpx.Response, retry_server_errors: bool) -> NodeError:
+    """The error a non-200 status means: transient (429, 502-504, and 500 when
+    `retry_server_errors`) or fatal (every other 4xx and 5xx)."""
+    status = response.status_code
+    body = response.content
+    if status in (401, 403):
+        return AuthenticationError(
+            operation, "credentials refused (check the token or user)", status=status, body=body
+        )
+    if status == 429:
+        return RateLimited(
+            operation,
+            "rate limited",
+            body=body,
+            retry_after_s=retry_after_seconds(response.headers.get("Retry-After")),
+        )
+    if status in (502, 503, 504):
+        return NodeUnavailable(operation, "node unavailable", status=status, body=body)
+    if status == 404 and operation.startswith("tag."):
+        return UnknownTag(operation, "not found", status=status, body=body)
+    if 400 <= status < 500:
+        return NodeRequestError(operation, "request refused", status=status, body=body)
+    if status == 500 and retry_server_errors:
+        return NodeBusy(operation, "server error", status=status, body=body)
+    return NodeServerError(operation, f"unexpected status {status}", status=status, body=body)
+
+
+def transport_error(
+    operation: str, exc: Exception, *, target: str, deadline: str | None = None
+) -> NodeError:
+    """What a failed exchange means: a timeout, a broken connection, or a TLS failure or
+    a URL too long to send (fatal). `target` names the node (and its proxy) as a message
+    may show it; `deadline` names the request deadline if it passed."""
+    if isinstance(exc, httpx.TimeoutException):
+        if deadline is not None:
+            return NodeTimeout(operation, f"no complete answer within {deadline}")
+        return NodeTimeout(operation, "no answer within the timeout")
+    if isinstance(exc, httpx.ConnectError):
+        if _is_tls_failure(exc):
+            return TLSVerificationError(
+                operation,
+                "the node's TLS certificate could not be verified; set ca_bundle to the "
+                "CA that signed it",
+            )
+        return NodeConnectionError(operation, f"cannot connect to {target}")
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+        return NodeConnectionError(operation, f"connection broke: {type(exc).__name__}")
+    if isinstance(exc, httpx.DecodingError):
+        # A compressed body that ends early: a network artefact, like a short read.
+        return NodeConnectionError(operation, "answer body could not be decoded")
+    if isinstance(exc, httpx.ProxyError):  # the proxy refused to open a tunnel
+        return NodeConnectionError(operation, f"the proxy refused {target}: {exc}")
+    if isinstance(exc, httpx.InvalidURL):  # a URL past what httpx sends (65,536 chars)
+        return NodeRequestError(operation, f"request not sent: {exc}")
+    return NodeConnectionError(operation, f"transport error: {type(exc).__name__}")
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """Retry-After as seconds: a number of seconds or an HTTP date (RFC 9110 10.2.3)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if moment.tzinfo is None:  # "-0000": UTC without a stated offset
+        moment = moment.replace(tzinfo=UTC)
+    return max(0.0, moment.timestamp() - time.time())
+
+
+def is_markup(body: bytes) -> bool:
+    """Does the body start like an HTML or XML page? No answer of the node does (JSON,
+    Base64 or plain numbers), so such a 200 came from something in front of it. Only the
+    first bytes are read: the check costs nothing on a large answer."""
+    return body[:64].lstrip()[:1] == b"<"
+
+
+def _is_tls_failure(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return True
+        if isinstance(current, ssl.SSLError):
+            return True
+        current = current.__cause__ or current.__context__
+    return "CERTIFICATE_VERIFY_FAILED" in str(exc)

@@ -1,0 +1,146 @@
+"""Alarm history answers -> ALARM_HISTORY_SCHEMA rows: events as objects or positional
+arrays (node-facts.md), unknown fields kept as JSON text, the first wrong event named.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from connectors.errors import MalformedAnswer
+from connectors.normalise.common import (
+    INT16_MAX,
+    INT16_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    gc_paused,
+    json_text,
+    json_type,
+    load_json,
+    short_text,
+    text_of,
+    where_of,
+)
+from connectors.schema import (
+    ALARM_HISTORY_SCHEMA,
+)
+
+_ALARM_KNOWN = frozenset({"path", "ts", "status", "priority", "value", "description", "ackInfo"})
+# Positional alarm events (the spec does not show `data` elements; node-facts.md says accept
+# arrays): [ts, path, status, priority, value, description, ackInfo, ...]. Elements after
+# the seventh are kept in `extra` as {"_rest": [...]}.
+ALARM_POSITIONS = ("ts", "path", "status", "priority", "value", "description", "ackInfo")
+
+
+def _alarm_int(value: Any, what: str, low: int, high: int) -> int | None:
+    if value is None:
+        return None
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{what} {short_text(value)} is not an integer in {low}..{high}")
+    return int(value)
+
+
+def _alarm_record(element: Any, index: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The known fields of one alarm event and its unknown ones (None when there are none)."""
+    if isinstance(element, dict):
+        unknown = {key: value for key, value in element.items() if key not in _ALARM_KNOWN}
+        return element, unknown or None
+    if isinstance(element, list):
+        record = dict(zip(ALARM_POSITIONS, element, strict=False))
+        rest = element[len(ALARM_POSITIONS) :]
+        return record, ({"_rest": rest} if rest else None)
+    raise ValueError(f"alarm event {index} is {json_type(element)}, not an object or array")
+
+
+def _alarm_row(node: str, element: Any, index: int) -> list[Any]:
+    """One ALARM_HISTORY_SCHEMA row; ValueError says what is wrong."""
+    record, unknown = _alarm_record(element, index)
+    path = record.get("path")
+    if not isinstance(path, str):
+        raise ValueError(f"alarm event {index} has no string path")
+    try:
+        ts = _alarm_int(record.get("ts"), "ts", INT64_MIN, INT64_MAX)
+        if ts is None:
+            raise ValueError("ts is missing")
+        status = _alarm_int(record.get("status"), "status", INT16_MIN, INT16_MAX)
+        priority = _alarm_int(record.get("priority"), "priority", INT16_MIN, INT16_MAX)
+    except ValueError as exc:
+        raise ValueError(f"alarm event {index} ({path!r}): {exc}") from None
+    ack = record.get("ackInfo")
+    ack_ts = ack_user = ack_msg = None
+    if isinstance(ack, dict):
+        try:
+            ack_ts = _alarm_int(ack.get("ts"), "ack ts", INT64_MIN, INT64_MAX)
+        except ValueError:
+            ack_ts = None  # kept verbatim in ack_info
+        ack_user = text_of(ack.get("user"))
+        ack_msg = text_of(ack.get("msg"))
+    return [
+        node,
+        path,
+        ts,
+        status,
+        priority,
+        json_text(record.get("value")),
+        text_of(record.get("description")),
+        ack_ts,
+        ack_user,
+        ack_msg,
+        json_text(ack),
+        json_text(unknown),
+    ]
+
+
+def _table_of_rows(rows: list[list[Any]], schema: pa.Schema) -> pa.Table:
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
+    arrays = []
+    for field, values in zip(schema, columns, strict=True):
+        if pa.types.is_timestamp(field.type):
+            arrays.append(pa.array(values, type=pa.int64()).cast(field.type))
+        else:
+            arrays.append(pa.array(values, type=field.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def parse_alarm_history_answer(
+    body: bytes | str,
+    node: str,
+    *,
+    operation: str = "alarm.history",
+    chunk_label: str = "",
+) -> pa.Table:
+    """An `alarm?cmd=history` answer `{request, data: [...]}` as ALARM_HISTORY_SCHEMA rows.
+
+    Events are objects shaped like the alarm record or positional arrays (ALARM_POSITIONS);
+    `value` and `ack_info` are JSON text, unknown fields go to `extra` (JSON, sorted keys).
+    """
+    with gc_paused():
+        answer = load_json(body, operation, chunk_label)
+    if isinstance(answer, dict) and "data" in answer:
+        data = answer["data"]
+    elif isinstance(answer, list):
+        data = answer
+    else:
+        raise MalformedAnswer(
+            operation,
+            f"answer is {json_type(answer)} without data, not an object with request and data",
+            where=where_of("alarm history", chunk_label),
+        )
+    if data is None:
+        data = []
+    if not isinstance(data, list):
+        raise MalformedAnswer(
+            operation,
+            f"data is {json_type(data)}, not a list of alarm events",
+            where=where_of("alarm history", chunk_label),
+        )
+    try:
+        rows = [_alarm_row(node, element, index) for index, element in enumerate(data)]
+    except ValueError as exc:
+        raise MalformedAnswer(
+            operation, str(exc), where=where_of("alarm history", chunk_label)
+        ) from None
+    return _table_of_rows(rows, ALARM_HISTORY_SCHEMA)
