@@ -19,18 +19,17 @@ if TYPE_CHECKING:
 
 def describe_selection(flow: FlowConfig) -> str:
     """A flow's tag or alarm selection in a few words, as written in flows.yaml."""
-    if flow.kind == "alarm_history":
+    from pipelines.config.models import AlarmHistoryFlow
+
+    if isinstance(flow, AlarmHistoryFlow):
         alarms = flow.alarms
-        parts = [f"alarms under {alarms.path if alarms else '/'}"]
-        if alarms is not None:
-            for key in ("regex", "status", "priority", "min_priority", "max_priority"):
-                value = getattr(alarms, key)
-                if value is not None:
-                    parts.append(f"{key} {value}")
+        parts = [f"alarms under {alarms.path}"]
+        for key in ("regex", "status", "priority", "min_priority", "max_priority"):
+            value = getattr(alarms, key)
+            if value is not None:
+                parts.append(f"{key} {value}")
         return ", ".join(parts)
     tags = flow.tags
-    if tags is None:
-        return "-"
     if tags.paths:
         more = f" (+{len(tags.paths) - 2} more)" if len(tags.paths) > 2 else ""
         return f"{len(tags.paths)} paths: " + ", ".join(tags.paths[:2]) + more
@@ -56,7 +55,10 @@ def describe_nodes(config: Config, name: str) -> str:
 
 
 def describe_mode(flow: FlowConfig) -> str:
-    if flow.kind == "alarm_history":
+    """A tag flow's mode (an aggregated one's method and interval); `-` for an alarm flow."""
+    from pipelines.config.models import AlarmHistoryFlow
+
+    if isinstance(flow, AlarmHistoryFlow):
         return "-"
     if flow.mode == "aggregated":
         from pipelines.planning import short_duration

@@ -80,7 +80,7 @@ def _time(value: datetime) -> str:
 
 def _estimate(run: FlowRun, plan: Plan) -> tuple[float, str]:
     """Rows the pending chunks would bring, and how that was worked out."""
-    from connectors.schema import KIND_ALARM_HISTORY
+    from pipelines.config.models import AlarmHistoryFlow
 
     hours = sum(
         (chunk.window.end - chunk.window.start) / timedelta(hours=1) * len(chunk.members)
@@ -89,7 +89,7 @@ def _estimate(run: FlowRun, plan: Plan) -> tuple[float, str]:
     flow = run.flow
     if plan.span is None or not plan.pending:
         return 0.0, "nothing to fetch"
-    if plan.kind == KIND_ALARM_HISTORY:
+    if isinstance(flow, AlarmHistoryFlow):
         # Private to the runner, but exactly the probe a run sizes its windows with.
         per_hour = run._probe_alarm_density(plan.span)
         return per_hour * hours, f"about {per_hour:,.1f} alarm events per hour, probed"

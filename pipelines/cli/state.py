@@ -48,7 +48,9 @@ def _time(moment: datetime | None, seconds: bool = False) -> str:
 
 
 def _noun(config: Config, flow: str) -> str:
-    return "alarm selection" if config.flows[flow].kind == "alarm_history" else "tag"
+    from pipelines.core.kinds import kind_of
+
+    return kind_of(config.flows[flow].kind).selection_noun
 
 
 def _open(sinks: SinkSet, name: str) -> tuple[Sink | None, str | None]:
@@ -222,14 +224,15 @@ def state_repair(
 def _known_members(cfg: Config, flow: str, keys: list[str], sinks: SinkSet) -> set[str]:
     """The tags (or alarm selection) a flow has extracted in any of its sinks (under the
     state keys `keys`), and the paths it names explicitly."""
+    from pipelines.config.models import AlarmHistoryFlow
     from pipelines.state import tag_members
 
     fc = cfg.flows[flow]
     known: set[str] = set()
-    if fc.tags is not None and fc.tags.paths:
+    if isinstance(fc, AlarmHistoryFlow):
+        known.add(fc.alarms.path)
+    elif fc.tags.paths:
         known.update(fc.tags.paths)
-    if fc.kind == "alarm_history":
-        known.add(fc.alarms.path if fc.alarms else "/")
     for key, sink_name in product(keys, fc.sinks):
         known.update(tag_members(sinks.get(sink_name).progress(key)))
     return known

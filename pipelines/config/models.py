@@ -15,14 +15,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -31,7 +33,6 @@ from pydantic import (
 from connectors.errors import one_line, quoted
 from connectors.options import METHODS, MODES, AlarmFilter, HistoryOptions
 from connectors.proxy import check_proxy_setting
-from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY
 from connectors.settings import NodeSettings, check_credentials, check_node_url
 from pipelines.config.file import DocumentError, load_document
 from pipelines.planning import parse_duration
@@ -377,41 +378,98 @@ def _is_time_zone(name: str) -> bool:
     return True
 
 
-class FlowConfig(_Strict):
+class _FlowBase(_Strict):
+    """What a flow has whatever its kind: where it reads, how it plans, where it writes."""
+
     # One node name, or a fleet: a list of names and/or fnmatch patterns over `nodes:`
     # (`plant_*`), expanded by `Config.flow_nodes`.
     node: str | list[str]
-    kind: Literal["tag_history", "alarm_history"] = "tag_history"
-    tags: TagSelectionConfig | None = None
-    alarms: AlarmSelectionConfig | None = None
-    mode: str = "raw"
-    method: str | None = None
-    interval: timedelta | None = None
-    deadband: float | str | None = None
-    invalid_as_null: bool | None = None
-    limit: int | None = Field(default=None, ge=1)
     remote_node: str | list[str] | None = None
     window: timedelta | Literal["auto"] = "auto"
-    batch: int = Field(default=200, ge=1, le=10_000)
     start: datetime
     lookback: timedelta = timedelta(0)
     settle: timedelta = timedelta(minutes=1)
     sinks: list[str] = Field(min_length=1)
     dataset: str | None = None
-    metadata: bool = True
     schedule: ScheduleConfig | None = None
 
-    _durations = field_validator("interval", "lookback", "settle", mode="before")(_duration)
+    _durations = field_validator("lookback", "settle", mode="before")(_duration)
 
     @field_validator("window", mode="before")
     @classmethod
     def _window(cls, value: object) -> object:
         return value if value == "auto" else _duration(value)
 
+    @field_validator("window")
+    @classmethod
+    def _window_at_least_1s(cls, value: timedelta | str) -> timedelta | str:
+        if isinstance(value, timedelta) and value < timedelta(seconds=1):
+            raise ValueError("must be at least 1s")
+        return value
+
     @field_validator("start", mode="before")
     @classmethod
     def _start(cls, value: object) -> datetime:
         return parse_moment(value)
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, value: str | list[str]) -> str | list[str]:
+        names = [value] if isinstance(value, str) else value
+        if not names:
+            raise ValueError("node is an empty list")
+        if any(not name.strip() for name in names):
+            raise ValueError("a node name is empty")
+        return value
+
+    @field_validator("sinks")
+    @classmethod
+    def _sinks(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("lists a sink twice")
+        return value
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(NAME_PATTERN, value):
+            raise ValueError(f"{quoted(value)} is not a plain name (letters, digits, _; max 63)")
+        return value
+
+    @property
+    def fleet(self) -> bool:
+        """Whether `node:` may stand for several nodes (a list or a pattern): its state is
+        then kept per node (`unit_key`), so a node joining the fleet renames nothing."""
+        return not isinstance(self.node, str) or _is_pattern(self.node)
+
+    def _remote(self) -> str | tuple[str, ...] | None:
+        """`remote_node` as the client's query options take it."""
+        return tuple(self.remote_node) if isinstance(self.remote_node, list) else self.remote_node
+
+
+class TagHistoryFlow(_FlowBase):
+    """`kind: tag_history` (the default): the samples of the selected tags, in one of the
+    node's history modes."""
+
+    kind: Literal["tag_history"] = "tag_history"
+    tags: TagSelectionConfig
+    mode: str = "raw"
+    method: str | None = None
+    interval: timedelta | None = None
+    deadband: float | str | None = None
+    invalid_as_null: bool | None = None
+    limit: int | None = Field(default=None, ge=1)
+    batch: int = Field(default=200, ge=1, le=10_000)
+    metadata: bool = True
+
+    _interval = field_validator("interval", mode="before")(_duration)
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tags(cls, value: object) -> object:
+        if value is None:  # `tags:` with nothing under it
+            raise ValueError("is required")
+        return value
 
     @field_validator("mode")
     @classmethod
@@ -427,62 +485,29 @@ class FlowConfig(_Strict):
             raise ValueError(f"{quoted(value)} is not one of {', '.join(METHODS)}")
         return value
 
-    @field_validator("node")
-    @classmethod
-    def _node(cls, value: str | list[str]) -> str | list[str]:
-        names = [value] if isinstance(value, str) else value
-        if not names:
-            raise ValueError("node is an empty list")
-        if any(not name.strip() for name in names):
-            raise ValueError("a node name is empty")
-        return value
-
-    @property
-    def fleet(self) -> bool:
-        """Whether `node:` may stand for several nodes (a list or a pattern): its state is
-        then kept per node (`unit_key`), so a node joining the fleet renames nothing."""
-        return not isinstance(self.node, str) or _is_pattern(self.node)
-
-    @field_validator("dataset")
-    @classmethod
-    def _dataset(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(NAME_PATTERN, value):
-            raise ValueError(f"{quoted(value)} is not a plain name (letters, digits, _; max 63)")
-        return value
-
     @model_validator(mode="after")
-    def _consistent(self) -> FlowConfig:
-        if self.kind == KIND_TAG_HISTORY:
-            if self.tags is None:
-                raise ValueError("a tag_history flow needs tags")
-            if self.alarms is not None:
-                raise ValueError("alarms belongs to alarm_history flows")
-            if self.mode == "aggregated" and (
-                self.interval is None or self.interval < timedelta(milliseconds=1)
-            ):
-                raise ValueError("mode aggregated needs interval (e.g. 15m)")
-            if self.interval is not None and self.mode != "aggregated":
-                raise ValueError("interval is only for mode aggregated")
-            if self.limit is not None and self.mode != "raw":
-                raise ValueError("limit is only for mode raw")
-            if (
-                self.mode == "aggregated"
-                and self.interval is not None
-                and isinstance(self.window, timedelta)
-                and self.window % self.interval
-            ):
-                raise ValueError("window must be a multiple of interval")
-        else:
-            if self.tags is not None:
-                raise ValueError("tags belongs to tag_history flows")
-        if isinstance(self.window, timedelta) and self.window < timedelta(seconds=1):
-            raise ValueError("window must be at least 1s")
-        if len(set(self.sinks)) != len(self.sinks):
-            raise ValueError("sinks lists a sink twice")
+    def _mode_options(self) -> TagHistoryFlow:
+        """The keys that only one mode takes (README: `flows.<name>`)."""
+        aggregated = self.mode == "aggregated"
+        if aggregated and (self.interval is None or self.interval < _ONE_MS):
+            raise ValueError("mode aggregated needs interval (e.g. 15m)")
+        if self.interval is not None and not aggregated:
+            raise ValueError("interval is only for mode aggregated")
+        if self.limit is not None and self.mode != "raw":
+            raise ValueError("limit is only for mode raw")
+        if isinstance(self.window, timedelta) and self.interval and self.window % self.interval:
+            raise ValueError("window must be a multiple of interval")
         return self
 
+    # Until pipelines/core/runner.py branches by type or by pipelines/core/kinds.py instead
+    # of by the `kind` string (which mypy cannot narrow by): the flat model's alarm keys as
+    # a tag flow had them.
+    alarms: ClassVar[None] = None
+
+    def alarm_filter(self) -> AlarmFilter:
+        raise TypeError("a tag_history flow has no alarm filter")
+
     def history_options(self) -> HistoryOptions:
-        remote = tuple(self.remote_node) if isinstance(self.remote_node, list) else self.remote_node
         return HistoryOptions(
             mode=self.mode,  # type: ignore[arg-type]
             method=self.method,  # type: ignore[arg-type]
@@ -490,12 +515,36 @@ class FlowConfig(_Strict):
             deadband=self.deadband,
             invalid_as_null=self.invalid_as_null,
             limit=self.limit,
-            remote_node=remote,
+            remote_node=self._remote(),
         )
 
+
+class AlarmHistoryFlow(_FlowBase):
+    """`kind: alarm_history`: the events of the alarms under one path, each window whole."""
+
+    kind: Literal["alarm_history"]
+    alarms: AlarmSelectionConfig = Field(default_factory=AlarmSelectionConfig)
+
+    @field_validator("alarms", mode="before")
+    @classmethod
+    def _alarms(cls, value: object) -> object:
+        return {} if value is None else value  # `alarms:` with nothing under it: the default
+
+    # Until pipelines/core/runner.py and `_print_plan` (pipelines/cli/plan.py) branch by
+    # type or by pipelines/core/kinds.py instead of by the `kind` string (which mypy cannot
+    # narrow by): the flat model's tag keys as an alarm flow had them (one member a request).
+    tags: ClassVar[None] = None
+    mode: ClassVar[None] = None
+    method: ClassVar[None] = None
+    interval: ClassVar[None] = None
+    batch: ClassVar[int] = 1
+    metadata: ClassVar[bool] = False
+
+    def history_options(self) -> HistoryOptions:
+        raise TypeError("an alarm_history flow has no tag history options")
+
     def alarm_filter(self) -> AlarmFilter:
-        alarms = self.alarms or AlarmSelectionConfig()
-        remote = tuple(self.remote_node) if isinstance(self.remote_node, list) else self.remote_node
+        alarms = self.alarms
         return AlarmFilter(
             path_regex=alarms.regex,
             status=alarms.status,
@@ -503,8 +552,34 @@ class FlowConfig(_Strict):
             min_priority=alarms.min_priority,
             max_priority=alarms.max_priority,
             recurrent=alarms.recurrent,
-            remote_node=remote,
+            remote_node=self._remote(),
         )
+
+
+FLOW_MODELS: dict[str, type[TagHistoryFlow | AlarmHistoryFlow]] = {
+    "tag_history": TagHistoryFlow,
+    "alarm_history": AlarmHistoryFlow,
+}
+# The branch names pydantic puts in an error's location, per top-level key.
+_UNION_TAGS: dict[str, tuple[str, ...]] = {"sinks": SINK_TYPES, "flows": tuple(FLOW_MODELS)}
+
+
+def _kind_tag(value: object) -> str | None:
+    """Which flow model validates a flows.yaml entry: its `kind` (tag_history when unset);
+    None for an entry that is not a mapping."""
+    if isinstance(value, Mapping):
+        kind = value.get("kind", "tag_history")
+        return kind if isinstance(kind, str) else "<not a kind>"
+    return getattr(value, "kind", None)
+
+
+# `flows.<name>`: one model per kind, chosen by `kind:`, so a key of the other kind is an
+# unknown key of this one (`_message` says which kind it belongs to).
+FlowConfig = Annotated[
+    Annotated[TagHistoryFlow, Tag("tag_history")]
+    | Annotated[AlarmHistoryFlow, Tag("alarm_history")],
+    Discriminator(_kind_tag),
+]
 
 
 def _is_pattern(name: str) -> bool:
@@ -667,33 +742,65 @@ def _names(names: Iterable[str], shown: int = 10) -> str:
 def _format_loc(loc: Sequence[object]) -> str:
     parts = [str(part) for part in loc if not str(part).startswith("function-")]
     parts = [part if len(part) <= 40 else quoted(part, 40) for part in parts]
-    # pydantic names discriminated-union branches ("parquet", "sql"): not a key the user wrote.
-    cleaned: list[str] = []
-    for part in parts:
-        if len(cleaned) == 2 and cleaned[0] == "sinks" and part in SINK_TYPES:
-            continue
-        cleaned.append(part)
-    return ".".join(cleaned)
+    # pydantic names the branch of a discriminated union (a sink's type, a flow's kind)
+    # after the entry's name: not a key the user wrote.
+    if len(parts) > 2 and parts[2] in _UNION_TAGS.get(parts[0], ()):
+        del parts[2]
+    return ".".join(parts)
+
+
+def _other_kind(loc: Sequence[object]) -> str | None:
+    """For a key that a flow's kind does not take (`flows.<name>.<kind>.<key>`): the
+    other kind of flow that takes it, if one does."""
+    if len(loc) != 4 or loc[0] != "flows" or loc[2] not in FLOW_MODELS:
+        return None
+    others = (kind for kind, model in FLOW_MODELS.items() if kind != loc[2])
+    return next((kind for kind in others if loc[3] in FLOW_MODELS[kind].model_fields), None)
 
 
 def _message(error: Mapping[str, Any]) -> str:
     kind = error.get("type", "")
-    text = str(error.get("msg", "invalid"))
+    loc = tuple(error.get("loc", ()))
+    ctx = error.get("ctx") or {}
+    value = error.get("input")
     if kind == "extra_forbidden":
-        return "unknown key"
+        other = _other_kind(loc)
+        return f"belongs to {other} flows; this flow's kind is {loc[2]}" if other else "unknown key"
     if kind == "missing":
         return "is required"
-    ctx = error.get("ctx") or {}
-    if isinstance(ctx.get("error"), _KeyedError):
-        return str(ctx["error"])
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if text.startswith(prefix):
-            text = text[len(prefix) :]
+    if kind == "literal_error" and isinstance(value, str | int):
+        return f"{quoted(value)} is not one of {ctx.get('expected', '')}"
+    if kind == "union_tag_not_found" and loc[:1] == ("flows",):
+        return "must be a mapping of flow keys (node, kind, start, sinks, ...)"
     if kind == "union_tag_invalid":
         return f"type must be {', '.join(SINK_TYPES[:-1])} or {SINK_TYPES[-1]}"
     if kind == "union_tag_not_found":
         return f"type is required ({', '.join(SINK_TYPES[:-1])} or {SINK_TYPES[-1]})"
+    text = str(error.get("msg", "invalid"))
+    for prefix in ("Value error, ", "Assertion failed, "):
+        text = text.removeprefix(prefix)
     return text
+
+
+def _problem(error: Mapping[str, Any]) -> tuple[Sequence[object], str]:
+    """Where in the file a validation error is, and what is wrong there."""
+    loc = tuple(error["loc"])
+    inner = (error.get("ctx") or {}).get("error")
+    if isinstance(inner, _KeyedError):
+        return inner.loc, str(inner)
+    if error.get("type") == "union_tag_invalid" and loc[:1] == ("flows",):
+        kind = error["input"].get("kind")
+        return (*loc, "kind"), f"{quoted(kind)} is not one of {', '.join(FLOW_MODELS)}"
+    return loc, _message(error)
+
+
+def _first(errors: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The error to name: a key of the other kind of flow first (it explains the rest, a
+    missing `tags:` among them), else pydantic's first."""
+    for error in errors:
+        if error.get("type") == "extra_forbidden" and _other_kind(error["loc"]):
+            return error
+    return errors[0]
 
 
 def parse_config(
@@ -709,21 +816,10 @@ def parse_config(
     except _KeyedError as exc:
         raise ConfigError(f"{source}: {_format_loc(exc.loc)}: {exc}") from None
     except ValidationError as exc:
-        error = exc.errors()[0]
-        ctx = error.get("ctx") or {}
-        inner = ctx.get("error")
-        loc = list(error["loc"])
-        if isinstance(inner, _KeyedError):
-            loc = list(inner.loc)
+        loc, message = _problem(_first(exc.errors()))
         where = _format_loc(loc)
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         prefix = f"{source}: {where}: " if where else f"{source}: "
-        value = error.get("input")
-        message = _message(error)
-        if error.get("type") == "extra_forbidden":
-            message = "unknown key"
-        elif error.get("type") == "literal_error" and isinstance(value, str | int):
-            message = f"{quoted(value)} is not one of {ctx.get('expected', '')}"
         raise ConfigError(prefix + message + more) from None
 
 
@@ -737,8 +833,14 @@ def load_config(path: str | Path = DEFAULT_CONFIG, env: Mapping[str, str] | None
     file = Path(path)
     source = file.name if file.parent == Path() else str(file)
     source = source if len(source) <= 200 else quoted(source, 200)
+    data = _document(_text(file, source), source)
+    return parse_config(data, source=source, env=env)
+
+
+def _text(file: Path, source: str) -> str:
+    """The file's text; a file that is missing, unreadable or not UTF-8 is a ConfigError."""
     try:
-        text = file.read_text(encoding="utf-8")
+        return file.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(
             f"{source}: no such file (`historian init` writes a starter one)"
@@ -747,8 +849,12 @@ def load_config(path: str | Path = DEFAULT_CONFIG, env: Mapping[str, str] | None
         raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start:,})") from None
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+
+
+def _document(text: str, source: str) -> object:
+    """The YAML document, bounded (`load_document`); every problem is a ConfigError."""
     try:
-        data = load_document(text, top_keys=set(Config.model_fields))
+        return load_document(text, top_keys=set(Config.model_fields))
     except DocumentError as exc:
         line = f"line {exc.line}" if exc.line is not None else ""
         where = f"{exc.where} ({line})" if exc.where and line else exc.where or line
@@ -760,7 +866,6 @@ def load_config(path: str | Path = DEFAULT_CONFIG, env: Mapping[str, str] | None
         raise ConfigError(f"{source}: {where}YAML syntax error: {problem}") from None
     except (ValueError, OverflowError) as exc:  # a value YAML cannot build (a 5,000-digit int)
         raise ConfigError(f"{source}: a value cannot be read: {one_line(exc)}") from None
-    return parse_config(data, source=source, env=env)
 
 
 def flow_dataset(name: str, flow: FlowConfig) -> str:
@@ -768,4 +873,6 @@ def flow_dataset(name: str, flow: FlowConfig) -> str:
 
 
 def flow_kind(flow: FlowConfig) -> str:
-    return KIND_TAG_HISTORY if flow.kind == "tag_history" else KIND_ALARM_HISTORY
+    """The table kind of the flow's dataset (connectors/schema.py): its kind names it
+    (pipelines/core/kinds.py)."""
+    return flow.kind

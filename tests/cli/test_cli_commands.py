@@ -96,7 +96,7 @@ def test_flows_lists_every_flow_and_its_watermark(tmp_path: Path, node: Any) -> 
         "avg": aggregated_flow(),
         "alarms": small_flow(kind="alarm_history", alarms={"path": "/"}, start=START.isoformat()),
     }
-    del flows["alarms"]["tags"], flows["alarms"]["mode"]
+    del flows["alarms"]["tags"], flows["alarms"]["mode"], flows["alarms"]["batch"]
     write_config(tmp_path, node={"url": node.http_url}, flows=flows)
     before = files(tmp_path)
     listed = historian("flows", cwd=tmp_path)

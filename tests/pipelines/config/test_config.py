@@ -11,9 +11,12 @@ import pytest
 import yaml
 
 from pipelines.config.models import (
+    AlarmHistoryFlow,
+    AlarmSelectionConfig,
     ConfigError,
     ParquetSinkConfig,
     SqlSinkConfig,
+    TagHistoryFlow,
     load_config,
     parse_config,
     parse_moment,
@@ -411,3 +414,95 @@ def test_busy_wait_is_a_duration_for_duckdb_files_only() -> None:
     assert error_of(with_change("sinks.wh.busy_wait", "5m")) == (
         "flows.yaml: sinks.wh: busy_wait is for DuckDB files (a server takes many writers)"
     )
+
+
+# -- kinds: one model per kind, chosen by `kind:` -----------------------------------------
+
+ALARM_FLOW: dict[str, Any] = {
+    "node": "plant",
+    "kind": "alarm_history",
+    "alarms": {"path": "/Alarms/", "min_priority": 2},
+    "start": "2024-01-01T00:00:00Z",
+    "sinks": ["lake"],
+}
+
+
+def with_alarm_flow(**keys: Any) -> dict[str, Any]:
+    """BASE with a flow `al` of kind alarm_history, holding these keys too."""
+    data = copy.deepcopy(BASE)
+    data["flows"]["al"] = {**copy.deepcopy(ALARM_FLOW), **keys}
+    return data
+
+
+def test_a_flow_is_the_model_of_its_kind_and_tag_history_is_the_default() -> None:
+    flows = parse_config(with_alarm_flow(), env={}).flows
+    tag, alarm = flows["hourly"], flows["al"]
+    assert isinstance(tag, TagHistoryFlow)
+    assert tag.kind == "tag_history"
+    assert (tag.mode, tag.batch, tag.metadata) == ("raw", 200, True)
+    assert isinstance(alarm, AlarmHistoryFlow)
+    assert alarm.kind == "alarm_history"
+    assert alarm.alarm_filter().query_params() == {
+        "options.recurrent": "true",
+        "options.filter.minPriority": "2",
+    }
+
+
+@pytest.mark.parametrize("alarms", [..., None])
+def test_an_alarm_flow_without_a_selection_reads_every_alarm(alarms: Any) -> None:
+    data = with_alarm_flow()
+    if alarms is ...:
+        del data["flows"]["al"]["alarms"]
+    else:
+        data["flows"]["al"]["alarms"] = alarms
+    flow = parse_config(data, env={}).flows["al"]
+    assert isinstance(flow, AlarmHistoryFlow)
+    assert flow.alarms == AlarmSelectionConfig(path="/")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("tags", {"paths": ["/a"]}),
+        ("mode", "raw"),
+        ("method", "avg"),
+        ("interval", "15m"),
+        ("deadband", 0.5),
+        ("invalid_as_null", True),
+        ("limit", 100),
+        ("batch", 50),
+        ("metadata", False),
+    ],
+)
+def test_a_tag_key_in_an_alarm_flow_is_named_as_belonging_to_tag_flows(
+    key: str, value: Any
+) -> None:
+    assert error_of(with_alarm_flow(**{key: value})) == (
+        f"flows.yaml: flows.al.{key}: belongs to tag_history flows; "
+        "this flow's kind is alarm_history"
+    )
+
+
+def test_an_alarm_flow_that_forgot_its_kind_is_told_so_first() -> None:
+    data = with_alarm_flow()
+    del data["flows"]["al"]["kind"]
+    assert error_of(data) == (
+        "flows.yaml: flows.al.alarms: belongs to alarm_history flows; "
+        "this flow's kind is tag_history (and 1 more)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        ("flows.hourly.kind", "alarms", "flows.hourly.kind: 'alarms' is not one of tag_history, "),
+        ("flows.hourly.kind", None, "flows.hourly.kind: None is not one of tag_history, "),
+        ("flows.hourly", "raw", "flows.hourly: must be a mapping of flow keys (node, kind, "),
+        ("flows.hourly.tags", ..., "flows.hourly.tags: is required"),
+        ("flows.hourly.tags", None, "flows.hourly.tags: is required"),
+        ("flows.hourly.window", "500ms", "flows.hourly.window: must be at least 1s"),
+        ("flows.hourly.sinks", ["lake", "lake"], "flows.hourly.sinks: lists a sink twice"),
+    ],
+)
+def test_flow_shape_errors_name_their_key(path: str, value: Any, expected: str) -> None:
+    assert error_of(with_change(path, value)).startswith(f"flows.yaml: {expected}")
