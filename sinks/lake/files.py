@@ -221,3 +221,16 @@ class LakeFiles:
         self._listings.clear()
         with self._decoded_lock:
             self._decoded.clear()
+
+
+def visible_files(store: LakeStore, dataset: str) -> list[str]:
+    """The dataset's data files a plain reader sees (pyarrow.dataset, DuckDB, pandas), in
+    name order: directories starting with `.` or `_` are hidden from them, and skipped."""
+    top = store.path(dataset)
+    prefix = top.rstrip("/") + "/"
+    return sorted(
+        entry.path
+        for entry in store.find(top)
+        if is_data_file(entry.name)
+        and not any(p.startswith((".", "_")) for p in entry.path[len(prefix) :].split("/")[:-1])
+    )

@@ -70,6 +70,7 @@ from sinks.base import (
 from sinks.identity import differences, identity
 from sinks.scope import check_scope
 from sinks.sql import mysql as sql_mysql
+from sinks.sql.coverage import SqlCoverage
 from sinks.sql.dialects import dialect_of, quote
 from sinks.sql.errors import (
     duckdb_holder,
@@ -173,6 +174,10 @@ class SqlWarehouse:
     def describe(self) -> str:
         where = self.url.render_as_string(hide_password=True)
         return where + (f" (schema {self.schema})" if self.schema else "")
+
+    def coverage_reader(self, dataset: str, kind: str) -> SqlCoverage:
+        """The dataset aggregated by the database for a report (`sinks.sql.coverage`)."""
+        return SqlCoverage(self.engine, self.layout, str(self.dialect), dataset, kind)
 
     @property
     def engine(self) -> Engine:

@@ -36,12 +36,7 @@ anyway (another tool writing the table) is planned again (`sinks.tables.commit_r
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -54,20 +49,15 @@ from connectors.schema import Rows
 from sinks.base import (
     ChunkScope,
     SinkError,
-    SinkUnavailable,
 )
 from sinks.identity import differences, identity
+from sinks.store.file_sink import FileSink
 from sinks.store.layout import (
-    LOCKS_DIR,
     METADATA_DATASET,
-    STATE_DIR,
     check_dataset,
     check_flow,
-    key_name,
 )
-from sinks.store.locks import dataset_flock, dataset_lease, flow_flock, flow_lease
-from sinks.store.objects import LakeStore, redacted_url, token
-from sinks.store.progress import ProgressMethods
+from sinks.store.objects import redacted_url
 from sinks.tables.commit_retry import retry_conflicts
 from sinks.tables.progress import RECORD_KEY, TableProgress, check_record, chunk_record
 from sinks.tables.rows import chunk_rows, plain, reason, transient, typed_table
@@ -145,10 +135,10 @@ def fsspec_options(storage_options: Mapping[str, str]) -> dict[str, Any]:
     return options
 
 
-class DeltaLake(ProgressMethods):
+class DeltaLake(FileSink):
     """A Delta Lake sink on local disk or object storage (see the module docstring)."""
 
-    write_concurrency = 1
+    label = "delta"
 
     def __init__(
         self,
@@ -158,14 +148,14 @@ class DeltaLake(ProgressMethods):
         storage_options: Mapping[str, str] | None = None,
         target_file_size: int | None = None,
     ) -> None:
-        self.name = name
-        self.url = url.rstrip("/") or url
+        url = url.rstrip("/") or url
         self.storage_options = {str(k): str(v) for k, v in (storage_options or {}).items()}
+        local = "://" not in url or url.startswith("file://")
+        super().__init__(
+            url, name=name, storage_options={} if local else fsspec_options(self.storage_options)
+        )
         self.target_file_size = target_file_size
-        self._store: LakeStore | None = None
         self._progress: TableProgress | None = None
-        self._guard = threading.Lock()
-        self._dataset_locks: dict[str, threading.Lock] = {}
         self._facts: dict[str, dict[str, Any]] = {}
 
     def __repr__(self) -> str:
@@ -174,37 +164,16 @@ class DeltaLake(ProgressMethods):
     # -- plumbing -------------------------------------------------------------------------
 
     @property
-    def store(self) -> LakeStore:
-        if self._store is None:
-            self._store = self._new_store()
-        return self._store
-
-    @property
-    def local(self) -> bool:
-        return "://" not in self.url or self.url.startswith("file://")
-
-    def _new_store(self) -> LakeStore:
-        options = {} if self.local else fsspec_options(self.storage_options)
-        return LakeStore(self.url, options)
-
-    @property
     def state(self) -> TableProgress:
         if self._progress is None:
             self._progress = TableProgress(self.store, self)
         return self._progress
 
-    def _error(self, action: str, exc: BaseException) -> SinkError:
-        cls = SinkUnavailable if transient(exc) else SinkError
-        return cls(f"delta '{self.name}': {action}: {reason(exc)}")
+    def _transient(self, exc: BaseException) -> bool:
+        return transient(exc)
 
-    @contextlib.contextmanager
-    def _errors(self, action: str) -> Iterator[None]:
-        try:
-            yield
-        except SinkError:
-            raise
-        except Exception as exc:
-            raise self._error(action, exc) from exc
+    def _reason(self, exc: BaseException) -> str:
+        return reason(exc)
 
     def table_uri(self, dataset: str) -> str:
         return f"{self.url}/{dataset}"
@@ -220,81 +189,13 @@ class DeltaLake(ProgressMethods):
         except TableNotFoundError:
             return None
 
-    @contextlib.contextmanager
-    def _dataset_lock(self, dataset: str) -> Iterator[None]:
-        with self._guard:
-            lock = self._dataset_locks.setdefault(dataset, threading.Lock())
-        with lock:
-            if self.local:
-                with dataset_flock(self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lock")):
-                    yield
-            else:
-                # Conditional commits alone let a merge and a write (or two writes that
-                # rewrite one file) both land, each keeping the rows the other rewrote.
-                lease = self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lease")
-                with dataset_lease(self.store, lease):
-                    yield
-
-    def _bucket_exists(self, store: LakeStore) -> str:
-        bucket = store.root.split("/", 1)[0]
-        try:
-            store.fs.info(bucket)
-        except FileNotFoundError:
-            raise SinkError(
-                f"delta '{self.name}': {store.display(bucket)} does not exist"
-            ) from None
-        return bucket
-
     # -- lifecycle ------------------------------------------------------------------------
-
-    def open(self) -> None:
-        with self._errors(f"open {redacted_url(self.url)}"):
-            store = self._new_store()
-            if store.local:
-                store.makedirs(store.path(STATE_DIR, LOCKS_DIR))
-            else:
-                self._bucket_exists(store)
-            self._store = store
 
     def close(self) -> None:
         self._facts.clear()
 
     def describe(self) -> str:
         return f"delta lake '{self.name}' at {redacted_url(self.url)}"
-
-    def probe(self) -> str:
-        """Whether the sink could be written, without creating or writing anything."""
-        with self._errors(f"check {redacted_url(self.url)}"):
-            store = self._new_store()
-            if not store.local:
-                bucket = self._bucket_exists(store)
-                return f"bucket {store.display(bucket)} reachable"
-            root = Path(store.root)
-            existing = next((p for p in (root, *root.parents) if p.exists()), Path(root.anchor))
-            if not existing.is_dir():
-                raise SinkError(f"delta '{self.name}': {existing} is not a directory")
-            if not os.access(existing, os.W_OK | os.X_OK):
-                raise SinkError(f"delta '{self.name}': {existing} is not writable")
-            return (
-                "exists, writable"
-                if existing == root
-                else (f"does not exist yet; {existing} is writable")
-            )
-
-    def check_writable(self) -> None:
-        with self._errors(f"{redacted_url(self.url)} is not writable"):
-            probe = self.store.path(STATE_DIR, f".probe-{token()}")
-            self.store.write_bytes(probe, b"probe")
-            self.store.remove(probe)
-
-    def lock(self, flow: str) -> AbstractContextManager[None]:
-        check_flow(flow)
-        store = self.store
-        if store.local:
-            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lock"), flow)
-        return flow_lease(
-            store, store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lease.json"), flow
-        )
 
     # -- the commit log (TableProgress's CommitLog) ---------------------------------------
 

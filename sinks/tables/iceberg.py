@@ -32,12 +32,9 @@ Each table's properties record the dataset's kind and attrs; a later chunk must 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -50,20 +47,17 @@ import pyarrow.parquet as pq
 
 from connectors import schema as tables
 from connectors.schema import Rows
-from sinks.base import ChunkScope, SinkError, SinkUnavailable
+from sinks.base import ChunkScope, SinkError
 from sinks.identity import differences, identity
+from sinks.store.file_sink import FileSink
 from sinks.store.layout import (
-    LOCKS_DIR,
     METADATA_DATASET,
     STATE_DIR,
     check_dataset,
     check_flow,
-    key_name,
 )
-from sinks.store.locks import dataset_flock, dataset_lease, flow_flock, flow_lease
 from sinks.store.member_lists import MemberLists
-from sinks.store.objects import LakeStore, redacted_url, token
-from sinks.store.progress import ProgressMethods
+from sinks.store.objects import redacted_url
 from sinks.tables.commit_retry import retry_conflicts
 from sinks.tables.progress import RECORD_KEY, TableProgress, check_record, chunk_record
 from sinks.tables.rows import chunk_rows, plain, reason, transient, typed_table
@@ -140,10 +134,10 @@ def lost_race(exc: BaseException) -> bool:
     return isinstance(exc, CommitFailedException)
 
 
-class IcebergLake(ProgressMethods):
+class IcebergLake(FileSink):
     """An Iceberg sink with a SQL catalog (see the module docstring)."""
 
-    write_concurrency = 1
+    label = "iceberg"
 
     def __init__(
         self,
@@ -154,10 +148,13 @@ class IcebergLake(ProgressMethods):
         namespace: str = NAMESPACE,
         properties: Mapping[str, str] | None = None,
     ) -> None:
-        self.name = name
-        self.url = url.rstrip("/") or url
+        url = url.rstrip("/") or url
         self.namespace = namespace
         self.properties = {str(k): str(v) for k, v in (properties or {}).items()}
+        self.local = "://" not in url or url.startswith("file://")
+        super().__init__(
+            url, name=name, storage_options={} if self.local else fsspec_options(self.properties)
+        )
         if catalog is None:
             if not self.local:
                 raise SinkError(
@@ -167,10 +164,7 @@ class IcebergLake(ProgressMethods):
             catalog = f"sqlite:///{Path(self.url) / 'catalog.db'}"
         self.catalog_url = catalog
         self._catalog: Any | None = None
-        self._store: LakeStore | None = None
         self._progress: TableProgress | None = None
-        self._guard = threading.Lock()
-        self._dataset_locks: dict[str, threading.Lock] = {}
         self._lists: MemberLists | None = None
 
     def __repr__(self) -> str:
@@ -179,19 +173,8 @@ class IcebergLake(ProgressMethods):
     # -- plumbing -------------------------------------------------------------------------
 
     @property
-    def local(self) -> bool:
-        return "://" not in self.url or self.url.startswith("file://")
-
-    @property
     def warehouse(self) -> str:
         return self.url if not self.local else Path(self.url).absolute().as_uri()
-
-    @property
-    def store(self) -> LakeStore:
-        if self._store is None:
-            options = {} if self.local else fsspec_options(self.properties)
-            self._store = LakeStore(self.url, options)
-        return self._store
 
     @property
     def _member_lists(self) -> MemberLists:
@@ -225,15 +208,11 @@ class IcebergLake(ProgressMethods):
             self._progress = TableProgress(self.store, self)
         return self._progress
 
-    @contextlib.contextmanager
-    def _errors(self, action: str) -> Iterator[None]:
-        try:
-            yield
-        except SinkError:
-            raise
-        except Exception as exc:
-            cls = SinkUnavailable if transient(exc) else SinkError
-            raise cls(f"iceberg '{self.name}': {action}: {reason(exc)}") from exc
+    def _transient(self, exc: BaseException) -> bool:
+        return transient(exc)
+
+    def _reason(self, exc: BaseException) -> str:
+        return reason(exc)
 
     def _identifier(self, dataset: str) -> tuple[str, str]:
         return (self.namespace, dataset)
@@ -246,40 +225,10 @@ class IcebergLake(ProgressMethods):
         except NoSuchTableError:
             return None
 
-    @contextlib.contextmanager
-    def _dataset_lock(self, dataset: str) -> Iterator[None]:
-        with self._guard:
-            lock = self._dataset_locks.setdefault(dataset, threading.Lock())
-        with lock:
-            if self.local:
-                with dataset_flock(self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lock")):
-                    yield
-            else:
-                # Conditional commits alone let a merge and a write (or two writes that
-                # rewrite one file) both land, each keeping the rows the other rewrote.
-                lease = self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lease")
-                with dataset_lease(self.store, lease):
-                    yield
-
     # -- lifecycle ------------------------------------------------------------------------
 
-    def open(self) -> None:
-        with self._errors(f"open {redacted_url(self.url)}"):
-            if self.local:
-                self.store.makedirs(self.store.path(STATE_DIR, LOCKS_DIR))
-            else:
-                self._bucket()
-            self.catalog  # noqa: B018 - reach the catalog now, not at the first chunk
-
-    def _bucket(self) -> str:
-        bucket = self.store.root.split("/", 1)[0]
-        try:
-            self.store.fs.info(bucket)
-        except FileNotFoundError:
-            raise SinkError(
-                f"iceberg '{self.name}': {self.store.display(bucket)} does not exist"
-            ) from None
-        return bucket
+    def _opened(self) -> None:
+        self.catalog  # noqa: B018 - reach the catalog now, not at the first chunk
 
     def close(self) -> None:
         if self._catalog is not None:
@@ -297,48 +246,19 @@ class IcebergLake(ProgressMethods):
     def probe(self) -> str:
         """Whether the sink could be written, without creating anything (the catalog is
         only connected to, when it is a server)."""
-        with self._errors(f"check {redacted_url(self.url)}"):
-            if not self.local:
-                bucket = self._bucket()
-                found = f"bucket {self.store.display(bucket)} reachable"
-            else:
-                root = Path(self.url)
-                existing = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
-                if not existing.is_dir():
-                    raise SinkError(f"iceberg '{self.name}': {existing} is not a directory")
-                if not os.access(existing, os.W_OK | os.X_OK):
-                    raise SinkError(f"iceberg '{self.name}': {existing} is not writable")
-                found = (
-                    "exists, writable"
-                    if existing == root
-                    else f"does not exist yet; {existing} is writable"
-                )
-            if not self.catalog_url.startswith("sqlite"):
-                import sqlalchemy as sa
-
-                engine = sa.create_engine(self.catalog_url)
-                try:
-                    with engine.connect() as conn:
-                        conn.execute(sa.text("SELECT 1"))
-                finally:
-                    engine.dispose()
-                found += "; catalog reachable"
+        found = super().probe()
+        if self.catalog_url.startswith("sqlite"):
             return found
+        import sqlalchemy as sa
 
-    def check_writable(self) -> None:
-        with self._errors(f"{redacted_url(self.url)} is not writable"):
-            probe = self.store.path(STATE_DIR, f".probe-{token()}")
-            self.store.write_bytes(probe, b"probe")
-            self.store.remove(probe)
-
-    def lock(self, flow: str) -> AbstractContextManager[None]:
-        check_flow(flow)
-        store = self.store
-        if self.local:
-            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lock"), flow)
-        return flow_lease(
-            store, store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lease.json"), flow
-        )
+        with self._errors(f"check {redacted_url(self.url)}"):
+            engine = sa.create_engine(self.catalog_url)
+            try:
+                with engine.connect() as conn:
+                    conn.execute(sa.text("SELECT 1"))
+            finally:
+                engine.dispose()
+        return found + "; catalog reachable"
 
     # -- the commit log (TableProgress's CommitLog) ---------------------------------------
 

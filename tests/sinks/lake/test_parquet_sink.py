@@ -740,13 +740,6 @@ def test_disk_full_or_read_only_is_a_clear_error_with_nothing_half_written(
     monkeypatch.setattr(LakeStore, "write_parquet", original)
     assert rows_of(lake.read("hist", "tag_history")) == before
 
-    def refuse(store: LakeStore, path: str, data: bytes) -> None:
-        raise OSError(failure, os.strerror(failure))
-
-    monkeypatch.setattr(LakeStore, "write_bytes", refuse)
-    with pytest.raises(SinkError, match=f"is not writable: {os.strerror(failure)}$"):
-        lake.check_writable()
-
 
 def test_forget_after_drops_the_chunks_ending_after_it_and_keeps_data(lake: ParquetLake) -> None:
     for number, hours in enumerate(((0, 1), (1, 2), (2, 3))):
@@ -772,10 +765,9 @@ def test_probe_creates_nothing_and_refuses_a_file_in_the_way(tmp_path: Path) -> 
         ParquetLake(str(tmp_path / "file" / "lake")).probe()
 
 
-def test_check_writable_passes_and_open_creates_the_root(tmp_path: Path) -> None:
+def test_open_creates_the_root_and_only_the_lock_directory(tmp_path: Path) -> None:
     sink = ParquetLake(str(tmp_path / "new" / "lake"))
     sink.open()
-    sink.check_writable()
     assert (tmp_path / "new/lake/_historian").is_dir()
     assert [p.name for p in (tmp_path / "new/lake/_historian").iterdir()] == ["locks"]
 
@@ -851,7 +843,6 @@ def test_s3_write_overwrite_overlap_and_read_back(s3: dict[str, Any]) -> None:
 
     sink = ParquetLake("s3://lake/one", storage_options=s3)
     sink.open()
-    sink.check_writable()
     win = window(20, 28)
     frame = history_frame(TAGS, win, twins=True)
     assert sink.write(scope(TAGS, win, "c1"), frame, len(frame)) == len(frame)

@@ -265,7 +265,6 @@ def test_s3_write_replace_progress_compact_and_lease(s3: dict[str, str]) -> None
     sink = DeltaLake("s3://delta/one", storage_options=s3)
     assert sink.probe() == "bucket s3://delta reachable"
     sink.open()
-    sink.check_writable()
     frame = history_frame(TAGS, window(20, 28))
     write(sink, TAGS, window(20, 28), "c1", frame=frame)
     newer = history_frame(TAGS[:1], window(22, 23), step_s=60)

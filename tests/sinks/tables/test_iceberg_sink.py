@@ -257,7 +257,6 @@ def test_s3_warehouse_with_a_postgres_catalog(s3: dict[str, str], pg_catalog: st
     sink = IcebergLake("s3://ice/wh", catalog=pg_catalog, properties=s3)
     assert sink.probe() == "bucket s3://ice reachable; catalog reachable"
     sink.open()
-    sink.check_writable()
     frame = history_frame(TAGS, window(20, 28))
     write(sink, TAGS, window(20, 28), "c1", frame=frame)
     newer = history_frame(TAGS[:1], window(22, 23), step_s=60)
