@@ -351,17 +351,11 @@ class ParquetLake(FileSink):
 
     # -- reading --------------------------------------------------------------------------
 
-    def read(self, dataset: str, kind: str) -> pd.DataFrame:
-        """The whole dataset, sorted by the kind's key, with the kind's exact types."""
-        check_dataset(dataset, metadata=kind == tables.KIND_TAG_METADATA)
-        if kind not in tables.SCHEMAS:
-            raise SinkError(f"lake '{self.name}': unknown kind {kind!r}")
-        target = tables.SCHEMAS[kind]
-        with self._errors(f"read dataset '{dataset}'"):
-            paths = visible_files(self.store, dataset)
-            if not paths:
-                return tables.empty_frame(kind)
-            found = pads.dataset(paths, format="parquet", filesystem=self.store.pafs, schema=target)
-            table = found.to_table(columns=target.names).cast(target).replace_schema_metadata(None)
-            table = table.sort_by([(key, "ascending") for key in tables.KEYS[kind]])
-            return tables.frame_from_table(table)
+    def _scan(self, dataset: str, target: pa.Schema) -> pa.Table | None:
+        """The files a plain reader sees, in the kind's exact types."""
+        paths = visible_files(self.store, dataset)
+        if not paths:
+            return None
+        found = pads.dataset(paths, format="parquet", filesystem=self.store.pafs, schema=target)
+        table: pa.Table = found.to_table(columns=target.names)
+        return table.cast(target).replace_schema_metadata(None)

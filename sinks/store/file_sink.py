@@ -16,8 +16,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+import pandas as pd
+import pyarrow as pa
+
+from connectors import schema as tables
 from sinks.base import SinkError, SinkUnavailable
-from sinks.store.layout import LOCKS_DIR, STATE_DIR, check_flow, key_name
+from sinks.store.layout import LOCKS_DIR, STATE_DIR, check_dataset, check_flow, key_name
 from sinks.store.locks import dataset_flock, dataset_lease, flow_flock, flow_lease
 from sinks.store.objects import LakeStore, redacted_url
 from sinks.store.progress import ProgressMethods
@@ -139,6 +143,24 @@ class FileSink(ProgressMethods):
             if where == root:
                 return "exists, writable"
             return f"does not exist yet; {where} is writable"
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _scan(self, dataset: str, target: pa.Schema) -> pa.Table | None:
+        """The dataset's latest rows in the `target` schema, None when it holds none yet."""
+        raise NotImplementedError
+
+    def read(self, dataset: str, kind: str) -> pd.DataFrame:
+        """The whole dataset, sorted by the kind's key, with the kind's exact types."""
+        check_dataset(dataset, metadata=kind == tables.KIND_TAG_METADATA)
+        if kind not in tables.SCHEMAS:
+            raise SinkError(f"{self.label} '{self.name}': unknown kind {kind!r}")
+        with self._errors(f"read dataset '{dataset}'"):
+            table = self._scan(dataset, tables.SCHEMAS[kind])
+            if table is None:
+                return tables.empty_frame(kind)
+            table = table.sort_by([(key, "ascending") for key in tables.KEYS[kind]])
+            return tables.frame_from_table(table)
 
     # -- locks --------------------------------------------------------------------------
 

@@ -50,19 +50,17 @@ from sinks.base import (
     ChunkScope,
     SinkError,
 )
-from sinks.identity import differences, identity
-from sinks.store.file_sink import FileSink
+from sinks.identity import identity
 from sinks.store.layout import (
     METADATA_DATASET,
     check_dataset,
-    check_flow,
 )
 from sinks.store.objects import redacted_url
 from sinks.tables.commit_retry import retry_conflicts
-from sinks.tables.progress import RECORD_KEY, TableProgress, check_record, chunk_record
-from sinks.tables.rows import chunk_rows, plain, reason, transient, typed_table
+from sinks.tables.progress import RECORD_KEY, check_record, chunk_record
+from sinks.tables.rows import conform
+from sinks.tables.table_sink import TableSink, s3fs_options
 
-HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 PARTITION_COLUMN = "date"
 TABLE_CONFIGURATION = {"delta.logRetentionDuration": "interval 36500 days"}
 DAY_MS = 86_400_000
@@ -116,26 +114,19 @@ def lost_race(exc: BaseException) -> bool:
 def fsspec_options(storage_options: Mapping[str, str]) -> dict[str, Any]:
     """delta-rs (object_store) S3 options as the s3fs options the side files use."""
     lowered = {key.lower(): value for key, value in storage_options.items()}
-    options: dict[str, Any] = {}
-    client: dict[str, Any] = {}
-    for key in ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint"):
-        if key in lowered:
-            client["endpoint_url"] = lowered[key]
-    for key in ("aws_region", "region"):
-        if key in lowered:
-            client["region_name"] = lowered[key]
-    if "aws_access_key_id" in lowered:
-        options["key"] = lowered["aws_access_key_id"]
-    if "aws_secret_access_key" in lowered:
-        options["secret"] = lowered["aws_secret_access_key"]
-    if "aws_session_token" in lowered:
-        options["token"] = lowered["aws_session_token"]
-    if client:
-        options["client_kwargs"] = client
-    return options
+    return s3fs_options(
+        lowered,
+        {
+            "endpoint_url": ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint"),
+            "region_name": ("aws_region", "region"),
+            "key": ("aws_access_key_id",),
+            "secret": ("aws_secret_access_key",),
+            "token": ("aws_session_token",),
+        },
+    )
 
 
-class DeltaLake(FileSink):
+class DeltaLake(TableSink):
     """A Delta Lake sink on local disk or object storage (see the module docstring)."""
 
     label = "delta"
@@ -148,32 +139,15 @@ class DeltaLake(FileSink):
         storage_options: Mapping[str, str] | None = None,
         target_file_size: int | None = None,
     ) -> None:
-        url = url.rstrip("/") or url
         self.storage_options = {str(k): str(v) for k, v in (storage_options or {}).items()}
-        local = "://" not in url or url.startswith("file://")
-        super().__init__(
-            url, name=name, storage_options={} if local else fsspec_options(self.storage_options)
-        )
+        super().__init__(url, name=name, s3=fsspec_options(self.storage_options))
         self.target_file_size = target_file_size
-        self._progress: TableProgress | None = None
         self._facts: dict[str, dict[str, Any]] = {}
 
     def __repr__(self) -> str:
         return f"DeltaLake({self.describe()!r})"
 
     # -- plumbing -------------------------------------------------------------------------
-
-    @property
-    def state(self) -> TableProgress:
-        if self._progress is None:
-            self._progress = TableProgress(self.store, self)
-        return self._progress
-
-    def _transient(self, exc: BaseException) -> bool:
-        return transient(exc)
-
-    def _reason(self, exc: BaseException) -> str:
-        return reason(exc)
 
     def table_uri(self, dataset: str) -> str:
         return f"{self.url}/{dataset}"
@@ -230,9 +204,6 @@ class DeltaLake(FileSink):
 
     # -- writes ---------------------------------------------------------------------------
 
-    def _typed(self, frame: pd.DataFrame, kind: str, what: str) -> pa.Table:
-        return plain(typed_table(frame, kind, f"delta '{self.name}': {what}"))
-
     def _check_facts(self, scope: ChunkScope, table: Any | None) -> str | None:
         """The facts a new table is created with (its description), or None when the
         table exists and agrees with the chunk; SinkError when it was written otherwise."""
@@ -246,12 +217,7 @@ class DeltaLake(FileSink):
             except orjson.JSONDecodeError:
                 facts = {}
             self._facts[scope.dataset] = facts
-        found = differences(facts.get("kind"), facts.get("attrs") or {}, scope.kind, scope.attrs)
-        if found:
-            raise SinkError(
-                f"delta '{self.name}': dataset '{scope.dataset}' was written with other "
-                f"settings ({'; '.join(found)}); use another dataset name or reset it"
-            )
+        self._check_settings(scope, facts)
         return None
 
     def _writer_properties(self) -> Any:
@@ -269,12 +235,7 @@ class DeltaLake(FileSink):
 
     def write(self, scope: ChunkScope, rows: Rows, rows_fetched: int) -> int:
         """Replace the chunk's scope and record the chunk, in one Delta commit."""
-        check_dataset(scope.dataset)
-        check_flow(scope.flow)
-        what = f"write chunk {scope.chunk_id}"
-        if scope.kind not in HISTORY_KINDS:
-            raise SinkError(f"delta '{self.name}': {what}: cannot write kind {scope.kind!r}")
-        table = chunk_rows(rows, scope, rows_fetched, f"delta '{self.name}'")
+        table = self._chunk_rows(scope, rows, rows_fetched)
         table = table.append_column(PARTITION_COLUMN, pc.cast(table.column("ts"), pa.date32()))
         record = chunk_record(
             flow=scope.flow,
@@ -285,7 +246,7 @@ class DeltaLake(FileSink):
             rows_fetched=rows_fetched,
             rows_committed=table.num_rows,
         )
-        with self._errors(what), self._dataset_lock(scope.dataset):
+        with self._errors(f"write chunk {scope.chunk_id}"), self._dataset_lock(scope.dataset):
             retry_conflicts(lambda: self._commit(scope, table, record), lost_race)
         return int(table.num_rows)
 
@@ -370,9 +331,7 @@ class DeltaLake(FileSink):
         """Upsert the tag dimension by (node, tag) in `<url>/tag_metadata`, one merge."""
         from deltalake import write_deltalake
 
-        kind = tables.KIND_TAG_METADATA
-        frame = frame.drop_duplicates(subset=list(tables.TAG_METADATA_KEY), keep="last")
-        table = self._typed(frame, kind, "write tag metadata")
+        table = self._metadata_rows(frame)
         if table.num_rows == 0:
             return 0
         with self._errors("write tag metadata"), self._dataset_lock(METADATA_DATASET):
@@ -401,17 +360,9 @@ class DeltaLake(FileSink):
 
     # -- reading --------------------------------------------------------------------------
 
-    def read(self, dataset: str, kind: str) -> pd.DataFrame:
-        """The whole dataset at its latest version, sorted by the kind's key."""
-        check_dataset(dataset, metadata=kind == tables.KIND_TAG_METADATA)
-        if kind not in tables.SCHEMAS:
-            raise SinkError(f"delta '{self.name}': unknown kind {kind!r}")
-        target = tables.SCHEMAS[kind]
-        with self._errors(f"read dataset '{dataset}'"):
-            found = self._table(dataset)
-            if found is None:
-                return tables.empty_frame(kind)
-            table = found.to_pyarrow_table(columns=target.names)
-            table = pa.table([table.column(f.name).cast(f.type) for f in target], schema=target)
-            table = table.sort_by([(key, "ascending") for key in tables.KEYS[kind]])
-            return tables.frame_from_table(table)
+    def _scan(self, dataset: str, target: pa.Schema) -> pa.Table | None:
+        """The table at its latest version."""
+        found = self._table(dataset)
+        return (
+            None if found is None else conform(found.to_pyarrow_table(columns=target.names), target)
+        )

@@ -48,21 +48,19 @@ import pyarrow.parquet as pq
 from connectors import schema as tables
 from connectors.schema import Rows
 from sinks.base import ChunkScope, SinkError
-from sinks.identity import differences, identity
-from sinks.store.file_sink import FileSink
+from sinks.identity import identity
 from sinks.store.layout import (
     METADATA_DATASET,
     STATE_DIR,
     check_dataset,
-    check_flow,
 )
 from sinks.store.member_lists import MemberLists
 from sinks.store.objects import redacted_url
 from sinks.tables.commit_retry import retry_conflicts
-from sinks.tables.progress import RECORD_KEY, TableProgress, check_record, chunk_record
-from sinks.tables.rows import chunk_rows, plain, reason, transient, typed_table
+from sinks.tables.progress import RECORD_KEY, check_record, chunk_record
+from sinks.tables.rows import conform
+from sinks.tables.table_sink import TableSink, s3fs_options
 
-HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 NAMESPACE = "historian"
 PARTITION_FIELD = "ts_day"
 FACTS_KEY = "historian.dataset"
@@ -80,21 +78,16 @@ def iceberg_schema(kind: str) -> pa.Schema:
 
 def fsspec_options(properties: Mapping[str, str]) -> dict[str, Any]:
     """pyiceberg's S3 FileIO properties as the s3fs options the side files use."""
-    options: dict[str, Any] = {}
-    client: dict[str, Any] = {}
-    if "s3.endpoint" in properties:
-        client["endpoint_url"] = properties["s3.endpoint"]
-    if "s3.region" in properties:
-        client["region_name"] = properties["s3.region"]
-    if "s3.access-key-id" in properties:
-        options["key"] = properties["s3.access-key-id"]
-    if "s3.secret-access-key" in properties:
-        options["secret"] = properties["s3.secret-access-key"]
-    if "s3.session-token" in properties:
-        options["token"] = properties["s3.session-token"]
-    if client:
-        options["client_kwargs"] = client
-    return options
+    return s3fs_options(
+        properties,
+        {
+            "endpoint_url": ("s3.endpoint",),
+            "region_name": ("s3.region",),
+            "key": ("s3.access-key-id",),
+            "secret": ("s3.secret-access-key",),
+            "token": ("s3.session-token",),
+        },
+    )
 
 
 def _expressions() -> Any:
@@ -134,7 +127,7 @@ def lost_race(exc: BaseException) -> bool:
     return isinstance(exc, CommitFailedException)
 
 
-class IcebergLake(FileSink):
+class IcebergLake(TableSink):
     """An Iceberg sink with a SQL catalog (see the module docstring)."""
 
     label = "iceberg"
@@ -148,13 +141,9 @@ class IcebergLake(FileSink):
         namespace: str = NAMESPACE,
         properties: Mapping[str, str] | None = None,
     ) -> None:
-        url = url.rstrip("/") or url
         self.namespace = namespace
         self.properties = {str(k): str(v) for k, v in (properties or {}).items()}
-        self.local = "://" not in url or url.startswith("file://")
-        super().__init__(
-            url, name=name, storage_options={} if self.local else fsspec_options(self.properties)
-        )
+        super().__init__(url, name=name, s3=fsspec_options(self.properties))
         if catalog is None:
             if not self.local:
                 raise SinkError(
@@ -164,7 +153,6 @@ class IcebergLake(FileSink):
             catalog = f"sqlite:///{Path(self.url) / 'catalog.db'}"
         self.catalog_url = catalog
         self._catalog: Any | None = None
-        self._progress: TableProgress | None = None
         self._lists: MemberLists | None = None
 
     def __repr__(self) -> str:
@@ -201,18 +189,6 @@ class IcebergLake(FileSink):
             _create_namespace(catalog, self.namespace)
             self._catalog = catalog
         return self._catalog
-
-    @property
-    def state(self) -> TableProgress:
-        if self._progress is None:
-            self._progress = TableProgress(self.store, self)
-        return self._progress
-
-    def _transient(self, exc: BaseException) -> bool:
-        return transient(exc)
-
-    def _reason(self, exc: BaseException) -> str:
-        return reason(exc)
 
     def _identifier(self, dataset: str) -> tuple[str, str]:
         return (self.namespace, dataset)
@@ -302,9 +278,6 @@ class IcebergLake(FileSink):
 
     # -- writes ---------------------------------------------------------------------------
 
-    def _typed(self, frame: pd.DataFrame, kind: str, what: str) -> pa.Table:
-        return plain(typed_table(frame, kind, f"iceberg '{self.name}': {what}"))
-
     def _facts(self, scope: ChunkScope) -> str:
         return orjson.dumps(
             {"kind": scope.kind, "attrs": identity(scope.attrs)}, option=orjson.OPT_SORT_KEYS
@@ -335,25 +308,13 @@ class IcebergLake(FileSink):
             assert table is not None
         stored = table.properties.get(FACTS_KEY)
         if stored != facts:
-            old = orjson.loads(stored or "{}")
-            found = differences(old.get("kind"), old.get("attrs") or {}, scope.kind, scope.attrs)
-            if found:
-                raise SinkError(
-                    f"iceberg '{self.name}': dataset '{scope.dataset}' was written with other "
-                    f"settings ({'; '.join(found)}); use another dataset name or reset it"
-                )
+            self._check_settings(scope, orjson.loads(stored or "{}"))
         return table
 
     def write(self, scope: ChunkScope, rows: Rows, rows_fetched: int) -> int:
         """Replace the chunk's scope and record the chunk, in one catalog commit."""
-        check_dataset(scope.dataset)
-        check_flow(scope.flow)
-        what = f"write chunk {scope.chunk_id}"
-        if scope.kind not in HISTORY_KINDS:
-            raise SinkError(f"iceberg '{self.name}': {what}: cannot write kind {scope.kind!r}")
-        table = chunk_rows(rows, scope, rows_fetched, f"iceberg '{self.name}'")
-        table = table.cast(iceberg_schema(scope.kind))
-        with self._errors(what), self._dataset_lock(scope.dataset):
+        table = self._chunk_rows(scope, rows, rows_fetched).cast(iceberg_schema(scope.kind))
+        with self._errors(f"write chunk {scope.chunk_id}"), self._dataset_lock(scope.dataset):
             target = self._ensure_table(scope)
             record = chunk_record(
                 flow=scope.flow,
@@ -475,8 +436,7 @@ class IcebergLake(FileSink):
     def write_metadata(self, frame: pd.DataFrame) -> int:
         """Upsert the tag dimension by (node, tag) in `<namespace>.tag_metadata`."""
         kind = tables.KIND_TAG_METADATA
-        frame = frame.drop_duplicates(subset=list(tables.TAG_METADATA_KEY), keep="last")
-        table = self._typed(frame, kind, "write tag metadata").cast(iceberg_schema(kind))
+        table = self._metadata_rows(frame).cast(iceberg_schema(kind))
         if table.num_rows == 0:
             return 0
         with self._errors("write tag metadata"), self._dataset_lock(METADATA_DATASET):
@@ -493,20 +453,12 @@ class IcebergLake(FileSink):
 
     # -- reading --------------------------------------------------------------------------
 
-    def read(self, dataset: str, kind: str) -> pd.DataFrame:
-        """The whole dataset at its current snapshot, sorted by the kind's key."""
-        check_dataset(dataset, metadata=kind == tables.KIND_TAG_METADATA)
-        if kind not in tables.SCHEMAS:
-            raise SinkError(f"iceberg '{self.name}': unknown kind {kind!r}")
-        target = tables.SCHEMAS[kind]
-        with self._errors(f"read dataset '{dataset}'"):
-            found = self._table(dataset)
-            if found is None:
-                return tables.empty_frame(kind)
-            table = found.scan(selected_fields=tuple(target.names)).to_arrow()
-            table = pa.table([table.column(f.name).cast(f.type) for f in target], schema=target)
-            table = table.sort_by([(key, "ascending") for key in tables.KEYS[kind]])
-            return tables.frame_from_table(table)
+    def _scan(self, dataset: str, target: pa.Schema) -> pa.Table | None:
+        """The table at its current snapshot."""
+        found = self._table(dataset)
+        if found is None:
+            return None
+        return conform(found.scan(selected_fields=tuple(target.names)).to_arrow(), target)
 
 
 def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
