@@ -186,7 +186,7 @@ class IcebergLake(TableSink):
             catalog = SqlCatalog(
                 self.name, uri=self.catalog_url, warehouse=self.warehouse, **self.properties
             )
-            _create_namespace(catalog, self.namespace)
+            create_namespace(catalog, self.namespace)
             self._catalog = catalog
         return self._catalog
 
@@ -479,7 +479,7 @@ def _kind_of(table: Any) -> str:
     return str(kind)
 
 
-def _create_namespace(catalog: Any, namespace: str) -> None:
+def create_namespace(catalog: Any, namespace: str) -> None:
     """`create_namespace_if_not_exists`, safe when writers open the catalog at once:
     pyiceberg's SQL catalog checks, then inserts, so of two processes that both found the
     namespace missing the second fails on the catalog's unique key; the namespace is there

@@ -314,7 +314,7 @@ def test_two_writers_creating_the_namespace_at_once_both_open(tmp_path: Path) ->
     three-process S3 writers test)."""
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from sinks.tables.iceberg import _create_namespace
+    from sinks.tables.iceberg import create_namespace
 
     uri = f"sqlite:///{tmp_path / 'catalog.db'}"
     first = SqlCatalog("c", uri=uri, warehouse=f"file://{tmp_path}")
@@ -327,6 +327,6 @@ def test_two_writers_creating_the_namespace_at_once_both_open(tmp_path: Path) ->
         return answers.pop() if answers else original(namespace)
 
     second.namespace_exists = racing  # type: ignore[method-assign]
-    _create_namespace(first, "historian")
-    _create_namespace(second, "historian")
+    create_namespace(first, "historian")
+    create_namespace(second, "historian")
     assert first.namespace_exists("historian")
