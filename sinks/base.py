@@ -17,6 +17,7 @@ from itertools import chain
 from typing import Protocol, runtime_checkable
 
 import pandas as pd
+import pyarrow as pa
 
 from connectors.schema import Rows
 from connectors.timewindow import Window
@@ -98,7 +99,13 @@ class Progress:
 
 @runtime_checkable
 class Sink(Protocol):
-    """A destination the pipeline drives: open, lock, write chunks, read progress, close."""
+    """What every run asks of a destination: open, lock, write chunks, read and edit
+    progress (`historian state`, `reset`, `repair` on any sink), describe, close.
+
+    Everything else a sink may do is a capability beside it (`Compacts`, `Probes`,
+    `Reads`, `ReadsCoverage`): callers ask `isinstance(sink, Capability)`, never for a
+    sink's class.
+    """
 
     name: str
     # How many chunk writes the runner may run at once on this sink (each its own atomic
@@ -107,13 +114,6 @@ class Sink(Protocol):
 
     def open(self) -> None:
         """Create or migrate whatever the sink needs; fail early if it is unreachable."""
-
-    def check_writable(self) -> None:
-        """Raise SinkError with a one-line reason when the sink cannot be written."""
-
-    def probe(self) -> str:
-        """Before `open()` and without creating anything: raise SinkError with a one-line
-        reason when the sink could not be written; else say what was found, in a line."""
 
     def lock(self, flow: str) -> AbstractContextManager[None]:
         """Hold a lock key (`flow`, `flow@node`, a shard's `flow@node#2-of-4`: any text) for
@@ -147,21 +147,71 @@ class Sink(Protocol):
         """Forget a flow's progress after `moment` (chunks ending after it may be forgotten
         whole); data stays, and the next run fetches it again. Returns entries removed."""
 
-    def compact(self, dataset: str) -> int:
-        """Merge a dataset's small files after a run (every chunk committed by then).
-
-        Returns how many files were merged away; 0 where there was nothing to merge or
-        the sink keeps no files (a SQL warehouse). Safe to call at any time, and again.
-        """
-
-    def read(self, dataset: str, kind: str) -> pd.DataFrame:
-        """Everything the sink holds for a dataset, with the kind's column types (tests, reports)."""
-
     def describe(self) -> str:
         """Where the data went, in one line, without secrets."""
 
     def close(self) -> None:
         """Release connections and locks."""
+
+
+@runtime_checkable
+class Compacts(Protocol):
+    """A sink that keeps files worth merging after a run (the lake, Delta, Iceberg)."""
+
+    def compact(self, dataset: str) -> int:
+        """Merge a dataset's small files (every chunk of the run committed by then).
+
+        Returns how many files were merged away; 0 where there was nothing to merge.
+        Safe to call at any time, and again.
+        """
+
+
+@runtime_checkable
+class Probes(Protocol):
+    """A sink that can tell, before `open()`, whether it could be written (`historian check`)."""
+
+    def probe(self) -> str:
+        """Without creating anything: raise SinkError with a one-line reason when the sink
+        could not be written; else say what was found, in a line."""
+
+
+@runtime_checkable
+class Reads(Protocol):
+    """A sink that gives back what it holds (reports of sinks without a coverage reader,
+    tests, benchmarks)."""
+
+    def read(self, dataset: str, kind: str) -> pd.DataFrame:
+        """Everything the sink holds for a dataset, with the kind's column types."""
+
+
+class Buckets(Protocol):
+    """Time buckets a coverage reader groups rows into: `bucket_ms` wide from `start_ms`."""
+
+    @property
+    def start_ms(self) -> int: ...
+
+    @property
+    def bucket_ms(self) -> int: ...
+
+
+class CoverageReader(Protocol):
+    """One dataset, reduced where its rows live to groups per (series, bucket)
+    (`sinks.coverage`: the columns of the groups, and how rows are reduced)."""
+
+    def span(self) -> Window | None:
+        """First and last row time (end exclusive), or None when the dataset is empty."""
+
+    def partials(self, window: Window, buckets: Buckets) -> Iterator[pa.Table]:
+        """Partial groups of the rows in `window`; a (series, bucket) may come in several."""
+
+
+@runtime_checkable
+class ReadsCoverage(Protocol):
+    """A sink that aggregates a dataset without loading it whole (the lake file by file,
+    a SQL warehouse in one GROUP BY)."""
+
+    def coverage_reader(self, dataset: str, kind: str) -> CoverageReader:
+        """A reader of the dataset's groups (nothing read until asked)."""
 
 
 def iter_merged(windows: list[Window]) -> Iterator[Window]:

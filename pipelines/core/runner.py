@@ -65,7 +65,7 @@ from pipelines.planning import (
 from pipelines.selection import resolve_tags
 from pipelines.shards import Shard
 from pipelines.state import flow_watermark, incremental_span, lacking_members, pending_chunks
-from sinks.base import ChunkScope, Progress, Sink, SinkError
+from sinks.base import ChunkScope, Compacts, Progress, Sink, SinkError
 
 log = logging.getLogger("historian.runner")
 
@@ -736,6 +736,8 @@ class FlowRun:
         if not self.summary.chunks_done or self.shard is not None:
             return
         for sink in self.sinks:
+            if not isinstance(sink, Compacts):
+                continue
             try:
                 sink.compact(self.dataset)
             except SinkError as exc:

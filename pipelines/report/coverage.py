@@ -2,12 +2,12 @@
 
 Tag history: rows, bad-quality rows (quality < 192, or none) and the min / mean / max of
 the good values per (tag, bucket); booleans count as 0/1, text values have no trend.
-Alarm history: events per (alarm path, bucket, priority, status).
+Alarm history: events per (alarm path, bucket, priority, status) (`sinks.coverage`).
 
-Years of rows are never loaded at once. The warehouse aggregates in SQL (one GROUP BY);
-the lake is scanned a record batch at a time with pyarrow, each batch reduced to its
-(series, bucket) groups before the next is read, so memory follows series x buckets,
-not rows. A sink of another type is read whole through `Sink.read` (correct, unbounded).
+Years of rows are never loaded at once. A sink with a coverage reader
+(`sinks.base.ReadsCoverage`) reduces the rows where they live - the warehouse in SQL
+(one GROUP BY), the lake a record batch at a time - so memory follows series x
+buckets, not rows. Any other sink is read whole through `Reads.read` (correct, unbounded).
 The progress the sink keeps for the flow tells extracted buckets without rows (gaps)
 from buckets never extracted.
 """
@@ -18,18 +18,35 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY
-from connectors.timewindow import Window, from_ms
+from connectors.timewindow import Window
 from pipelines.state import tag_members
-from sinks.base import Progress, Sink, merge_windows
+from sinks.base import (
+    Buckets,
+    CoverageReader,
+    Progress,
+    Reads,
+    ReadsCoverage,
+    Sink,
+    SinkError,
+    merge_windows,
+)
+from sinks.coverage import (
+    ALARM_KEYS,
+    ALARM_PARTS,
+    BATCH_ROWS,
+    TAG_KEYS,
+    TAG_PARTS,
+    columns,
+    partials,
+)
 
-GOOD_QUALITY = 192
 TARGET_BUCKETS = 100
 MAX_BUCKETS = 2000
 # Round bucket sizes in seconds, smallest first: 1 s ... 1 year.
@@ -52,7 +69,6 @@ STATUSES = (
 _TS = pa.timestamp("ms", tz="UTC")
 _DIGITS = re.compile(r"(\d+)")
 _COMPACT_ROWS = 500_000  # partial groups held before they are merged again
-_BATCH_ROWS = 262_144
 
 
 class RangeError(ValueError):
@@ -173,18 +189,6 @@ class AlarmCoverage:
 
 # -- partial groups: what one batch (or one SQL answer) contributes --------------------------
 
-_TAG_KEYS = ("member", "bucket")
-_TAG_PARTS = {
-    "rows": "sum",
-    "bad": "sum",
-    "low": "min",
-    "high": "max",
-    "total": "sum",
-    "counted": "sum",
-}
-_ALARM_KEYS = ("member", "bucket", "priority", "status")
-_ALARM_PARTS = {"events": "sum"}
-
 
 class _Groups:
     """Partial aggregates merged as they come, so the held groups stay few."""
@@ -217,324 +221,17 @@ class _Groups:
         )
 
 
-def _bucket_of(ts: pa.ChunkedArray | pa.Array, grid: TimeGrid) -> pa.Array:
-    return pc.divide(pc.subtract(pc.cast(ts, pa.int64()), grid.start_ms), grid.bucket_ms)
-
-
-def _text(column: Any) -> Any:
-    return pc.cast(column, pa.string()) if pa.types.is_dictionary(column.type) else column
-
-
-def _tag_partials(table: pa.Table | pa.RecordBatch, grid: TimeGrid) -> pa.Table:
-    """Rows (tag, ts, quality, value, value_bool) -> one row per (tag, bucket) present."""
-    quality = table.column("quality")
-    good = pc.fill_null(pc.greater_equal(quality, GOOD_QUALITY), False)
-    numeric = pc.coalesce(table.column("value"), pc.cast(table.column("value_bool"), pa.float64()))
-    value = pc.if_else(good, numeric, pa.scalar(None, pa.float64()))
-    work = pa.table(
-        {
-            "member": table.column("tag"),
-            "bucket": _bucket_of(table.column("ts"), grid),
-            "bad": pc.cast(pc.invert(good), pa.int64()),
-            "value": value,
-        }
-    )
-    grouped = work.group_by(list(_TAG_KEYS)).aggregate(
-        [
-            ([], "count_all"),
-            ("bad", "sum"),
-            ("value", "min"),
-            ("value", "max"),
-            ("value", "sum"),
-            ("value", "count"),
-        ]
-    )
-    return pa.table(
-        {
-            "member": _text(grouped.column("member")),
-            "bucket": grouped.column("bucket"),
-            "rows": grouped.column("count_all"),
-            "bad": grouped.column("bad_sum"),
-            "low": grouped.column("value_min"),
-            "high": grouped.column("value_max"),
-            "total": grouped.column("value_sum"),
-            "counted": grouped.column("value_count"),
-        }
-    )
-
-
-def _alarm_partials(table: pa.Table | pa.RecordBatch, grid: TimeGrid) -> pa.Table:
-    """Rows (path, ts, priority, status) -> events per (path, bucket, priority, status)."""
-    work = pa.table(
-        {
-            "member": table.column("path"),
-            "bucket": _bucket_of(table.column("ts"), grid),
-            "priority": table.column("priority"),
-            "status": table.column("status"),
-        }
-    )
-    grouped = work.group_by(list(_ALARM_KEYS)).aggregate([([], "count_all")])
-    return pa.table(
-        {
-            "member": _text(grouped.column("member")),
-            "bucket": grouped.column("bucket"),
-            "priority": pc.cast(grouped.column("priority"), pa.int64()),
-            "status": pc.cast(grouped.column("status"), pa.int64()),
-            "events": grouped.column("count_all"),
-        }
-    )
-
-
 # -- sources: where the rows are and how they are reduced there -------------------------------
 
 
-class _Source(Protocol):
-    def span(self) -> Window | None:
-        """First and last row time (end exclusive), or None when the dataset is empty."""
-
-    def partials(self, window: Window, grid: TimeGrid) -> Iterator[pa.Table]:
-        """Partial groups of the rows in `window` (`_tag_partials` / `_alarm_partials` columns)."""
-
-
-def _columns(kind: str) -> list[str]:
-    if kind == KIND_TAG_HISTORY:
-        return ["tag", "ts", "quality", "value", "value_bool"]
-    return ["path", "ts", "priority", "status"]
-
-
-def _reduce(kind: str) -> Any:
-    return _tag_partials if kind == KIND_TAG_HISTORY else _alarm_partials
-
-
-class _LakeSource:
-    """A lake dataset read file by file, row group by row group (only the needed columns).
-
-    One `ParquetFile` at a time rather than a pyarrow Dataset scan: the scan's memory grew
-    with the number of files, a file at a time stays at one row group's worth whatever
-    their number (BENCHMARKS.md, "Figures behind design choices"). Row groups whose `ts`
-    statistics fall outside the range are not read.
-    """
-
-    def __init__(self, lake: Any, dataset: str, kind: str) -> None:
-        from connectors.schema import SCHEMAS
-        from sinks.store.layout import is_data_file
-
-        self.kind = kind
-        store = lake.store
-        directory = store.path(dataset).rstrip("/") + "/"
-        # Files readers see, as `ParquetLake.read` lists them: hidden directories skipped.
-        self.paths = sorted(
-            entry.path
-            for entry in store.find(directory)
-            if is_data_file(entry.name)
-            and not any(
-                p.startswith((".", "_")) for p in entry.path[len(directory) :].split("/")[:-1]
-            )
-        )
-        self.filesystem = store.pafs
-        self.member = "tag" if kind == KIND_TAG_HISTORY else "path"
-        self.schema = pa.schema(
-            [
-                pa.field(name, pa.dictionary(pa.int32(), pa.string()))
-                if name == self.member
-                else SCHEMAS[kind].field(name)
-                for name in _columns(kind)
-            ]
-        )
-
-    def _files(self) -> Iterator[Any]:
-        import pyarrow.parquet as pq
-
-        for path in self.paths:
-            with self.filesystem.open_input_file(path) as handle:
-                yield pq.ParquetFile(handle, read_dictionary=[self.member])
-
-    def span(self) -> Window | None:
-        lo: int | None = None
-        hi: int | None = None
-        for file in self._files():
-            for first, last in _ts_bounds(file):
-                lo = first if lo is None else min(lo, first)
-                hi = last if hi is None else max(hi, last)
-        return None if lo is None or hi is None else Window.from_ms(lo, hi + 1)
-
-    def partials(self, window: Window, grid: TimeGrid) -> Iterator[pa.Table]:
-        reduce = _reduce(self.kind)
-        lo, hi = pa.scalar(window.start_ms, _TS), pa.scalar(window.end_ms, _TS)
-        for file in self._files():
-            groups = [
-                index
-                for index, bounds in _row_group_bounds(file)
-                if bounds is None or (bounds[0] < window.end_ms and bounds[1] >= window.start_ms)
-            ]
-            present = [n for n in self.schema.names if n in file.schema_arrow.names]
-            for batch in file.iter_batches(_BATCH_ROWS, row_groups=groups, columns=present):
-                table = self._conform(batch)
-                ts = table.column("ts")
-                table = table.filter(pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi)))
-                if table.num_rows:
-                    yield reduce(table, grid)
-
-    def _conform(self, batch: pa.RecordBatch) -> pa.Table:
-        """The batch with this kind's column types; a column the file lacks is all null."""
-        columns = [
-            batch.column(f.name).cast(f.type)
-            if f.name in batch.schema.names
-            else pa.nulls(batch.num_rows, f.type)
-            for f in self.schema
-        ]
-        return pa.Table.from_arrays(columns, schema=self.schema)
-
-
-def _row_group_bounds(file: Any) -> Iterator[tuple[int, tuple[int, int] | None]]:
-    """(row group, (min, max) epoch ms of `ts` from the footer, or None without statistics)."""
-    column = file.schema_arrow.get_field_index("ts")
-    for index in range(file.metadata.num_row_groups):
-        stats = file.metadata.row_group(index).column(column).statistics
-        known = stats is not None and stats.has_min_max
-        yield index, ((_ms(stats.min), _ms(stats.max)) if known else None)
-
-
-def _ts_bounds(file: Any) -> Iterator[tuple[int, int]]:
-    """(min, max) epoch ms of `ts` per row group: from the footer, else read."""
-    for index, bounds in _row_group_bounds(file):
-        if bounds is not None:
-            yield bounds
-            continue
-        column = file.read_row_group(index, columns=["ts"]).column("ts")
-        if len(column) > column.null_count:
-            found = pc.min_max(pc.cast(column, pa.int64()))
-            yield int(found["min"].as_py()), int(found["max"].as_py())
-
-
-def _ms(value: Any) -> int:
-    if isinstance(value, int):
-        return value
-    return int(pa.scalar(value, _TS).cast(pa.int64()).as_py())
-
-
-class _SqlSource:
-    """A warehouse dataset (table or view) aggregated by the database: one GROUP BY.
-
-    Buckets are computed by the database: `date_bin` on PostgreSQL 14+ (a timestamp to
-    group on, the bucket index taken after grouping: faster than epoch arithmetic on every
-    row), epoch milliseconds elsewhere. On PostgreSQL the query also asks for hash
-    aggregation: right after a load, before statistics exist, the planner would otherwise
-    sort every row to disk (BENCHMARKS.md, "Figures behind design choices").
-    """
-
-    def __init__(self, warehouse: Any, dataset: str, kind: str) -> None:
-        self.warehouse = warehouse
-        self.dataset = dataset
-        self.kind = kind
-        self.dialect = str(warehouse.dialect)
-
-    def _relation(self, conn: Any) -> str | None:
-        if not self.warehouse.layout.columns(conn, self.dataset):
-            return None
-        return str(self.warehouse.layout.table(self.dataset))
-
-    def span(self) -> Window | None:
-        import sqlalchemy as sa
-
-        from sinks.sql.load import epoch_ms_sql
-
-        with self.warehouse.engine.connect() as conn:
-            relation = self._relation(conn)
-            if relation is None:
-                return None
-            lo, hi = conn.execute(
-                sa.text(
-                    f"SELECT {epoch_ms_sql('lo', self.dialect)}, {epoch_ms_sql('hi', self.dialect)} "
-                    f"FROM (SELECT min(ts) AS lo, max(ts) AS hi FROM {relation}) AS s"
-                )
-            ).one()
-        return None if lo is None else Window.from_ms(int(lo), int(hi) + 1)
-
-    def _buckets(self, conn: Any, grid: TimeGrid) -> tuple[str, str]:
-        """SQL of the grouped bucket per row, and of its index once grouped."""
-        from sinks.sql.load import epoch_ms_sql
-
-        size = int(grid.bucket_ms)  # our own integer: safe to write into the SQL
-        version = getattr(conn.dialect, "server_version_info", None) or (0,)
-        if self.dialect == "postgresql" and version >= (14,):
-            binned = f"date_bin(interval '{size} milliseconds', ts, :origin_ts)"
-            index = (
-                f"CAST(round(extract(epoch FROM (bucket - :origin_ts)) * 1000 / {size}) AS BIGINT)"
-            )
-            return binned, index
-        epoch = epoch_ms_sql("ts", self.dialect)
-        if self.dialect == "mysql":  # no CAST AS DOUBLE PRECISION / BIGINT; FLOOR is exact
-            return f"FLOOR(({epoch} - :origin) / {size})", "bucket"
-        return (
-            f"CAST(floor(CAST({epoch} - :origin AS DOUBLE PRECISION) / {size}) AS BIGINT)",
-            "bucket",
-        )
-
-    def partials(self, window: Window, grid: TimeGrid) -> Iterator[pa.Table]:
-        import sqlalchemy as sa
-
-        params = {
-            "origin": grid.start_ms,
-            "origin_ts": from_ms(grid.start_ms),
-            "lo": window.start,
-            "hi": window.end,
-        }
-        with self.warehouse.engine.connect() as conn:
-            relation = self._relation(conn)
-            if relation is None:
-                return
-            if self.dialect == "postgresql":
-                conn.exec_driver_sql("SET LOCAL enable_sort = off")  # this read's transaction only
-            binned, index = self._buckets(conn, grid)
-            if self.kind == KIND_TAG_HISTORY:
-                keys, names = ["member", "bucket"], ["member", "bucket", *_TAG_PARTS]
-                good = f"quality >= {GOOD_QUALITY}"
-                inner = (
-                    f"SELECT tag AS member, {binned} AS bucket, "
-                    f"CASE WHEN {good} THEN 0 ELSE 1 END AS bad, "
-                    f"CASE WHEN {good} THEN coalesce(value, "
-                    "CASE WHEN value_bool THEN 1.0 WHEN NOT value_bool THEN 0.0 END) END AS v"
-                )
-                outer = (
-                    'count(*) AS "rows", sum(bad) AS bad, min(v) AS low, max(v) AS high, '
-                    "sum(v) AS total, count(v) AS counted"
-                )
-                types = [pa.string(), *[pa.int64()] * 3, *[pa.float64()] * 3, pa.int64()]
-            else:
-                keys, names = list(_ALARM_KEYS), [*_ALARM_KEYS, *_ALARM_PARTS]
-                inner = f"SELECT path AS member, {binned} AS bucket, priority, status"
-                outer = "count(*) AS events"
-                types = [pa.string(), *[pa.int64()] * 4]
-            shown = ["member", f"{index} AS bucket", *keys[2:]]
-            sql = (
-                f"SELECT {', '.join(shown)}, {outer} FROM ({inner} FROM {relation} "
-                f"WHERE ts >= :lo AND ts < :hi) AS s GROUP BY {', '.join(keys)}"
-            )
-            wanted = {k: v for k, v in params.items() if f":{k}" in sql}
-            result = conn.execution_options(stream_results=True).execute(sa.text(sql), wanted)
-            for rows in result.partitions(_BATCH_ROWS):
-                columns = list(zip(*rows, strict=True))
-                yield pa.table(
-                    {
-                        name: pa.array([_plain(v) for v in column], type=kind)
-                        for name, column, kind in zip(names, columns, types, strict=True)
-                    }
-                )
-
-
-def _plain(value: Any) -> Any:
-    """Decimals (PostgreSQL's sum/avg of numbers) as floats; everything else as it is."""
-    return float(value) if value is not None and type(value).__name__ == "Decimal" else value
-
-
 class _FrameSource:
-    """Any other sink: its whole dataset through `Sink.read`, reduced in slices."""
+    """A sink without a coverage reader: its whole dataset through `Reads.read`, reduced
+    in slices."""
 
-    def __init__(self, sink: Sink, dataset: str, kind: str) -> None:
+    def __init__(self, sink: Reads, dataset: str, kind: str) -> None:
         self.kind = kind
         frame = sink.read(dataset, kind)
-        self.table = pa.Table.from_pandas(frame[_columns(kind)], preserve_index=False)
+        self.table = pa.Table.from_pandas(frame[columns(kind)], preserve_index=False)
         self.table = self.table.set_column(1, "ts", pc.cast(self.table.column("ts"), _TS))
 
     def span(self) -> Window | None:
@@ -543,26 +240,23 @@ class _FrameSource:
         bounds = pc.min_max(pc.cast(self.table.column("ts"), pa.int64()))
         return Window.from_ms(int(bounds["min"].as_py()), int(bounds["max"].as_py()) + 1)
 
-    def partials(self, window: Window, grid: TimeGrid) -> Iterator[pa.Table]:
+    def partials(self, window: Window, buckets: Buckets) -> Iterator[pa.Table]:
         ts = self.table.column("ts")
         wanted = pc.and_(
             pc.greater_equal(ts, pa.scalar(window.start_ms, _TS)),
             pc.less(ts, pa.scalar(window.end_ms, _TS)),
         )
-        reduce = _reduce(self.kind)
-        for batch in self.table.filter(wanted).to_batches(_BATCH_ROWS):
-            yield reduce(batch, grid)
+        for batch in self.table.filter(wanted).to_batches(BATCH_ROWS):
+            yield partials(batch, self.kind, buckets)
 
 
-def _source(sink: Sink, dataset: str, kind: str) -> _Source:
-    from sinks.lake.sink import ParquetLake
-    from sinks.sql.warehouse import SqlWarehouse
-
-    if isinstance(sink, ParquetLake):
-        return _LakeSource(sink, dataset, kind)
-    if isinstance(sink, SqlWarehouse):
-        return _SqlSource(sink, dataset, kind)
-    return _FrameSource(sink, dataset, kind)
+def _source(sink: object, dataset: str, kind: str) -> CoverageReader:
+    """The sink's own coverage reader, else its dataset read whole."""
+    if isinstance(sink, ReadsCoverage):
+        return sink.coverage_reader(dataset, kind)
+    if isinstance(sink, Reads):
+        return _FrameSource(sink, dataset, kind)
+    raise SinkError(f"sink {getattr(sink, 'name', sink)!r} cannot be read for a report")
 
 
 # -- coverage of a flow ----------------------------------------------------------------------
@@ -576,7 +270,7 @@ def _progress_span(progress: Progress) -> Window | None:
 
 
 def _resolve(
-    start: datetime | None, end: datetime | None, source: _Source, progress: Progress
+    start: datetime | None, end: datetime | None, source: CoverageReader, progress: Progress
 ) -> Window | None:
     """The range to draw: as asked, else from the first row or extracted window to the last.
 
@@ -619,9 +313,7 @@ def _gather(
     if window is None:
         return None, TimeGrid(0, 3_600_000, 0), pa.table({})
     grid = plan_grid(window, bucket)
-    keys, parts = (
-        (_TAG_KEYS, _TAG_PARTS) if kind == KIND_TAG_HISTORY else (_ALARM_KEYS, _ALARM_PARTS)
-    )
+    keys, parts = (TAG_KEYS, TAG_PARTS) if kind == KIND_TAG_HISTORY else (ALARM_KEYS, ALARM_PARTS)
     groups = _Groups(keys, parts)
     for part in source.partials(window, grid):
         groups.add(part)

@@ -50,40 +50,43 @@ class FileInfo:
     owners: tuple[Owner, ...]
 
 
+def _column_range(meta: pq.FileMetaData, index: int, *, raw: bool) -> tuple[Any, Any] | None:
+    """(min, max) of one column over the file's non-empty row groups, from their
+    statistics (`raw`: the physical values, e.g. epoch ms of a timestamp); None when the
+    column is missing, the file has no rows, or a row group lacks statistics for it."""
+    if index < 0:
+        return None
+    lows: list[Any] = []
+    highs: list[Any] = []
+    for group in range(meta.num_row_groups):
+        row_group = meta.row_group(group)
+        if row_group.num_rows == 0:
+            continue
+        stats = row_group.column(index).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        lows.append(stats.min_raw if raw else stats.min)
+        highs.append(stats.max_raw if raw else stats.max)
+    return (min(lows), max(highs)) if lows else None
+
+
 def footer_info(meta: pq.FileMetaData, kind: str) -> FileInfo:
     """A file's facts from its footer alone; a range is None unless every non-empty row
     group has statistics for it (a file without them is read, never skipped)."""
     names = meta.schema.names
     scope_col = tables.SCOPE_COLUMN[kind]
-    ts_i = names.index("ts") if "ts" in names else -1
-    key_i = names.index(scope_col) if scope_col in names else -1
-    ts_lo: list[int] = []
-    ts_hi: list[int] = []
-    key_lo: list[str] = []
-    key_hi: list[str] = []
-    complete = True
-    for group in range(meta.num_row_groups):
-        row_group = meta.row_group(group)
-        if row_group.num_rows == 0:
-            continue
-        for index, lows, highs in ((ts_i, ts_lo, ts_hi), (key_i, key_lo, key_hi)):
-            stats = row_group.column(index).statistics if index >= 0 else None
-            if stats is None or not stats.has_min_max:
-                complete = False
-                continue
-            raw_lo, raw_hi = (
-                (stats.min_raw, stats.max_raw) if index == ts_i else (stats.min, stats.max)
-            )
-            lows.append(raw_lo)
-            highs.append(raw_hi)
+    ts = _column_range(meta, names.index("ts") if "ts" in names else -1, raw=True)
+    key = _column_range(meta, names.index(scope_col) if scope_col in names else -1, raw=False)
+    if ts is None or key is None:
+        ts = key = None  # one range without statistics: the file is read, not skipped
     owners_raw = (meta.metadata or {}).get(OWNERS_KEY)
     owners = tuple(tuple(o) for o in orjson.loads(owners_raw)) if owners_raw else ()
     return FileInfo(
         rows=meta.num_rows,
-        ts_min=min(ts_lo) if complete and ts_lo else None,
-        ts_max=max(ts_hi) if complete and ts_hi else None,
-        key_min=min(key_lo) if complete and key_lo else None,
-        key_max=max(key_hi) if complete and key_hi else None,
+        ts_min=ts[0] if ts else None,
+        ts_max=ts[1] if ts else None,
+        key_min=key[0] if key else None,
+        key_max=key[1] if key else None,
         owners=owners,  # type: ignore[arg-type]
     )
 
@@ -218,3 +221,16 @@ class LakeFiles:
         self._listings.clear()
         with self._decoded_lock:
             self._decoded.clear()
+
+
+def visible_files(store: LakeStore, dataset: str) -> list[str]:
+    """The dataset's data files a plain reader sees (pyarrow.dataset, DuckDB, pandas), in
+    name order: directories starting with `.` or `_` are hidden from them, and skipped."""
+    top = store.path(dataset)
+    prefix = top.rstrip("/") + "/"
+    return sorted(
+        entry.path
+        for entry in store.find(top)
+        if is_data_file(entry.name)
+        and not any(p.startswith((".", "_")) for p in entry.path[len(prefix) :].split("/")[:-1])
+    )

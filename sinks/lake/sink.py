@@ -83,12 +83,7 @@ points the markers at the merged files.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager
-from pathlib import Path
+from collections.abc import Mapping
 
 import orjson
 import pandas as pd
@@ -101,19 +96,25 @@ from sinks.base import (
     ChunkScope,
     CountMismatch,
     SinkError,
-    SinkUnavailable,
 )
 from sinks.lake.compact import Compactor
+from sinks.lake.coverage import LakeCoverage
 from sinks.lake.dataset import DatasetFacts
-from sinks.lake.files import DATASET_KEY, DECODED_MAX_ROWS, FileFormat, LakeFiles
+from sinks.lake.files import (
+    DATASET_KEY,
+    DECODED_MAX_ROWS,
+    FileFormat,
+    LakeFiles,
+    visible_files,
+)
 from sinks.lake.journal import Journal, Plan
 from sinks.lake.overlap import WritePlanner
 from sinks.lake.rows import HISTORY_KINDS, reason, sorted_rows, table_of
 from sinks.lake.state import LakeState
 from sinks.scope import check_scope
+from sinks.store.file_sink import FileSink
 from sinks.store.layout import (
     AUTO,
-    LOCKS_DIR,
     METADATA_DATASET,
     METADATA_FILE,
     STATE_DIR,
@@ -121,13 +122,9 @@ from sinks.store.layout import (
     check_dataset,
     check_flow,
     check_partition,
-    is_data_file,
     join,
-    key_name,
 )
-from sinks.store.locks import dataset_flock, dataset_lease, flow_flock, flow_lease
-from sinks.store.objects import LakeStore, redacted_url, token
-from sinks.store.progress import ProgressMethods
+from sinks.store.objects import LakeStore, redacted_url
 
 # Emptied files stay (0 rows) this long before a write or a compaction of their partition
 # removes them: a reader that listed the lake before a write still opens every file it
@@ -135,7 +132,7 @@ from sinks.store.progress import ProgressMethods
 READER_GRACE_S = 60.0
 
 
-def _transient(exc: BaseException) -> bool:
+def transient(exc: BaseException) -> bool:
     """Is this failure of the storage worth a retry (a network error, a timeout)?"""
     if isinstance(exc, ConnectionError | TimeoutError):
         return True
@@ -178,12 +175,14 @@ class LakeParts:
         )
 
 
-class ParquetLake(ProgressMethods):
-    """A Parquet lake on local disk or object storage (see the module docstring)."""
+class ParquetLake(FileSink):
+    """A Parquet lake on local disk or object storage (see the module docstring).
 
-    # Chunk writes of one dataset take turns under its lock (`_dataset_lock`), across
-    # processes too (other nodes, other shards): a second write at once would only wait.
-    write_concurrency: int = 1
+    `store`: the `LakeStore` every file operation goes through, instead of one made from
+    `url` and `storage_options` (tests pass one that counts, fails or pauses).
+    """
+
+    label = "lake"
 
     def __init__(
         self,
@@ -195,18 +194,15 @@ class ParquetLake(ProgressMethods):
         target_file_rows: int = 1_000_000,
         compression: str = "zstd",
         reader_grace_s: float = READER_GRACE_S,
+        store: LakeStore | None = None,
     ) -> None:
-        self.name = name
-        self.url = url
+        super().__init__(url, name=name, storage_options=storage_options, store=store)
         self.partition = check_partition(partition)
         self.target_file_rows = max(1, int(target_file_rows))
         self.compression = compression
         self.reader_grace_s = float(reader_grace_s)
         self.file_format = FileFormat(compression, self.target_file_rows)
-        self._storage_options = dict(storage_options or {})
         self._parts: LakeParts | None = None
-        self._threads_lock = threading.Lock()
-        self._thread_locks: dict[str, threading.Lock] = {}
 
     def __repr__(self) -> str:
         return f"ParquetLake({self.describe()!r})"
@@ -229,57 +225,21 @@ class ParquetLake(ProgressMethods):
     def state(self) -> LakeState:
         return self.parts.state
 
-    def _error(self, action: str, exc: BaseException) -> SinkError:
-        cls = SinkUnavailable if _transient(exc) else SinkError
-        return cls(f"lake '{self.name}': {action}: {reason(exc)}")
+    def _transient(self, exc: BaseException) -> bool:
+        return transient(exc)
 
-    @contextlib.contextmanager
-    def _errors(self, action: str) -> Iterator[None]:
-        """Any failure below becomes a one-line SinkError naming the lake and the action."""
-        try:
-            yield
-        except SinkError:
-            raise
-        except Exception as exc:
-            raise self._error(action, exc) from exc
+    def _reason(self, exc: BaseException) -> str:
+        return reason(exc)
 
-    @contextlib.contextmanager
-    def _dataset_lock(self, dataset: str) -> Iterator[None]:
-        """One writer per dataset at a time, whatever its flow key or node: threads here,
-        processes by flock on local disk, by a lease object on object storage
-        (`sinks.store.locks.dataset_lease`). Held for one chunk's staging and commit only; the
-        fetches of every writer stay parallel."""
-        with self._threads_lock:
-            lock = self._thread_locks.setdefault(dataset, threading.Lock())
-        with lock:
-            if self.store.local:
-                with dataset_flock(self.store.path(STATE_DIR, dataset, "write.lock")):
-                    yield
-            else:
-                with dataset_lease(self.store, self.store.path(STATE_DIR, dataset, "write.lease")):
-                    yield
-
-    def _bucket_reachable(self, store: LakeStore) -> str:
-        """The bucket of an object-storage lake, SinkError when it does not exist."""
-        bucket = store.root.split("/", 1)[0]
-        try:
-            store.fs.info(bucket)  # raises when unreachable, unlike fs.exists
-        except FileNotFoundError:
-            raise SinkError(f"lake '{self.name}': {store.display(bucket)} does not exist") from None
-        return bucket
+    def _write_lock(self, dataset: str) -> str:
+        return self.store.path(STATE_DIR, dataset, "write")
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def open(self) -> None:
-        """Reach the root, create the state directory, finish any interrupted write."""
-        with self._errors(f"open {redacted_url(self.url)}"):
-            store = LakeStore(self.url, self._storage_options)
-            if store.local:
-                store.makedirs(store.path(STATE_DIR, LOCKS_DIR))
-            else:
-                self._bucket_reachable(store)
-            self._parts = LakeParts(self, store)
-            self._parts.journal.recover_all(self._dataset_lock)
+    def _opened(self) -> None:
+        """Finish any interrupted write (`sinks.lake.journal`)."""
+        self._parts = LakeParts(self, super().store)
+        self._parts.journal.recover_all(self._dataset_lock)
 
     def close(self) -> None:
         if self._parts is not None:
@@ -290,40 +250,9 @@ class ParquetLake(ProgressMethods):
             f"parquet lake '{self.name}' at {redacted_url(self.url)} (partition={self.partition})"
         )
 
-    def probe(self) -> str:
-        """Whether the lake can be written, found without creating or writing anything
-        (`historian check`): a local root that exists must be a writable directory, else
-        its nearest existing parent; object storage must have its bucket."""
-        with self._errors(f"check {redacted_url(self.url)}"):
-            store = LakeStore(self.url, self._storage_options)
-            if not store.local:
-                bucket = self._bucket_reachable(store)
-                return f"bucket {store.display(bucket)} reachable"
-            root = Path(store.root)
-            existing = next((p for p in (root, *root.parents) if p.exists()), root.anchor)
-            where = Path(existing)
-            if not where.is_dir():
-                raise SinkError(f"lake '{self.name}': {where} is not a directory")
-            if not os.access(where, os.W_OK | os.X_OK):
-                raise SinkError(f"lake '{self.name}': {where} is not writable")
-            if where == root:
-                return "exists, writable"
-            return f"does not exist yet; {where} is writable"
-
-    def check_writable(self) -> None:
-        with self._errors(f"{redacted_url(self.url)} is not writable"):
-            probe = self.store.path(STATE_DIR, f".probe-{token()}")
-            self.store.write_bytes(probe, b"probe")
-            self.store.remove(probe)
-
-    def lock(self, flow: str) -> AbstractContextManager[None]:
-        check_flow(flow)
-        store = self.store
-        if store.local:
-            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lock"), flow)
-        return flow_lease(
-            store, store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lease.json"), flow
-        )
+    def coverage_reader(self, dataset: str, kind: str) -> LakeCoverage:
+        """The dataset read file by file for a coverage report (`sinks.lake.coverage`)."""
+        return LakeCoverage(self.store, dataset, kind)
 
     # -- writing --------------------------------------------------------------------------
 
@@ -422,26 +351,11 @@ class ParquetLake(ProgressMethods):
 
     # -- reading --------------------------------------------------------------------------
 
-    def read(self, dataset: str, kind: str) -> pd.DataFrame:
-        """The whole dataset, sorted by the kind's key, with the kind's exact types."""
-        check_dataset(dataset, metadata=kind == tables.KIND_TAG_METADATA)
-        if kind not in tables.SCHEMAS:
-            raise SinkError(f"lake '{self.name}': unknown kind {kind!r}")
-        target = tables.SCHEMAS[kind]
-        with self._errors(f"read dataset '{dataset}'"):
-            top = self.store.path(dataset)
-            prefix = top.rstrip("/") + "/"
-            paths = sorted(
-                entry.path
-                for entry in self.store.find(top)
-                if is_data_file(entry.name)
-                and not any(
-                    p.startswith((".", "_")) for p in entry.path[len(prefix) :].split("/")[:-1]
-                )
-            )
-            if not paths:
-                return tables.empty_frame(kind)
-            found = pads.dataset(paths, format="parquet", filesystem=self.store.pafs, schema=target)
-            table = found.to_table(columns=target.names).cast(target).replace_schema_metadata(None)
-            table = table.sort_by([(key, "ascending") for key in tables.KEYS[kind]])
-            return tables.frame_from_table(table)
+    def _scan(self, dataset: str, target: pa.Schema) -> pa.Table | None:
+        """The files a plain reader sees, in the kind's exact types."""
+        paths = visible_files(self.store, dataset)
+        if not paths:
+            return None
+        found = pads.dataset(paths, format="parquet", filesystem=self.store.pafs, schema=target)
+        table: pa.Table = found.to_table(columns=target.names)
+        return table.cast(target).replace_schema_metadata(None)

@@ -71,6 +71,7 @@ from sinks.scope import check_scope
 from sinks.sql import mysql as sql_mysql
 from sinks.sql import state
 from sinks.sql.chunk import replace_chunk
+from sinks.sql.coverage import SqlCoverage
 from sinks.sql.datasets import check_facts
 from sinks.sql.dialects import dialect_of, quote
 from sinks.sql.errors import duckdb_holder, is_database_error, is_transient, one_line
@@ -162,6 +163,10 @@ class SqlWarehouse:
     def describe(self) -> str:
         where = self.url.render_as_string(hide_password=True)
         return where + (f" (schema {self.schema})" if self.schema else "")
+
+    def coverage_reader(self, dataset: str, kind: str) -> SqlCoverage:
+        """The dataset aggregated by the database for a report (`sinks.sql.coverage`)."""
+        return SqlCoverage(self.engine, self.layout, str(self.dialect), dataset, kind)
 
     @property
     def engine(self) -> Engine:

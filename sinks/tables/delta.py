@@ -36,12 +36,7 @@ anyway (another tool writing the table) is planned again (`sinks.tables.commit_r
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -54,25 +49,18 @@ from connectors.schema import Rows
 from sinks.base import (
     ChunkScope,
     SinkError,
-    SinkUnavailable,
 )
-from sinks.identity import differences, identity
+from sinks.identity import identity
 from sinks.store.layout import (
-    LOCKS_DIR,
     METADATA_DATASET,
-    STATE_DIR,
     check_dataset,
-    check_flow,
-    key_name,
 )
-from sinks.store.locks import dataset_flock, dataset_lease, flow_flock, flow_lease
-from sinks.store.objects import LakeStore, redacted_url, token
-from sinks.store.progress import ProgressMethods
+from sinks.store.objects import redacted_url
 from sinks.tables.commit_retry import retry_conflicts
-from sinks.tables.progress import RECORD_KEY, TableProgress, check_record, chunk_record
-from sinks.tables.rows import chunk_rows, plain, reason, transient, typed_table
+from sinks.tables.progress import RECORD_KEY, check_record, chunk_record
+from sinks.tables.rows import conform
+from sinks.tables.table_sink import TableSink, s3fs_options
 
-HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 PARTITION_COLUMN = "date"
 TABLE_CONFIGURATION = {"delta.logRetentionDuration": "interval 36500 days"}
 DAY_MS = 86_400_000
@@ -126,29 +114,22 @@ def lost_race(exc: BaseException) -> bool:
 def fsspec_options(storage_options: Mapping[str, str]) -> dict[str, Any]:
     """delta-rs (object_store) S3 options as the s3fs options the side files use."""
     lowered = {key.lower(): value for key, value in storage_options.items()}
-    options: dict[str, Any] = {}
-    client: dict[str, Any] = {}
-    for key in ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint"):
-        if key in lowered:
-            client["endpoint_url"] = lowered[key]
-    for key in ("aws_region", "region"):
-        if key in lowered:
-            client["region_name"] = lowered[key]
-    if "aws_access_key_id" in lowered:
-        options["key"] = lowered["aws_access_key_id"]
-    if "aws_secret_access_key" in lowered:
-        options["secret"] = lowered["aws_secret_access_key"]
-    if "aws_session_token" in lowered:
-        options["token"] = lowered["aws_session_token"]
-    if client:
-        options["client_kwargs"] = client
-    return options
+    return s3fs_options(
+        lowered,
+        {
+            "endpoint_url": ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint"),
+            "region_name": ("aws_region", "region"),
+            "key": ("aws_access_key_id",),
+            "secret": ("aws_secret_access_key",),
+            "token": ("aws_session_token",),
+        },
+    )
 
 
-class DeltaLake(ProgressMethods):
+class DeltaLake(TableSink):
     """A Delta Lake sink on local disk or object storage (see the module docstring)."""
 
-    write_concurrency = 1
+    label = "delta"
 
     def __init__(
         self,
@@ -158,53 +139,15 @@ class DeltaLake(ProgressMethods):
         storage_options: Mapping[str, str] | None = None,
         target_file_size: int | None = None,
     ) -> None:
-        self.name = name
-        self.url = url.rstrip("/") or url
         self.storage_options = {str(k): str(v) for k, v in (storage_options or {}).items()}
+        super().__init__(url, name=name, s3=fsspec_options(self.storage_options))
         self.target_file_size = target_file_size
-        self._store: LakeStore | None = None
-        self._progress: TableProgress | None = None
-        self._guard = threading.Lock()
-        self._dataset_locks: dict[str, threading.Lock] = {}
         self._facts: dict[str, dict[str, Any]] = {}
 
     def __repr__(self) -> str:
         return f"DeltaLake({self.describe()!r})"
 
     # -- plumbing -------------------------------------------------------------------------
-
-    @property
-    def store(self) -> LakeStore:
-        if self._store is None:
-            self._store = self._new_store()
-        return self._store
-
-    @property
-    def local(self) -> bool:
-        return "://" not in self.url or self.url.startswith("file://")
-
-    def _new_store(self) -> LakeStore:
-        options = {} if self.local else fsspec_options(self.storage_options)
-        return LakeStore(self.url, options)
-
-    @property
-    def state(self) -> TableProgress:
-        if self._progress is None:
-            self._progress = TableProgress(self.store, self)
-        return self._progress
-
-    def _error(self, action: str, exc: BaseException) -> SinkError:
-        cls = SinkUnavailable if transient(exc) else SinkError
-        return cls(f"delta '{self.name}': {action}: {reason(exc)}")
-
-    @contextlib.contextmanager
-    def _errors(self, action: str) -> Iterator[None]:
-        try:
-            yield
-        except SinkError:
-            raise
-        except Exception as exc:
-            raise self._error(action, exc) from exc
 
     def table_uri(self, dataset: str) -> str:
         return f"{self.url}/{dataset}"
@@ -220,81 +163,13 @@ class DeltaLake(ProgressMethods):
         except TableNotFoundError:
             return None
 
-    @contextlib.contextmanager
-    def _dataset_lock(self, dataset: str) -> Iterator[None]:
-        with self._guard:
-            lock = self._dataset_locks.setdefault(dataset, threading.Lock())
-        with lock:
-            if self.local:
-                with dataset_flock(self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lock")):
-                    yield
-            else:
-                # Conditional commits alone let a merge and a write (or two writes that
-                # rewrite one file) both land, each keeping the rows the other rewrote.
-                lease = self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lease")
-                with dataset_lease(self.store, lease):
-                    yield
-
-    def _bucket_exists(self, store: LakeStore) -> str:
-        bucket = store.root.split("/", 1)[0]
-        try:
-            store.fs.info(bucket)
-        except FileNotFoundError:
-            raise SinkError(
-                f"delta '{self.name}': {store.display(bucket)} does not exist"
-            ) from None
-        return bucket
-
     # -- lifecycle ------------------------------------------------------------------------
-
-    def open(self) -> None:
-        with self._errors(f"open {redacted_url(self.url)}"):
-            store = self._new_store()
-            if store.local:
-                store.makedirs(store.path(STATE_DIR, LOCKS_DIR))
-            else:
-                self._bucket_exists(store)
-            self._store = store
 
     def close(self) -> None:
         self._facts.clear()
 
     def describe(self) -> str:
         return f"delta lake '{self.name}' at {redacted_url(self.url)}"
-
-    def probe(self) -> str:
-        """Whether the sink could be written, without creating or writing anything."""
-        with self._errors(f"check {redacted_url(self.url)}"):
-            store = self._new_store()
-            if not store.local:
-                bucket = self._bucket_exists(store)
-                return f"bucket {store.display(bucket)} reachable"
-            root = Path(store.root)
-            existing = next((p for p in (root, *root.parents) if p.exists()), Path(root.anchor))
-            if not existing.is_dir():
-                raise SinkError(f"delta '{self.name}': {existing} is not a directory")
-            if not os.access(existing, os.W_OK | os.X_OK):
-                raise SinkError(f"delta '{self.name}': {existing} is not writable")
-            return (
-                "exists, writable"
-                if existing == root
-                else (f"does not exist yet; {existing} is writable")
-            )
-
-    def check_writable(self) -> None:
-        with self._errors(f"{redacted_url(self.url)} is not writable"):
-            probe = self.store.path(STATE_DIR, f".probe-{token()}")
-            self.store.write_bytes(probe, b"probe")
-            self.store.remove(probe)
-
-    def lock(self, flow: str) -> AbstractContextManager[None]:
-        check_flow(flow)
-        store = self.store
-        if store.local:
-            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lock"), flow)
-        return flow_lease(
-            store, store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lease.json"), flow
-        )
 
     # -- the commit log (TableProgress's CommitLog) ---------------------------------------
 
@@ -329,9 +204,6 @@ class DeltaLake(ProgressMethods):
 
     # -- writes ---------------------------------------------------------------------------
 
-    def _typed(self, frame: pd.DataFrame, kind: str, what: str) -> pa.Table:
-        return plain(typed_table(frame, kind, f"delta '{self.name}': {what}"))
-
     def _check_facts(self, scope: ChunkScope, table: Any | None) -> str | None:
         """The facts a new table is created with (its description), or None when the
         table exists and agrees with the chunk; SinkError when it was written otherwise."""
@@ -345,12 +217,7 @@ class DeltaLake(ProgressMethods):
             except orjson.JSONDecodeError:
                 facts = {}
             self._facts[scope.dataset] = facts
-        found = differences(facts.get("kind"), facts.get("attrs") or {}, scope.kind, scope.attrs)
-        if found:
-            raise SinkError(
-                f"delta '{self.name}': dataset '{scope.dataset}' was written with other "
-                f"settings ({'; '.join(found)}); use another dataset name or reset it"
-            )
+        self._check_settings(scope, facts)
         return None
 
     def _writer_properties(self) -> Any:
@@ -368,12 +235,7 @@ class DeltaLake(ProgressMethods):
 
     def write(self, scope: ChunkScope, rows: Rows, rows_fetched: int) -> int:
         """Replace the chunk's scope and record the chunk, in one Delta commit."""
-        check_dataset(scope.dataset)
-        check_flow(scope.flow)
-        what = f"write chunk {scope.chunk_id}"
-        if scope.kind not in HISTORY_KINDS:
-            raise SinkError(f"delta '{self.name}': {what}: cannot write kind {scope.kind!r}")
-        table = chunk_rows(rows, scope, rows_fetched, f"delta '{self.name}'")
+        table = self._chunk_rows(scope, rows, rows_fetched)
         table = table.append_column(PARTITION_COLUMN, pc.cast(table.column("ts"), pa.date32()))
         record = chunk_record(
             flow=scope.flow,
@@ -384,7 +246,7 @@ class DeltaLake(ProgressMethods):
             rows_fetched=rows_fetched,
             rows_committed=table.num_rows,
         )
-        with self._errors(what), self._dataset_lock(scope.dataset):
+        with self._errors(f"write chunk {scope.chunk_id}"), self._dataset_lock(scope.dataset):
             retry_conflicts(lambda: self._commit(scope, table, record), lost_race)
         return int(table.num_rows)
 
@@ -469,9 +331,7 @@ class DeltaLake(ProgressMethods):
         """Upsert the tag dimension by (node, tag) in `<url>/tag_metadata`, one merge."""
         from deltalake import write_deltalake
 
-        kind = tables.KIND_TAG_METADATA
-        frame = frame.drop_duplicates(subset=list(tables.TAG_METADATA_KEY), keep="last")
-        table = self._typed(frame, kind, "write tag metadata")
+        table = self._metadata_rows(frame)
         if table.num_rows == 0:
             return 0
         with self._errors("write tag metadata"), self._dataset_lock(METADATA_DATASET):
@@ -500,17 +360,9 @@ class DeltaLake(ProgressMethods):
 
     # -- reading --------------------------------------------------------------------------
 
-    def read(self, dataset: str, kind: str) -> pd.DataFrame:
-        """The whole dataset at its latest version, sorted by the kind's key."""
-        check_dataset(dataset, metadata=kind == tables.KIND_TAG_METADATA)
-        if kind not in tables.SCHEMAS:
-            raise SinkError(f"delta '{self.name}': unknown kind {kind!r}")
-        target = tables.SCHEMAS[kind]
-        with self._errors(f"read dataset '{dataset}'"):
-            found = self._table(dataset)
-            if found is None:
-                return tables.empty_frame(kind)
-            table = found.to_pyarrow_table(columns=target.names)
-            table = pa.table([table.column(f.name).cast(f.type) for f in target], schema=target)
-            table = table.sort_by([(key, "ascending") for key in tables.KEYS[kind]])
-            return tables.frame_from_table(table)
+    def _scan(self, dataset: str, target: pa.Schema) -> pa.Table | None:
+        """The table at its latest version."""
+        found = self._table(dataset)
+        return (
+            None if found is None else conform(found.to_pyarrow_table(columns=target.names), target)
+        )

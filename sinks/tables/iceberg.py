@@ -32,12 +32,9 @@ Each table's properties record the dataset's kind and attrs; a later chunk must 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -50,25 +47,20 @@ import pyarrow.parquet as pq
 
 from connectors import schema as tables
 from connectors.schema import Rows
-from sinks.base import ChunkScope, SinkError, SinkUnavailable
-from sinks.identity import differences, identity
+from sinks.base import ChunkScope, SinkError
+from sinks.identity import identity
 from sinks.store.layout import (
-    LOCKS_DIR,
     METADATA_DATASET,
     STATE_DIR,
     check_dataset,
-    check_flow,
-    key_name,
 )
-from sinks.store.locks import dataset_flock, dataset_lease, flow_flock, flow_lease
 from sinks.store.member_lists import MemberLists
-from sinks.store.objects import LakeStore, redacted_url, token
-from sinks.store.progress import ProgressMethods
+from sinks.store.objects import redacted_url
 from sinks.tables.commit_retry import retry_conflicts
-from sinks.tables.progress import RECORD_KEY, TableProgress, check_record, chunk_record
-from sinks.tables.rows import chunk_rows, plain, reason, transient, typed_table
+from sinks.tables.progress import RECORD_KEY, check_record, chunk_record
+from sinks.tables.rows import conform
+from sinks.tables.table_sink import TableSink, s3fs_options
 
-HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 NAMESPACE = "historian"
 PARTITION_FIELD = "ts_day"
 FACTS_KEY = "historian.dataset"
@@ -86,21 +78,16 @@ def iceberg_schema(kind: str) -> pa.Schema:
 
 def fsspec_options(properties: Mapping[str, str]) -> dict[str, Any]:
     """pyiceberg's S3 FileIO properties as the s3fs options the side files use."""
-    options: dict[str, Any] = {}
-    client: dict[str, Any] = {}
-    if "s3.endpoint" in properties:
-        client["endpoint_url"] = properties["s3.endpoint"]
-    if "s3.region" in properties:
-        client["region_name"] = properties["s3.region"]
-    if "s3.access-key-id" in properties:
-        options["key"] = properties["s3.access-key-id"]
-    if "s3.secret-access-key" in properties:
-        options["secret"] = properties["s3.secret-access-key"]
-    if "s3.session-token" in properties:
-        options["token"] = properties["s3.session-token"]
-    if client:
-        options["client_kwargs"] = client
-    return options
+    return s3fs_options(
+        properties,
+        {
+            "endpoint_url": ("s3.endpoint",),
+            "region_name": ("s3.region",),
+            "key": ("s3.access-key-id",),
+            "secret": ("s3.secret-access-key",),
+            "token": ("s3.session-token",),
+        },
+    )
 
 
 def _expressions() -> Any:
@@ -140,10 +127,10 @@ def lost_race(exc: BaseException) -> bool:
     return isinstance(exc, CommitFailedException)
 
 
-class IcebergLake(ProgressMethods):
+class IcebergLake(TableSink):
     """An Iceberg sink with a SQL catalog (see the module docstring)."""
 
-    write_concurrency = 1
+    label = "iceberg"
 
     def __init__(
         self,
@@ -154,10 +141,9 @@ class IcebergLake(ProgressMethods):
         namespace: str = NAMESPACE,
         properties: Mapping[str, str] | None = None,
     ) -> None:
-        self.name = name
-        self.url = url.rstrip("/") or url
         self.namespace = namespace
         self.properties = {str(k): str(v) for k, v in (properties or {}).items()}
+        super().__init__(url, name=name, s3=fsspec_options(self.properties))
         if catalog is None:
             if not self.local:
                 raise SinkError(
@@ -167,10 +153,6 @@ class IcebergLake(ProgressMethods):
             catalog = f"sqlite:///{Path(self.url) / 'catalog.db'}"
         self.catalog_url = catalog
         self._catalog: Any | None = None
-        self._store: LakeStore | None = None
-        self._progress: TableProgress | None = None
-        self._guard = threading.Lock()
-        self._dataset_locks: dict[str, threading.Lock] = {}
         self._lists: MemberLists | None = None
 
     def __repr__(self) -> str:
@@ -179,19 +161,8 @@ class IcebergLake(ProgressMethods):
     # -- plumbing -------------------------------------------------------------------------
 
     @property
-    def local(self) -> bool:
-        return "://" not in self.url or self.url.startswith("file://")
-
-    @property
     def warehouse(self) -> str:
         return self.url if not self.local else Path(self.url).absolute().as_uri()
-
-    @property
-    def store(self) -> LakeStore:
-        if self._store is None:
-            options = {} if self.local else fsspec_options(self.properties)
-            self._store = LakeStore(self.url, options)
-        return self._store
 
     @property
     def _member_lists(self) -> MemberLists:
@@ -215,25 +186,9 @@ class IcebergLake(ProgressMethods):
             catalog = SqlCatalog(
                 self.name, uri=self.catalog_url, warehouse=self.warehouse, **self.properties
             )
-            _create_namespace(catalog, self.namespace)
+            create_namespace(catalog, self.namespace)
             self._catalog = catalog
         return self._catalog
-
-    @property
-    def state(self) -> TableProgress:
-        if self._progress is None:
-            self._progress = TableProgress(self.store, self)
-        return self._progress
-
-    @contextlib.contextmanager
-    def _errors(self, action: str) -> Iterator[None]:
-        try:
-            yield
-        except SinkError:
-            raise
-        except Exception as exc:
-            cls = SinkUnavailable if transient(exc) else SinkError
-            raise cls(f"iceberg '{self.name}': {action}: {reason(exc)}") from exc
 
     def _identifier(self, dataset: str) -> tuple[str, str]:
         return (self.namespace, dataset)
@@ -246,40 +201,10 @@ class IcebergLake(ProgressMethods):
         except NoSuchTableError:
             return None
 
-    @contextlib.contextmanager
-    def _dataset_lock(self, dataset: str) -> Iterator[None]:
-        with self._guard:
-            lock = self._dataset_locks.setdefault(dataset, threading.Lock())
-        with lock:
-            if self.local:
-                with dataset_flock(self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lock")):
-                    yield
-            else:
-                # Conditional commits alone let a merge and a write (or two writes that
-                # rewrite one file) both land, each keeping the rows the other rewrote.
-                lease = self.store.path(STATE_DIR, LOCKS_DIR, f"{dataset}.write.lease")
-                with dataset_lease(self.store, lease):
-                    yield
-
     # -- lifecycle ------------------------------------------------------------------------
 
-    def open(self) -> None:
-        with self._errors(f"open {redacted_url(self.url)}"):
-            if self.local:
-                self.store.makedirs(self.store.path(STATE_DIR, LOCKS_DIR))
-            else:
-                self._bucket()
-            self.catalog  # noqa: B018 - reach the catalog now, not at the first chunk
-
-    def _bucket(self) -> str:
-        bucket = self.store.root.split("/", 1)[0]
-        try:
-            self.store.fs.info(bucket)
-        except FileNotFoundError:
-            raise SinkError(
-                f"iceberg '{self.name}': {self.store.display(bucket)} does not exist"
-            ) from None
-        return bucket
+    def _opened(self) -> None:
+        self.catalog  # noqa: B018 - reach the catalog now, not at the first chunk
 
     def close(self) -> None:
         if self._catalog is not None:
@@ -297,48 +222,19 @@ class IcebergLake(ProgressMethods):
     def probe(self) -> str:
         """Whether the sink could be written, without creating anything (the catalog is
         only connected to, when it is a server)."""
-        with self._errors(f"check {redacted_url(self.url)}"):
-            if not self.local:
-                bucket = self._bucket()
-                found = f"bucket {self.store.display(bucket)} reachable"
-            else:
-                root = Path(self.url)
-                existing = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
-                if not existing.is_dir():
-                    raise SinkError(f"iceberg '{self.name}': {existing} is not a directory")
-                if not os.access(existing, os.W_OK | os.X_OK):
-                    raise SinkError(f"iceberg '{self.name}': {existing} is not writable")
-                found = (
-                    "exists, writable"
-                    if existing == root
-                    else f"does not exist yet; {existing} is writable"
-                )
-            if not self.catalog_url.startswith("sqlite"):
-                import sqlalchemy as sa
-
-                engine = sa.create_engine(self.catalog_url)
-                try:
-                    with engine.connect() as conn:
-                        conn.execute(sa.text("SELECT 1"))
-                finally:
-                    engine.dispose()
-                found += "; catalog reachable"
+        found = super().probe()
+        if self.catalog_url.startswith("sqlite"):
             return found
+        import sqlalchemy as sa
 
-    def check_writable(self) -> None:
-        with self._errors(f"{redacted_url(self.url)} is not writable"):
-            probe = self.store.path(STATE_DIR, f".probe-{token()}")
-            self.store.write_bytes(probe, b"probe")
-            self.store.remove(probe)
-
-    def lock(self, flow: str) -> AbstractContextManager[None]:
-        check_flow(flow)
-        store = self.store
-        if self.local:
-            return flow_flock(store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lock"), flow)
-        return flow_lease(
-            store, store.path(STATE_DIR, LOCKS_DIR, f"{key_name(flow)}.lease.json"), flow
-        )
+        with self._errors(f"check {redacted_url(self.url)}"):
+            engine = sa.create_engine(self.catalog_url)
+            try:
+                with engine.connect() as conn:
+                    conn.execute(sa.text("SELECT 1"))
+            finally:
+                engine.dispose()
+        return found + "; catalog reachable"
 
     # -- the commit log (TableProgress's CommitLog) ---------------------------------------
 
@@ -382,9 +278,6 @@ class IcebergLake(ProgressMethods):
 
     # -- writes ---------------------------------------------------------------------------
 
-    def _typed(self, frame: pd.DataFrame, kind: str, what: str) -> pa.Table:
-        return plain(typed_table(frame, kind, f"iceberg '{self.name}': {what}"))
-
     def _facts(self, scope: ChunkScope) -> str:
         return orjson.dumps(
             {"kind": scope.kind, "attrs": identity(scope.attrs)}, option=orjson.OPT_SORT_KEYS
@@ -415,25 +308,13 @@ class IcebergLake(ProgressMethods):
             assert table is not None
         stored = table.properties.get(FACTS_KEY)
         if stored != facts:
-            old = orjson.loads(stored or "{}")
-            found = differences(old.get("kind"), old.get("attrs") or {}, scope.kind, scope.attrs)
-            if found:
-                raise SinkError(
-                    f"iceberg '{self.name}': dataset '{scope.dataset}' was written with other "
-                    f"settings ({'; '.join(found)}); use another dataset name or reset it"
-                )
+            self._check_settings(scope, orjson.loads(stored or "{}"))
         return table
 
     def write(self, scope: ChunkScope, rows: Rows, rows_fetched: int) -> int:
         """Replace the chunk's scope and record the chunk, in one catalog commit."""
-        check_dataset(scope.dataset)
-        check_flow(scope.flow)
-        what = f"write chunk {scope.chunk_id}"
-        if scope.kind not in HISTORY_KINDS:
-            raise SinkError(f"iceberg '{self.name}': {what}: cannot write kind {scope.kind!r}")
-        table = chunk_rows(rows, scope, rows_fetched, f"iceberg '{self.name}'")
-        table = table.cast(iceberg_schema(scope.kind))
-        with self._errors(what), self._dataset_lock(scope.dataset):
+        table = self._chunk_rows(scope, rows, rows_fetched).cast(iceberg_schema(scope.kind))
+        with self._errors(f"write chunk {scope.chunk_id}"), self._dataset_lock(scope.dataset):
             target = self._ensure_table(scope)
             record = chunk_record(
                 flow=scope.flow,
@@ -555,8 +436,7 @@ class IcebergLake(ProgressMethods):
     def write_metadata(self, frame: pd.DataFrame) -> int:
         """Upsert the tag dimension by (node, tag) in `<namespace>.tag_metadata`."""
         kind = tables.KIND_TAG_METADATA
-        frame = frame.drop_duplicates(subset=list(tables.TAG_METADATA_KEY), keep="last")
-        table = self._typed(frame, kind, "write tag metadata").cast(iceberg_schema(kind))
+        table = self._metadata_rows(frame).cast(iceberg_schema(kind))
         if table.num_rows == 0:
             return 0
         with self._errors("write tag metadata"), self._dataset_lock(METADATA_DATASET):
@@ -573,20 +453,12 @@ class IcebergLake(ProgressMethods):
 
     # -- reading --------------------------------------------------------------------------
 
-    def read(self, dataset: str, kind: str) -> pd.DataFrame:
-        """The whole dataset at its current snapshot, sorted by the kind's key."""
-        check_dataset(dataset, metadata=kind == tables.KIND_TAG_METADATA)
-        if kind not in tables.SCHEMAS:
-            raise SinkError(f"iceberg '{self.name}': unknown kind {kind!r}")
-        target = tables.SCHEMAS[kind]
-        with self._errors(f"read dataset '{dataset}'"):
-            found = self._table(dataset)
-            if found is None:
-                return tables.empty_frame(kind)
-            table = found.scan(selected_fields=tuple(target.names)).to_arrow()
-            table = pa.table([table.column(f.name).cast(f.type) for f in target], schema=target)
-            table = table.sort_by([(key, "ascending") for key in tables.KEYS[kind]])
-            return tables.frame_from_table(table)
+    def _scan(self, dataset: str, target: pa.Schema) -> pa.Table | None:
+        """The table at its current snapshot."""
+        found = self._table(dataset)
+        if found is None:
+            return None
+        return conform(found.scan(selected_fields=tuple(target.names)).to_arrow(), target)
 
 
 def _parquet_options(schema: pa.Schema) -> dict[str, Any]:
@@ -607,7 +479,7 @@ def _kind_of(table: Any) -> str:
     return str(kind)
 
 
-def _create_namespace(catalog: Any, namespace: str) -> None:
+def create_namespace(catalog: Any, namespace: str) -> None:
     """`create_namespace_if_not_exists`, safe when writers open the catalog at once:
     pyiceberg's SQL catalog checks, then inserts, so of two processes that both found the
     namespace missing the second fails on the catalog's unique key; the namespace is there

@@ -47,6 +47,11 @@ def typed_table(rows: Rows, kind: str, where: str) -> pa.Table:
     return table
 
 
+def conform(table: pa.Table, target: pa.Schema) -> pa.Table:
+    """The table's columns of `target`, in its order and types (a table read back)."""
+    return pa.table([table.column(f.name).cast(f.type) for f in target], schema=target)
+
+
 def plain(table: pa.Table) -> pa.Table:
     """Dictionary-encoded columns decoded: what the table formats store."""
     for i, item in enumerate(table.schema):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,25 +58,36 @@ def build(cls: str, kwargs: dict[str, Any]) -> Sink:
 
 Factory = Callable[[pytest.FixtureRequest, Path], SinkUnderTest]
 SINKS: dict[str, tuple[Factory, tuple[pytest.MarkDecorator, ...]]] = {}
+# Per sink, the step every chunk's write passes through to commit ("module:attribute",
+# the attribute possibly "Class.method"): a child process is stopped there, before or
+# after it, and killed (`test_contract.py`, the kill at the commit step).
+COMMIT_STEPS: dict[str, str] = {}
 
 
 def register(
-    name: str, marks: tuple[pytest.MarkDecorator, ...] = ()
+    name: str, marks: tuple[pytest.MarkDecorator, ...] = (), commit_step: str | None = None
 ) -> Callable[[Factory], Factory]:
     """Add a factory to `SINKS` under `name` (the test id)."""
 
     def add(factory: Factory) -> Factory:
         SINKS[name] = (factory, marks)
+        if commit_step is not None:
+            COMMIT_STEPS[name] = commit_step
         return factory
 
     return add
 
 
-def sink_params() -> list[Any]:
-    return [pytest.param(name, marks=marks, id=name) for name, (_, marks) in SINKS.items()]
+def sink_params(only: Collection[str] | None = None) -> list[Any]:
+    """A parameter per registered sink (or per sink of `only`), with its marks."""
+    return [
+        pytest.param(name, marks=marks, id=name)
+        for name, (_, marks) in SINKS.items()
+        if only is None or name in only
+    ]
 
 
-@register("lake")
+@register("lake", commit_step="sinks.lake.journal:Journal.commit")
 def lake(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
     root = tmp_path / "lake"
     return SinkUnderTest("sinks.lake.sink:ParquetLake", {"url": str(root)}, root.exists)
@@ -138,13 +149,13 @@ def mariadb(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
     )
 
 
-@register("delta")
+@register("delta", commit_step="sinks.tables.delta:retry_conflicts")
 def delta(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
     root = tmp_path / "delta"
     return SinkUnderTest("sinks.tables.delta:DeltaLake", {"url": str(root)}, root.exists)
 
 
-@register("iceberg")
+@register("iceberg", commit_step="sinks.tables.iceberg:retry_conflicts")
 def iceberg(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
     root = tmp_path / "iceberg"
     return SinkUnderTest("sinks.tables.iceberg:IcebergLake", {"url": str(root)}, root.exists)

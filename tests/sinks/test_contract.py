@@ -24,8 +24,9 @@ import pyarrow as pa
 import pytest
 
 from connectors import schema
-from sinks.base import CountMismatch, FlowLocked, Sink, SinkError
+from sinks.base import Compacts, CountMismatch, FlowLocked, Probes, Reads, Sink, SinkError
 from tests.sinks.contract_sinks import (
+    COMMIT_STEPS,
     SINKS,
     SinkUnderTest,
     environment_for_children,
@@ -50,6 +51,8 @@ HOSTILE = [
     "tab\there\nnewline",
     "back\\slash",
     "%s %(x)s :members ?",
+    "x' OR '1'='1",
+    "back\\'slash'",
     "x" * 300,
 ]
 
@@ -95,8 +98,11 @@ def assert_holds(sink: Sink, dataset: str, kind: str, expected: pd.DataFrame) ->
 
 def test_is_a_sink_with_what_the_runner_needs(sink: Sink) -> None:
     assert isinstance(sink, Sink)
+    assert isinstance(sink, Probes), "`historian check` probes every sink of this project"
+    assert isinstance(sink, Reads), "this suite reads every sink back"
     assert sink.write_concurrency >= 1
-    assert sink.compact("hist") >= 0  # nothing written yet: nothing to merge, no error
+    if isinstance(sink, Compacts):
+        assert sink.compact("hist") >= 0  # nothing written yet: nothing to merge, no error
     assert "password" not in sink.describe().lower()
 
 
@@ -176,6 +182,39 @@ def test_hostile_names_are_data_only(sink: Sink, place: SinkUnderTest) -> None:
     alarm_scope = scope(["/"], hours(0, 1), dataset="alarms", kind=ALARM, attrs=ALARM_ATTRS)
     sink.write(alarm_scope, paths, len(paths))
     assert_holds(sink, "alarms", ALARM, paths)
+
+
+def test_replacing_one_hostile_names_rows_keeps_the_others(sink: Sink) -> None:
+    frame = history(HOSTILE, hours(0, 1), step_s=1800)
+    sink.write(scope(HOSTILE, hours(0, 1)), frame, len(frame))
+    for victim in ("x' OR '1'='1", "back\\'slash'"):
+        newer = history([victim], hours(0, 1), step_s=900)
+        sink.write(scope([victim], hours(0, 1)), newer, len(newer))
+        frame = pd.concat([frame[frame["tag"] != victim], newer], ignore_index=True)
+    assert_holds(sink, "hist", HIST, frame)
+    assert sink.progress("f1").windows_of("'; drop table x; --") == [hours(0, 1)]
+
+
+def test_another_sink_object_reads_and_edits_the_same_progress(
+    sink: Sink, place: SinkUnderTest
+) -> None:
+    for start in range(0, 4):
+        written(sink, ["a", "b"], hours(start, start + 1))
+    if place.one_process:
+        sink.close()
+    other = place.make()
+    other.open()
+    try:
+        assert other.progress("f1").windows_of("b") == [hours(0, 4)]
+        assert [c.window for c in other.chunk_log("f1", limit=1)] == [hours(3, 4)]
+        assert other.forget_after("f1", hours(2, 3).start) >= 1
+        assert other.reset("f1", "a") >= 1
+    finally:
+        other.close()
+    if place.one_process:
+        sink.open()
+    assert sink.progress("f1").windows_of("a") == []
+    assert sink.progress("f1").windows_of("b") == [hours(0, 2)]
 
 
 def test_tag_and_alarm_datasets_live_side_by_side(sink: Sink) -> None:
@@ -280,7 +319,9 @@ def test_a_second_run_of_a_flow_is_refused_at_once(sink: Sink, place: SinkUnderT
 
 
 def test_probe_says_what_it_found_and_creates_nothing(place: SinkUnderTest) -> None:
-    found = place.make().probe()
+    made = place.make()
+    assert isinstance(made, Probes)
+    found = made.probe()
     assert isinstance(found, str)
     assert found
     assert not place.created()
@@ -340,5 +381,85 @@ def test_a_write_killed_between_data_and_state_leaves_the_chunk_whole_or_absent(
         else:
             assert held == 0
             assert sink.chunk_log("f1") == []
+    finally:
+        sink.close()
+
+
+STOPPED_AT_COMMIT = """
+import importlib, json, sys
+from tests.sinks.contract_sinks import build
+from tests.sinks.sql.sql_frames import history, hours, scope
+cls, kwargs, step, when = json.loads(sys.argv[1])
+module, attribute = step.split(":")
+*owners, name = attribute.split(".")
+holder = importlib.import_module(module)
+for owner in owners:
+    holder = getattr(holder, owner)
+commit = getattr(holder, name)
+
+
+def stopped(*args, **kwargs):
+    if when == "after":
+        commit(*args, **kwargs)
+    print("stopped", flush=True)
+    sys.stdin.readline()  # killed while waiting here
+    raise SystemExit("not killed")
+
+
+sink = build(cls, kwargs)
+sink.open()
+tags = [f"t{i}" for i in range(5)]
+first = history(tags, hours(0, 2))
+sink.write(scope(tags, hours(0, 2)), first, len(first))
+setattr(holder, name, stopped)
+second = history(tags, hours(1, 3), step_s=300)
+sink.write(scope(tags, hours(1, 3)), second, len(second))
+"""
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("name", sink_params(COMMIT_STEPS))
+def test_a_writer_killed_at_its_commit_step_leaves_the_chunk_absent_or_whole(
+    request: pytest.FixtureRequest, tmp_path: Path, name: str, when: str
+) -> None:
+    """The child stops at the step every write commits through (`COMMIT_STEPS`), before or
+    after it, and says so; it is killed while it waits there: never at a guessed moment."""
+    factory, _ = SINKS[name]
+    place = factory(request, tmp_path)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            STOPPED_AT_COMMIT,
+            json.dumps([place.cls, place.kwargs, COMMIT_STEPS[name], when]),
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        env=environment_for_children(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "stopped\n", "the child reached its commit step"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+        for stream in (child.stdout, child.stdin):
+            if stream is not None:
+                stream.close()
+    tags = [f"t{i}" for i in range(5)]
+    first = history(tags, hours(0, 2))
+    second = history(tags, hours(1, 3), step_s=300)
+    sink = place.make()
+    sink.open()
+    try:
+        if when == "after":
+            kept = first[first["ts"] < hours(1, 2).start]
+            assert_holds(sink, "hist", HIST, pd.concat([kept, second], ignore_index=True))
+            assert sink.progress("f1").windows_of("t0") == [hours(0, 3)]
+        else:
+            assert_holds(sink, "hist", HIST, first)
+            assert sink.progress("f1").windows_of("t0") == [hours(0, 2)]
     finally:
         sink.close()

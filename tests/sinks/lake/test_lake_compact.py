@@ -13,8 +13,9 @@ import pytest
 import sinks.lake.compact
 from sinks.lake.compact import SmallFile, merge_batches, owners_of
 from sinks.lake.sink import ParquetLake
-from sinks.store.objects import Entry, LakeStore
+from sinks.store.objects import Entry
 from tests.sinks.lake.lake_frames import history_frame, rows_of, scope, window
+from tests.sinks.lake.stores import HookedStore
 
 TAGS = ("/plant/a", "/plant/b", "/plant/c")
 
@@ -65,7 +66,8 @@ def test_compaction_of_many_small_files_holds_bounded_rows_and_a_linear_intent(
     """What made 2,880 one-minute files take 2 GB: every merged chunk's marker update listed
     every input file (quadratic), and all inputs were held at once. Now a merge holds at
     most `MERGE_MAX_ROWS` rows, and the intent names each input once per owner."""
-    lake = ParquetLake(str(tmp_lake), target_file_rows=10_000)
+    store = HookedStore(str(tmp_lake))
+    lake = ParquetLake(str(tmp_lake), target_file_rows=10_000, store=store)
     for m in range(120):  # two hours of one-minute chunks: 120 files of 3 rows
         win = window(m / 60, (m + 1) / 60)
         frame = history_frame(TAGS, win, step_s=60)
@@ -82,14 +84,13 @@ def test_compaction_of_many_small_files_holds_bounded_rows_and_a_linear_intent(
 
     monkeypatch.setattr(sinks.lake.compact, "merged_rows", counting)
     intents: list[dict[str, Any]] = []
-    write_json = LakeStore.write_json
 
-    def recording(store: LakeStore, path: str, value: Any, **kw: Any) -> None:
+    def recording(write_json: Any, path: str, value: Any, **kw: Any) -> None:
         if "/pending/" in path:
             intents.append(value)
-        write_json(store, path, value, **kw)
+        write_json(path, value, **kw)
 
-    monkeypatch.setattr(LakeStore, "write_json", recording)
+    store.hook("write_json", recording)
     assert lake.compact("hist") == 120
     assert held == [99, 99, 99, 63], "33 files of 3 rows at a time: at most MERGE_MAX_ROWS"
     assert len(intents) == 4

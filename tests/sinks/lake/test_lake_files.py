@@ -8,12 +8,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from connectors import schema
 from sinks.lake.files import FileFormat, LakeFiles, file_metadata, footer_info
 from sinks.store.objects import Entry, LakeStore
 from tests.sinks.lake.lake_frames import T0, history_frame, window
+from tests.sinks.lake.stores import HookedStore
 
 KIND = schema.KIND_TAG_HISTORY
 MS0 = int(T0.timestamp() * 1000)
@@ -64,26 +64,26 @@ def test_the_format_dictionary_encodes_strings_only_and_delta_encodes_ts() -> No
     assert FileFormat().group_rows == 256 * 1024
 
 
-def counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[str]:
+def counting(store: HookedStore, name: str) -> list[str]:
+    """The paths the store's `name` is called with, from now on."""
     calls: list[str] = []
-    original = getattr(LakeStore, name)
 
-    def counted(store: LakeStore, path: str, *args: Any, **kw: Any) -> Any:
+    def counted(operation: Any, path: str, *args: Any, **kw: Any) -> Any:
         calls.append(path)
-        return original(store, path, *args, **kw)
+        return operation(path, *args, **kw)
 
-    monkeypatch.setattr(LakeStore, name, counted)
+    store.hook(name, counted)
     return calls
 
 
 def test_a_footer_is_read_once_per_version_of_its_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    store = LakeStore(str(tmp_path))
+    store = HookedStore(str(tmp_path))
     files = LakeFiles(store, grace_s=60.0, decoded_rows=100)
     path = tmp_path / "d" / "part-a.parquet"
     put(path, history(["/a"], 0, 3), [("f", "a")])
-    reads = counting(monkeypatch, "read_parquet_metadata")
+    reads = counting(store, "read_parquet_metadata")
     first = entry(store, path)
     assert files.info(first, KIND).rows == 3
     assert files.info(first, KIND).rows == 3
@@ -95,14 +95,14 @@ def test_a_footer_is_read_once_per_version_of_its_file(
 
 
 def test_decoded_rows_are_kept_within_the_budget_least_recent_out(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    store = LakeStore(str(tmp_path))
+    store = HookedStore(str(tmp_path))
     files = LakeFiles(store, grace_s=60.0, decoded_rows=8)
     for name in "abc":
         put(tmp_path / "d" / f"part-{name}.parquet", history(["/a"], 0, 4), [("f", name)])
     a, b, c = (entry(store, tmp_path / "d" / f"part-{n}.parquet") for n in "abc")
-    reads = counting(monkeypatch, "read_table")
+    reads = counting(store, "read_table")
     for item in (a, b, a, c, a, b):  # 4 rows each: two files fit
         table = files.decoded(item, KIND)
         assert pa.types.is_dictionary(table.schema.field("tag").type)
@@ -118,9 +118,9 @@ def test_decoded_rows_are_kept_within_the_budget_least_recent_out(
 
 
 def test_a_listing_is_kept_until_its_directory_changes_and_sweeps_old_empty_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    store = LakeStore(str(tmp_path))
+    store = HookedStore(str(tmp_path))
     files = LakeFiles(store, grace_s=0.5, decoded_rows=100)
     directory = tmp_path / "d"
     put(directory / "part-a.parquet", history(["/a"], 0, 3), [("f", "a")])
@@ -129,7 +129,7 @@ def test_a_listing_is_kept_until_its_directory_changes_and_sweeps_old_empty_file
     (directory / "notes.txt").write_text("not data")
     time.sleep(0.7)  # past the grace: ages are the store's (ctime on local disk)
     put(directory / "part-new.parquet", schema.TAG_HISTORY_SCHEMA.empty_table(), [])
-    listings = counting(monkeypatch, "listdir")
+    listings = counting(store, "listdir")
     names = [e.name for e in files.listing(str(directory), KIND)]
     assert sorted(names) == ["part-a.parquet", "part-new.parquet"]
     assert sorted(p.name for p in directory.iterdir()) == [

@@ -17,13 +17,14 @@ from sinks.lake.journal import Journal, Plan, empty_op, intent_of, needs_sync, p
 from sinks.lake.state import LakeState, new_marker
 from sinks.store.objects import LakeStore
 from tests.sinks.lake.lake_frames import history_frame, window
+from tests.sinks.lake.stores import Crash, Crasher
 
 PART = "hist/date=2024-03-01"
 KIND = schema.KIND_TAG_HISTORY
 
 
-def journal_at(root: Path) -> Journal:
-    store = LakeStore(str(root))
+def journal_at(root: Path, store: LakeStore | None = None) -> Journal:
+    store = store or LakeStore(str(root))
     files = LakeFiles(store, grace_s=60.0, decoded_rows=1_000)
     datasets = DatasetFacts(store, lake="lake", partition="date")
     return Journal(store, LakeState(store), files, datasets, FileFormat())
@@ -115,37 +116,22 @@ def test_a_commit_places_empties_repoints_markers_and_leaves_no_intent(tmp_path:
     assert not list((tmp_path / "_historian/hist/tmp").iterdir())
 
 
-class Crash(BaseException):
-    """A simulated SIGKILL: raised by the n-th file operation, and by every one after it."""
-
-
 def test_a_crash_at_every_step_of_a_commit_recovers_to_before_or_after(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     reference = journal_at(tmp_path / "reference")
     seed(reference)
     before = snapshot(tmp_path / "reference")
     reference.commit(plan_b(reference))
     after = snapshot(tmp_path / "reference")
-    calls = {"at": 0, "n": 0}
-    for name in ("replace", "copy_over", "remove", "write_json", "sync_dir"):
-        original = getattr(LakeStore, name)
-
-        def wrapped(store: LakeStore, *args: Any, _original: Any = original, **kw: Any) -> Any:
-            if calls["at"]:
-                calls["n"] += 1
-                if calls["n"] >= calls["at"]:
-                    raise Crash
-            return _original(store, *args, **kw)
-
-        monkeypatch.setattr(LakeStore, name, wrapped)
+    crasher = Crasher(("replace", "copy_over", "remove", "write_json", "sync_dir"))
     outcomes = []
     for step in range(1, 30):
         root = tmp_path / f"crash{step}"
-        journal = journal_at(root)
+        journal = journal_at(root, crasher.store(str(root)))
         seed(journal)
         plan = plan_b(journal)
-        calls.update(at=step, n=0)
+        crasher.arm(step)
         try:
             journal.commit(plan)
         except Crash:
@@ -153,7 +139,7 @@ def test_a_crash_at_every_step_of_a_commit_recovers_to_before_or_after(
         else:
             crashed = False
         finally:
-            calls.update(at=0)
+            crasher.disarm()
         if not crashed:
             break
         journal_at(root).recover("hist")

@@ -4,16 +4,17 @@ and files that stay readable for readers that listed them."""
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pyarrow.parquet as pq
-import pytest
 
 from sinks.lake.sink import ParquetLake
 from sinks.store.objects import LakeStore
 from tests.sinks.lake.lake_frames import concat, history_frame, in_scope, rows_of, scope, window
+from tests.sinks.lake.stores import HookedStore
 
 TAGS = ("/plant/a", "/plant/b", "/plant/c", "/plant/d")
 MINUTES = 60
@@ -30,9 +31,9 @@ def write_minute(lake: ParquetLake, m: int, **kw: Any) -> None:
     lake.write(scope(TAGS, minute(m), f"m{m:02d}"), frame, len(frame))
 
 
-def compacted_hour(root: Path) -> tuple[ParquetLake, Path]:
+def compacted_hour(root: Path, store: LakeStore | None = None) -> tuple[ParquetLake, Path]:
     """An hour of one-minute chunks, compacted into one file."""
-    lake = ParquetLake(str(root))
+    lake = ParquetLake(str(root), store=store)
     for m in range(MINUTES):
         write_minute(lake, m)
     lake.compact("hist")
@@ -41,31 +42,35 @@ def compacted_hour(root: Path) -> tuple[ParquetLake, Path]:
 
 
 class FileOps:
-    """Counts the lake's file operations: what a write costs, not how long it takes."""
+    """Counts a lake's file operations: what a write costs, not how long it takes."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    NAMES = ("write_parquet", "write_parquet_parts", "replace", "copy_over", "read_table")
+
+    def __init__(self, root: Path) -> None:
+        self.store = HookedStore(str(root))
         self.calls: Counter[str] = Counter()
         self.rows_written = 0
-        for name in ("write_parquet", "write_parquet_parts", "replace", "copy_over", "read_table"):
-            monkeypatch.setattr(LakeStore, name, self._wrap(name, getattr(LakeStore, name)))
 
-    def _wrap(self, name: str, original: Any) -> Any:
-        def wrapped(store: LakeStore, *args: Any, **kwargs: Any) -> Any:
-            self.calls[name] += 1
-            if name == "write_parquet":
-                self.rows_written += args[0].num_rows
-            return original(store, *args, **kwargs)
+    def start(self) -> None:
+        """Count from now on."""
+        for name in self.NAMES:
+            self.store.hook(name, partial(self._count, name))
 
-        return wrapped
+    def _count(self, name: str, operation: Any, *args: Any, **kwargs: Any) -> Any:
+        self.calls[name] += 1
+        if name == "write_parquet":
+            self.rows_written += args[0].num_rows
+        return operation(*args, **kwargs)
 
 
 def test_reextracting_unchanged_rows_over_a_compacted_file_writes_no_data(
-    tmp_lake: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_lake: Path,
 ) -> None:
-    lake, merged = compacted_hour(tmp_lake)
+    ops = FileOps(tmp_lake)
+    lake, merged = compacted_hour(tmp_lake, ops.store)
     before, stat = rows_of(lake.read("hist", "tag_history")), merged.stat()
     progress = lake.progress("f")
-    ops = FileOps(monkeypatch)
+    ops.start()
     for m in range(MINUTES):  # the same chunks again, same rows
         write_minute(lake, m)
     assert ops.calls["write_parquet"] == 0, "no data file written"
@@ -81,11 +86,12 @@ def test_reextracting_unchanged_rows_over_a_compacted_file_writes_no_data(
 
 
 def test_a_changed_chunk_over_a_compacted_file_joins_it_in_one_rename(
-    tmp_lake: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_lake: Path,
 ) -> None:
-    lake, merged = compacted_hour(tmp_lake)
+    ops = FileOps(tmp_lake)
+    lake, merged = compacted_hour(tmp_lake, ops.store)
     others = {p: p.stat().st_mtime_ns for p in (tmp_lake / "hist").rglob("*.parquet")}
-    ops = FileOps(monkeypatch)
+    ops.start()
     write_minute(lake, 30, value=0.5)  # a late correction of one minute
     assert ops.calls["write_parquet"] == 1
     assert ops.calls["replace"] == 1, "one rename: a reader sees the file before or after"

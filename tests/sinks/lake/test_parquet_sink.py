@@ -23,7 +23,6 @@ from connectors import schema
 from sinks.base import FlowLocked, Sink, SinkError, SinkUnavailable
 from sinks.lake.sink import ParquetLake
 from sinks.store.layout import is_data_file
-from sinks.store.objects import LakeStore
 from tests.sinks.lake.lake_frames import (
     ATTRS,
     HOSTILE_TAGS,
@@ -36,14 +35,21 @@ from tests.sinks.lake.lake_frames import (
     scope,
     window,
 )
+from tests.sinks.lake.stores import Crash, Crasher, HookedStore
 
 TAGS = ("/plant/a", "/plant/b", "/plant/c", "/plant/d")
 KEY = ["node", "tag", "ts", "seq"]
 
 
 @pytest.fixture
-def lake(tmp_lake: Path) -> Iterator[ParquetLake]:
-    sink = ParquetLake(str(tmp_lake), name="lake")
+def store(tmp_lake: Path) -> HookedStore:
+    """The `lake` fixture's store: a test hooks its file operations here."""
+    return HookedStore(str(tmp_lake))
+
+
+@pytest.fixture
+def lake(tmp_lake: Path, store: HookedStore) -> Iterator[ParquetLake]:
+    sink = ParquetLake(str(tmp_lake), name="lake", store=store)
     sink.open()
     yield sink
     sink.close()
@@ -317,21 +323,18 @@ def test_members_with_the_same_windows_share_them_and_a_later_chunk_changes_only
 
 
 def test_progress_reads_the_snapshot_again_only_after_another_process_saved_one(
-    lake: ParquetLake, tmp_lake: Path, monkeypatch: pytest.MonkeyPatch
+    lake: ParquetLake, tmp_lake: Path, store: HookedStore
 ) -> None:
-    from sinks.store.objects import LakeStore
-
     reads: list[str] = []
-    original = LakeStore.read_json
 
-    def counting(self: LakeStore, path: str, **kw: Any) -> Any:
+    def counting(read_json: Any, path: str, **kw: Any) -> Any:
         if path.endswith("progress.json"):
             reads.append(path)
-        return original(self, path, **kw)
+        return read_json(path, **kw)
 
     write(lake, TAGS, window(0, 1), "c1")
     assert lake.progress("f").windows_of(TAGS[0]) == [window(0, 1)]
-    monkeypatch.setattr(LakeStore, "read_json", counting)
+    store.hook("read_json", counting)
     write(lake, TAGS, window(1, 2), "c2")
     assert lake.progress("f").windows_of(TAGS[0]) == [window(0, 2)]
     assert reads == [], "the snapshot this process saved is still the file's"
@@ -569,41 +572,13 @@ def test_a_null_in_a_key_column_sorts_last_as_a_sort_puts_it(
     assert pq.read_table(path).column("status").to_pylist() == [one["status"].iloc[0], None]
 
 
-class Crash(BaseException):
-    """A simulated SIGKILL: raised by the n-th file operation, and by every one after it."""
-
-
-class Crasher:
-    OPS = ("replace", "remove", "write_json", "write_parquet", "write_parquet_parts")
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.at: int | None = None
-        self.calls = 0
-        for name in self.OPS:
-            original = getattr(LakeStore, name)
-            monkeypatch.setattr(LakeStore, name, self._wrap(original))
-
-    def _wrap(self, original: Any) -> Any:
-        def wrapped(store: LakeStore, *args: Any, **kwargs: Any) -> Any:
-            if self.at is not None:
-                self.calls += 1
-                if self.calls >= self.at:
-                    raise Crash
-            return original(store, *args, **kwargs)
-
-        return wrapped
-
-    def arm(self, at: int) -> None:
-        self.at, self.calls = at, 0
-
-    def disarm(self) -> None:
-        self.at = None
+CRASH_OPS = ("replace", "remove", "write_json", "write_parquet", "write_parquet_parts")
 
 
 def test_a_crash_at_any_step_shows_rows_at_most_once_and_recovers_exactly_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    crasher = Crasher(monkeypatch)
+    crasher = Crasher(CRASH_OPS)
     a_scope, b_scope = (TAGS[:2], window(18, 26)), (TAGS[1:3], window(22, 30))
     a_rows = history_frame(*a_scope)
     b_rows = history_frame(*b_scope, step_s=300)
@@ -620,7 +595,7 @@ def test_a_crash_at_any_step_shows_rows_at_most_once_and_recovers_exactly_once(
     outcomes = set()
     for step in range(1, 40):
         root = tmp_path / f"crash{step}"
-        sink = ParquetLake(str(root), target_file_rows=1000)
+        sink = ParquetLake(str(root), target_file_rows=1000, store=crasher.store(str(root)))
         sink.write(scope(*a_scope, "A"), a_rows, len(a_rows))
         crasher.arm(step)
         try:
@@ -654,7 +629,7 @@ def test_a_crash_at_any_step_shows_rows_at_most_once_and_recovers_exactly_once(
 
 
 def test_a_lost_staged_file_rolls_back_and_forgets_the_touched_chunks(
-    lake: ParquetLake, tmp_lake: Path, monkeypatch: pytest.MonkeyPatch
+    lake: ParquetLake, tmp_lake: Path, store: HookedStore
 ) -> None:
     a_rows = history_frame(TAGS[:2], window(0, 6))
     o_rows = history_frame(TAGS[2:], window(0, 6))
@@ -662,19 +637,18 @@ def test_a_lost_staged_file_rolls_back_and_forgets_the_touched_chunks(
     lake.write(scope(TAGS[:2], window(0, 6), "A"), a_rows, len(a_rows))
     lake.write(scope(TAGS[2:], window(0, 6), "O"), o_rows, len(o_rows))
     write(lake, TAGS[3:], window(6, 9), "untouched")
-    original = LakeStore.replace
     calls: list[str] = []
 
-    def replace_once(store: LakeStore, source: str, target: str) -> None:
+    def replace_once(replace: Any, source: str, target: str) -> None:
         if calls:
             raise Crash
         calls.append(target)
-        original(store, source, target)
+        replace(source, target)
 
-    monkeypatch.setattr(LakeStore, "replace", replace_once)
+    store.hook("replace", replace_once)
     with pytest.raises(Crash):
         lake.write(scope(TAGS[1:3], window(3, 9), "B"), b_rows, len(b_rows))
-    monkeypatch.setattr(LakeStore, "replace", original)
+    store.unhook("replace")
     assert len(calls) == 1, "one earlier file rewritten, then killed"
     for temp in (tmp_lake / "_historian/hist/tmp").iterdir():
         temp.unlink()  # staged files lost: the intent cannot be finished
@@ -697,10 +671,10 @@ def test_a_lost_staged_file_rolls_back_and_forgets_the_touched_chunks(
 
 
 def test_a_crash_during_compaction_recovers(
-    tmp_lake: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_lake: Path,
 ) -> None:
-    crasher = Crasher(monkeypatch)
-    sink = ParquetLake(str(tmp_lake), target_file_rows=1000)
+    crasher = Crasher(CRASH_OPS)
+    sink = ParquetLake(str(tmp_lake), target_file_rows=1000, store=crasher.store(str(tmp_lake)))
     for i in range(6):
         write(sink, TAGS, window(i * 2, i * 2 + 2), f"k{i}")
     before = rows_of(sink.read("hist", "tag_history"))
@@ -717,18 +691,17 @@ def test_a_crash_during_compaction_recovers(
 
 @pytest.mark.parametrize("failure", [errno.ENOSPC, errno.EROFS])
 def test_disk_full_or_read_only_is_a_clear_error_with_nothing_half_written(
-    lake: ParquetLake, tmp_lake: Path, monkeypatch: pytest.MonkeyPatch, failure: int
+    lake: ParquetLake, tmp_lake: Path, store: HookedStore, failure: int
 ) -> None:
     write(lake, TAGS, window(0, 6), "c1")
     before, files = rows_of(lake.read("hist", "tag_history")), data_files(tmp_lake)
-    original = LakeStore.write_parquet
 
-    def failing(store: LakeStore, table: pa.Table, path: str, **options: Any) -> None:
+    def failing(write_parquet: Any, table: pa.Table, path: str, **options: Any) -> None:
         with open(path, "wb") as handle:
             handle.write(b"PAR1 half")
         raise OSError(failure, os.strerror(failure))
 
-    monkeypatch.setattr(LakeStore, "write_parquet", failing)
+    store.hook("write_parquet", failing)
     with pytest.raises(SinkError) as caught:
         write(lake, TAGS, window(3, 9), "c2")
     assert str(caught.value) == (
@@ -737,15 +710,8 @@ def test_disk_full_or_read_only_is_a_clear_error_with_nothing_half_written(
     assert data_files(tmp_lake) == files
     assert list((tmp_lake / "_historian/hist/tmp").iterdir()) == []
     assert not (tmp_lake / "_historian/hist/pending/c2.json").exists()
-    monkeypatch.setattr(LakeStore, "write_parquet", original)
+    store.unhook("write_parquet")
     assert rows_of(lake.read("hist", "tag_history")) == before
-
-    def refuse(store: LakeStore, path: str, data: bytes) -> None:
-        raise OSError(failure, os.strerror(failure))
-
-    monkeypatch.setattr(LakeStore, "write_bytes", refuse)
-    with pytest.raises(SinkError, match=f"is not writable: {os.strerror(failure)}$"):
-        lake.check_writable()
 
 
 def test_forget_after_drops_the_chunks_ending_after_it_and_keeps_data(lake: ParquetLake) -> None:
@@ -772,10 +738,9 @@ def test_probe_creates_nothing_and_refuses_a_file_in_the_way(tmp_path: Path) -> 
         ParquetLake(str(tmp_path / "file" / "lake")).probe()
 
 
-def test_check_writable_passes_and_open_creates_the_root(tmp_path: Path) -> None:
+def test_open_creates_the_root_and_only_the_lock_directory(tmp_path: Path) -> None:
     sink = ParquetLake(str(tmp_path / "new" / "lake"))
     sink.open()
-    sink.check_writable()
     assert (tmp_path / "new/lake/_historian").is_dir()
     assert [p.name for p in (tmp_path / "new/lake/_historian").iterdir()] == ["locks"]
 
@@ -851,7 +816,6 @@ def test_s3_write_overwrite_overlap_and_read_back(s3: dict[str, Any]) -> None:
 
     sink = ParquetLake("s3://lake/one", storage_options=s3)
     sink.open()
-    sink.check_writable()
     win = window(20, 28)
     frame = history_frame(TAGS, win, twins=True)
     assert sink.write(scope(TAGS, win, "c1"), frame, len(frame)) == len(frame)
