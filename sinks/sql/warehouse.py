@@ -89,7 +89,6 @@ from sinks.sql.rows import narrow, plain, series_pairs, typed_table
 from sinks.sql.series import SeriesIds
 from sinks.sql.tables import (
     METADATA_TABLE,
-    VERSION_TABLE,
     Layout,
     Storage,
     check_dataset_name,
@@ -309,23 +308,6 @@ class SqlWarehouse:
         finally:
             engine.dispose()
 
-    def check_writable(self) -> None:
-        with self._errors("write check"), self.engine.connect() as conn:
-            conn.execute(
-                sa.text(f"UPDATE {self.layout.table(VERSION_TABLE)} SET version = version")
-            )
-            if self.dialect == "postgresql":
-                target = self.layout.catalog_schema
-                allowed = conn.execute(
-                    sa.text("SELECT has_schema_privilege(:s, 'CREATE')"), {"s": target}
-                ).scalar()
-                if not allowed:
-                    raise SinkError(
-                        f"sink {self.name}: no CREATE privilege on schema {target} "
-                        "(needed for new dataset tables)"
-                    )
-            conn.rollback()
-
     def _ddl_lock(self, conn: Connection) -> None:
         """Serialise CREATE/ALTER of this warehouse's tables across processes (PostgreSQL)."""
         if self.dialect == "postgresql":
@@ -486,11 +468,6 @@ class SqlWarehouse:
         after it, in one transaction; returns the chunk records dropped."""
         with self._errors("forget progress"), self.engine.begin() as conn:
             return state.forget_after(conn, self.layout, flow, moment)
-
-    def compact(self, dataset: str) -> int:
-        """Nothing to merge: the database keeps its own storage (see `Sink.compact`)."""
-        check_dataset_name(dataset)
-        return 0
 
     def read(self, dataset: str, kind: str) -> pd.DataFrame:
         schema = SCHEMAS[kind]

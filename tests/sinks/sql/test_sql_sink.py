@@ -315,8 +315,7 @@ def test_invalid_dataset_names_never_reach_sql(sink: SqlWarehouse) -> None:
             sink.write(scope(["a"], window, dataset=name), schema.empty_frame(HIST), 0)
 
 
-def test_check_writable_and_describe(sink: SqlWarehouse) -> None:
-    sink.check_writable()
+def test_describe_is_one_line_naming_the_database(sink: SqlWarehouse) -> None:
     assert "\n" not in sink.describe()
     assert sink.describe().startswith(("duckdb:///", "postgresql+psycopg://", "mysql+pymysql://"))
 
@@ -740,7 +739,9 @@ def test_state_tables_of_an_earlier_version_are_migrated(tmp_path: Path) -> None
     warehouse = SqlWarehouse(url)
     warehouse.open()
     try:
-        warehouse.check_writable()
+        window = hours(0, 1)
+        rows = history(["a"], window)
+        assert warehouse.write(scope(["a"], window), rows, len(rows)) == len(rows)
         with warehouse.engine.connect() as conn:
             columns = {
                 row[0]
