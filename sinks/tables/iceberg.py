@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -183,8 +183,10 @@ class IcebergLake(TableSink):
 
             if self.local:
                 os.makedirs(self.url, exist_ok=True)
-            catalog = SqlCatalog(
-                self.name, uri=self.catalog_url, warehouse=self.warehouse, **self.properties
+            catalog = open_catalog(
+                lambda: SqlCatalog(
+                    self.name, uri=self.catalog_url, warehouse=self.warehouse, **self.properties
+                )
             )
             create_namespace(catalog, self.namespace)
             self._catalog = catalog
@@ -477,6 +479,20 @@ def _kind_of(table: Any) -> str:
     if kind not in tables.SCHEMAS:
         raise SinkError(f"table {table.name()} records no known kind ({kind!r})")
     return str(kind)
+
+
+def open_catalog(make: Callable[[], Any]) -> Any:
+    """The SQL catalog `make` opens, safe when writers open a new catalog at once: opening
+    creates the catalog's own tables where they are missing, checking first, so of two
+    processes that both found them missing the second's CREATE fails (SQLite: "already
+    exists"; PostgreSQL: a unique key of its own catalog). The tables are there then: the
+    second opening finds them and creates nothing."""
+    import sqlalchemy.exc
+
+    try:
+        return make()
+    except sqlalchemy.exc.DBAPIError:
+        return make()
 
 
 def create_namespace(catalog: Any, namespace: str) -> None:

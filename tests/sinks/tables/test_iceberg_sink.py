@@ -214,3 +214,31 @@ def test_two_writers_creating_the_namespace_at_once_both_open(tmp_path: Path) ->
     create_namespace(first, "historian")
     create_namespace(second, "historian")
     assert first.namespace_exists("historian")
+
+
+def test_two_writers_creating_the_catalog_tables_at_once_both_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a new SQL catalog creates its tables after checking they are missing: the
+    second of two processes that both checked fails on CREATE (seen in the three-process
+    writers test). Here the first writer's tables appear between that check and the CREATE."""
+    from pyiceberg.catalog.sql import SqlCatalog, SqlCatalogBaseTable
+
+    url = str(tmp_path / "ice")
+    creates: list[str] = []
+    original = SqlCatalog.create_tables
+
+    def losing_the_race(catalog: SqlCatalog) -> None:
+        creates.append("create")
+        original(catalog)  # the other writer's tables, made after our check
+        SqlCatalogBaseTable.metadata.create_all(catalog.engine, checkfirst=False)
+
+    monkeypatch.setattr(SqlCatalog, "create_tables", losing_the_race)
+    lake = IcebergLake(url)
+    lake.open()
+    try:
+        hour = window(0, 1)
+        assert write(lake, ["a"], hour, "c1") == len(history_frame(["a"], hour))
+    finally:
+        lake.close()
+    assert creates == ["create"]  # lost once; opened again, the catalog found its tables
