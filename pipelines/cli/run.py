@@ -75,8 +75,9 @@ def _run_flows(
     config: Config | None = None,
     nodes: list[str] | None = None,
 ) -> None:
-    from pipelines.config.models import ConfigError
-    from pipelines.core.runner import RunFailed, RunRequest
+    """Run the flows one after another with a progress bar each, print one summary of
+    them all, and fail (one line) if any did."""
+    from pipelines.core.runner import RunRequest
 
     if config is None:
         config = load(config_path)
@@ -88,60 +89,20 @@ def _run_flows(
     request = RunRequest(
         start=start, end=end, backfill=backfill, nodes=tuple(nodes) if nodes else None
     )
-    outcomes: list[FlowOutcome] = []
     with _progress() as progress:
-        tasks: dict[str, TaskID] = {}
-
-        # One bar per (flow, node): a fleet flow's nodes advance apart.
-        def on_plan(plan: Plan) -> None:
-            key = plan.key or plan.flow
-            tasks[key] = progress.add_task("", total=len(plan.pending), flow=key, rows=0, rate=0.0)
-
-        def on_chunk(outcome: ChunkOutcome, summary: RunSummary) -> None:
-            key = summary.key or summary.flow
-            task = tasks.get(key)
-            if task is None:
-                task = tasks[key] = progress.add_task("", total=None, flow=key, rows=0, rate=0.0)
-            elapsed = max(progress.tasks[task].elapsed or 0.0, 1e-9)
-            progress.update(
-                task, advance=outcome.chunks, rows=summary.rows, rate=summary.rows / elapsed
-            )
-            log_chunk(outcome, summary)
-
+        bars = _Bars(progress)
         # Every flow runs, whatever an earlier one did: one summary says which failed.
-        for name in names:
-            token = current_flow.set(name)
-            try:
-                if direct:
-                    summary = _run_direct(config, config_path, name, request, on_chunk, on_plan)
-                else:
-                    from pipelines.orchestration.flows import run_prefect
-
-                    summary = run_prefect(
-                        config_path,
-                        name,
-                        request,
-                        on_chunk=on_chunk,
-                        on_plan=on_plan,
-                        config=config,
-                        record_task_runs=False,
-                    )
-                outcomes.append(FlowOutcome(name, summary))
-            except RunFailed as exc:
-                reason = _failure(config, name, exc, exc.summary.chunks_done)
-                outcomes.append(FlowOutcome(name, exc.summary, reason))
-            except ConfigError:
-                raise
-            except Exception as exc:
-                from sinks.base import SinkError
-
-                if not isinstance(exc, NodeError | SinkError | UserError):
-                    raise
-                outcomes.append(FlowOutcome(name, None, _failure(config, name, exc, 0)))
-            finally:
-                current_flow.reset(token)
+        outcomes = [
+            _run_one(config, config_path, name, request, bars, direct=direct) for name in names
+        ]
     title = "historian backfill" if backfill else "historian run"
     print_outcomes(config, config_path, outcomes, title=title)
+    _raise_failures(outcomes)
+
+
+def _raise_failures(outcomes: list[FlowOutcome]) -> None:
+    """The command's one error line: the reason when its only flow failed, else which
+    flows failed (their reasons are printed under the summary)."""
     failed = [o for o in outcomes if o.failure]
     if len(failed) == 1 and len(outcomes) == 1:
         raise UserError(failed[0].failure or "")
@@ -151,6 +112,79 @@ def _run_flows(
             + ", ".join(o.flow for o in failed)
             + " (reasons above)"
         )
+
+
+class _Bars:
+    """One progress bar per (flow, node): a fleet flow's nodes advance apart."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._tasks: dict[str, TaskID] = {}
+
+    def on_plan(self, plan: Plan) -> None:
+        key = plan.key or plan.flow
+        self._tasks[key] = self._progress.add_task(
+            "", total=len(plan.pending), flow=key, rows=0, rate=0.0
+        )
+
+    def on_chunk(self, outcome: ChunkOutcome, summary: RunSummary) -> None:
+        key = summary.key or summary.flow
+        task = self._tasks.get(key)
+        if task is None:
+            task = self._tasks[key] = self._progress.add_task(
+                "", total=None, flow=key, rows=0, rate=0.0
+            )
+        elapsed = max(self._progress.tasks[task].elapsed or 0.0, 1e-9)
+        self._progress.update(
+            task, advance=outcome.chunks, rows=summary.rows, rate=summary.rows / elapsed
+        )
+        log_chunk(outcome, summary)
+
+
+def _run_one(
+    config: Config,
+    config_path: Path,
+    name: str,
+    request: RunRequest,
+    bars: _Bars,
+    *,
+    direct: bool,
+) -> FlowOutcome:
+    """One flow, in this process or as a Prefect flow run: its outcome, with the reason
+    when it failed in a way the user can act on (anything else propagates)."""
+    from pipelines.config.models import ConfigError
+    from pipelines.core.runner import RunFailed
+
+    token = current_flow.set(name)
+    try:
+        if direct:
+            summary = _run_direct(config, config_path, name, request, bars.on_chunk, bars.on_plan)
+        else:
+            from pipelines.orchestration.flows import run_prefect
+
+            summary = run_prefect(
+                config_path,
+                name,
+                request,
+                on_chunk=bars.on_chunk,
+                on_plan=bars.on_plan,
+                config=config,
+                record_task_runs=False,
+            )
+        return FlowOutcome(name, summary)
+    except RunFailed as exc:
+        reason = _failure(config, name, exc, exc.summary.chunks_done)
+        return FlowOutcome(name, exc.summary, reason)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        from sinks.base import SinkError
+
+        if not isinstance(exc, NodeError | SinkError | UserError):
+            raise
+        return FlowOutcome(name, None, _failure(config, name, exc, 0))
+    finally:
+        current_flow.reset(token)
 
 
 def _failure(config: Config, name: str, failed: BaseException, chunks_done: int) -> str:
