@@ -4,7 +4,7 @@ loopback until Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
 import signal
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,6 +16,9 @@ from pipelines.cli.base import (
     out,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from connectors.simulator import SimConfig
 
 
 @app.command()
@@ -52,28 +55,12 @@ def simulate(
 ) -> None:
     """Serve the built-in node simulator (the whole REST interface) until Ctrl-C."""
     with user_errors():
-        from connectors.simulator import SimConfig, serve_forever
-        from connectors.simulator.config import MAX_PERIOD_MS
-        from connectors.simulator.profiles import BEHAVIOURS, PROFILES, behaviours_of
-        from connectors.simulator.server import PortInUse
+        from connectors.simulator import SimConfig
 
         if profile == "list":
-            for name, behaviours in PROFILES.items():
-                out.print(f"{name}: {', '.join(sorted(behaviours)) or '-'}", highlight=False)
-            for name, what in BEHAVIOURS.items():
-                out.print(f"  {name}: {what}", highlight=False, soft_wrap=True)
+            _print_profiles()
             return
-        try:
-            behaviours_of(profile)
-        except ValueError as exc:
-            raise UserError(f"--profile: {exc}", EXIT_USAGE) from None
-
-        if not 10 <= tags <= 100_000:
-            raise UserError("--tags must be between 10 and 100000", EXIT_USAGE)
-        if period_ms is not None and not 1 <= period_ms <= MAX_PERIOD_MS:
-            raise UserError(f"--period-ms must be between 1 and {MAX_PERIOD_MS}", EXIT_USAGE)
-        if replay_limit_mb < 0:
-            raise UserError("--replay-limit-mb must not be negative", EXIT_USAGE)
+        _check_options(profile, tags=tags, period_ms=period_ms, replay_limit_mb=replay_limit_mb)
         config = SimConfig(
             seed=seed,
             tags=tags,
@@ -92,15 +79,50 @@ def simulate(
             + (" (bearer token required)" if token else ""),
             highlight=False,
         )
-        # `kill` stops it as cleanly as Ctrl-C: the servers close and the CA file goes.
-        signal.signal(signal.SIGTERM, _interrupt)
-        try:
-            serve_forever(config, http_port=port, https_port=https_port or None, host=host)
-        except PortInUse as exc:
-            option = "--port" if exc.port == port else "--https-port"
-            raise UserError(f"{option}: {exc.strerror}; choose another port") from None
-        except KeyboardInterrupt:
-            err.print("simulator stopped")
+        _serve(config, host=host, port=port, https_port=https_port)
+
+
+def _print_profiles() -> None:
+    """`--profile list`: each profile and its behaviours, then what each behaviour does."""
+    from connectors.simulator.profiles import BEHAVIOURS, PROFILES
+
+    for name, behaviours in PROFILES.items():
+        out.print(f"{name}: {', '.join(sorted(behaviours)) or '-'}", highlight=False)
+    for name, what in BEHAVIOURS.items():
+        out.print(f"  {name}: {what}", highlight=False, soft_wrap=True)
+
+
+def _check_options(profile: str, *, tags: int, period_ms: int | None, replay_limit_mb: int) -> None:
+    """The options the simulator cannot serve, refused as usage errors before it starts."""
+    from connectors.simulator.config import MAX_PERIOD_MS
+    from connectors.simulator.profiles import behaviours_of
+
+    try:
+        behaviours_of(profile)
+    except ValueError as exc:
+        raise UserError(f"--profile: {exc}", EXIT_USAGE) from None
+    if not 10 <= tags <= 100_000:
+        raise UserError("--tags must be between 10 and 100000", EXIT_USAGE)
+    if period_ms is not None and not 1 <= period_ms <= MAX_PERIOD_MS:
+        raise UserError(f"--period-ms must be between 1 and {MAX_PERIOD_MS}", EXIT_USAGE)
+    if replay_limit_mb < 0:
+        raise UserError("--replay-limit-mb must not be negative", EXIT_USAGE)
+
+
+def _serve(config: SimConfig, *, host: str, port: int, https_port: int) -> None:
+    """Serve until Ctrl-C or SIGTERM; a port in use is named by its option."""
+    from connectors.simulator import serve_forever
+    from connectors.simulator.server import PortInUse
+
+    # `kill` stops it as cleanly as Ctrl-C: the servers close and the CA file goes.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        serve_forever(config, http_port=port, https_port=https_port or None, host=host)
+    except PortInUse as exc:
+        option = "--port" if exc.port == port else "--https-port"
+        raise UserError(f"{option}: {exc.strerror}; choose another port") from None
+    except KeyboardInterrupt:
+        err.print("simulator stopped")
 
 
 def _interrupt(signum: int, frame: object) -> None:
