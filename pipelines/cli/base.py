@@ -2,7 +2,7 @@
 logging (rich or JSON lines) and reading flows.yaml.
 
 Kept apart from `pipelines.cli.app` so that each group of commands can live in a small module
-of its own (`cli_state`, `cli_plan`, ...) that registers itself on `app`.
+of its own (`run`, `state`, `plan`, ...) that registers itself on `app`.
 """
 
 from __future__ import annotations

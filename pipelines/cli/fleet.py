@@ -16,7 +16,7 @@ from pipelines.config.models import Config
 from sinks.base import SinkError
 
 if TYPE_CHECKING:
-    from pipelines.orchestration.fleet import ShardRun
+    from pipelines.orchestration.fleet import ShardResult, ShardRun
 
 # Lease expiries are the holders' wall clocks: allow for machines a little apart.
 LEASE_SKEW_S = 10.0
@@ -36,6 +36,30 @@ def sharded_backfill(
 ) -> None:
     """Submit the shards, wait for every one, print a line each and a total; a failed
     shard (named) makes the command fail: re-running it runs only what is left."""
+    work_pool = _checked_pool(pool, by)
+    config = load(config_path)
+    check_flow(config, flow, config_path)
+    from pipelines.orchestration.fleet import plan_shards, submit_backfill, wait_for_shards
+
+    settled = datetime.now(UTC) - config.flows[flow].settle
+    end = min(end, settled) if end is not None else settled  # one end for every shard
+    if end <= start:
+        raise UserError(
+            f"--start {start.isoformat()} is not before the end {end.isoformat()}", EXIT_USAGE
+        )
+    runs = plan_shards(config, flow, shards=shards, per_node=per_node, by=by, only=nodes)  # type: ignore[arg-type]
+    wait_out_crashed_leases(config, config_path, flow, runs)
+    submitted = submit_backfill(config, flow, runs, pool=work_pool, start=start, end=end)
+    out.print(
+        f"submitted {len(submitted)} flow runs of {flow} to work pool {work_pool}; waiting",
+        highlight=False,
+        soft_wrap=True,
+    )
+    print_shard_results(wait_for_shards(submitted))
+
+
+def _checked_pool(pool: str | None, by: str) -> str:
+    """The work pool, once the options and a Prefect server to submit to are there."""
     if pool is None:
         raise UserError(
             "--shards and --per-node need --pool NAME (a Prefect work pool)", EXIT_USAGE
@@ -50,25 +74,11 @@ def sharded_backfill(
                 "a sharded backfill runs on a work pool's Prefect server: set PREFECT_API_URL",
                 EXIT_USAGE,
             )
-    config = load(config_path)
-    check_flow(config, flow, config_path)
-    from pipelines.orchestration.fleet import plan_shards, submit_backfill, wait_for_shards
+    return pool
 
-    settled = datetime.now(UTC) - config.flows[flow].settle
-    end = min(end, settled) if end is not None else settled  # one end for every shard
-    if end <= start:
-        raise UserError(
-            f"--start {start.isoformat()} is not before the end {end.isoformat()}", EXIT_USAGE
-        )
-    runs = plan_shards(config, flow, shards=shards, per_node=per_node, by=by, only=nodes)  # type: ignore[arg-type]
-    wait_out_crashed_leases(config, config_path, flow, runs)
-    submitted = submit_backfill(config, flow, runs, pool=pool, start=start, end=end)
-    out.print(
-        f"submitted {len(submitted)} flow runs of {flow} to work pool {pool}; waiting",
-        highlight=False,
-        soft_wrap=True,
-    )
-    results = wait_for_shards(submitted)
+
+def print_shard_results(results: Sequence[ShardResult]) -> None:
+    """A line per shard run and a total; fails (naming them) when some did not complete."""
     for result in results:
         out.print(result.line(), highlight=False, soft_wrap=True)
     failed = [r for r in results if not r.ok]

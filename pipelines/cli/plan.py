@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from connectors.timewindow import Window
-    from pipelines.config.models import Config
+    from pipelines.config.models import Config, FlowConfig
     from pipelines.core.runner import FlowRun, Plan
     from sinks.base import Progress
 
@@ -162,8 +162,8 @@ def _print_plan(
     *,
     backfill: bool,
 ) -> None:
-    from pipelines.planning import plan_windows, short_duration
-
+    """One unit's plan: the command it stands for, the members, the watermark, the span,
+    the chunks to fetch and the rows to expect, then the first windows and the notes."""
     fc = cfg.flows[flow]
     only = f" --node {run.node_name}" if fc.fleet else ""
     doing = f"historian backfill {flow}{only}" if backfill else f"historian run {flow}{only}"
@@ -189,29 +189,41 @@ def _print_plan(
     if planned.span is None:
         out.print("  span: nothing to fetch (up to date)", highlight=False)
         return
-    windows = len(plan_windows(planned.span, planned.window_size))
-    size = short_duration(planned.window_size) + (" auto" if fc.window == "auto" else "")
-    batches = planned.chunks_planned // max(1, windows)
-    alarms = fc.kind == "alarm_history"
-    per_window = (
-        ""
-        if alarms
-        else f" x {batches} batch{'es' if batches != 1 else ''} (up to {fc.batch} tags each)"
-    )
-    out.print(
-        f"  span: [{_time(planned.span.start)}, {_time(planned.span.end)}), window {size}: "
-        f"{windows} window{'s' if windows != 1 else ''}{per_window}",
-        highlight=False,
-    )
-    pending = planned.pending
+    _print_span(fc, planned, planned.span)
     out.print(
         f"  chunks: {planned.chunks_planned} planned, {run.summary.chunks_skipped} already done "
-        f"in every sink, {len(pending)} to fetch",
+        f"in every sink, {len(planned.pending)} to fetch",
         highlight=False,
     )
     out.print(f"  estimated rows: ~{rows:,.0f} ({how})", highlight=False)
+    _print_windows(planned, alarms=fc.kind == "alarm_history")
+    for note in notes:
+        out.print(f"  note: {note}", highlight=False, soft_wrap=True)
+
+
+def _print_span(fc: FlowConfig, planned: Plan, span: Window) -> None:
+    """The span, its window size and how many windows (and tag batches in each)."""
+    from pipelines.planning import plan_windows, short_duration
+
+    windows = len(plan_windows(span, planned.window_size))
+    size = short_duration(planned.window_size) + (" auto" if fc.window == "auto" else "")
+    batches = planned.chunks_planned // max(1, windows)
+    per_window = (
+        ""
+        if fc.kind == "alarm_history"
+        else f" x {batches} batch{'es' if batches != 1 else ''} (up to {fc.batch} tags each)"
+    )
+    out.print(
+        f"  span: [{_time(span.start)}, {_time(span.end)}), window {size}: "
+        f"{windows} window{'s' if windows != 1 else ''}{per_window}",
+        highlight=False,
+    )
+
+
+def _print_windows(planned: Plan, *, alarms: bool) -> None:
+    """The first windows still to fetch, a line each: their chunks (and tags)."""
     by_window: dict[Window, list[int]] = {}
-    for chunk in pending:
+    for chunk in planned.pending:
         by_window.setdefault(chunk.window, []).append(len(chunk.members))
     listed = sorted(by_window.items())
     for window, members in listed[:LISTED_WINDOWS]:
@@ -222,5 +234,3 @@ def _print_plan(
         )
     if len(listed) > LISTED_WINDOWS:
         out.print(f"    ... {len(listed) - LISTED_WINDOWS} more windows", highlight=False)
-    for note in notes:
-        out.print(f"  note: {note}", highlight=False, soft_wrap=True)

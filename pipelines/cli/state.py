@@ -28,8 +28,8 @@ from pipelines.cli.base import (
 
 if TYPE_CHECKING:
     from pipelines.config.destinations import SinkSet
-    from pipelines.config.models import Config
-    from sinks.base import ChunkRecord, Sink
+    from pipelines.config.models import Config, FlowConfig
+    from sinks.base import ChunkRecord, Progress, Sink
 
 # Chunk records read to find progress recorded past what was settled when it was written.
 _REPAIR_SCAN = 1_000_000
@@ -85,7 +85,6 @@ def state_show(
         return
     with user_errors():
         from pipelines.config.destinations import SinkSet
-        from pipelines.state import flow_watermark, missing_windows, tag_members
 
         cfg = load(config)
         if flow is not None:
@@ -94,6 +93,7 @@ def state_show(
             raise UserError("--node needs --flow", EXIT_USAGE)
         names = [flow] if flow else list(cfg.flows)
         units = [(name, key) for name in names for _, key in cfg.flow_units(name, node)]
+        shown = [(name, key, sink) for name, key in units for sink in cfg.flows[name].sinks]
         now = datetime.now(UTC)
         with SinkSet(cfg, config.resolve().parent) as sinks:
             table = Table(title="historian state", title_justify="left")
@@ -101,40 +101,24 @@ def state_show(
                 table.add_column(column)
             logs: list[tuple[str, str, list[ChunkRecord]]] = []
             warnings: list[str] = []
-            for name, key in units:
-                fc = cfg.flows[name]
-                for sink_name in fc.sinks:
-                    sink, busy = _open(sinks, sink_name)
-                    if sink is None:
-                        table.add_row(key, sink_name, "-", "-", f"[yellow]{busy}[/]")
-                        continue
-                    progress = sink.progress(key)
-                    members = tag_members(progress)
-                    marks = [flow_watermark(progress, [m], fc.start) for m in members]
-                    overall = flow_watermark(progress, members, fc.start) if members else None
-                    ends = [m for m in marks if m is not None]
-                    span = f"{_time(min(ends))} .. {_time(max(ends))}" if ends else "-"
-                    count = str(len(members))
-                    if fc.kind == "alarm_history":
-                        count = f"{len(members)} alarm selection" + ("s" * (len(members) != 1))
-                    table.add_row(key, sink_name, count, _time(overall, True), span)
-                    records = sorted(sink.chunk_log(key, chunks), key=lambda r: r.window.start)
-                    logs.append((key, sink_name, records))
-                    where = f"{key} -> {sink_name}"
-                    poisoned = poisoned_from(sink, key, fc.settle, now)
-                    if poisoned is not None:
-                        warnings.append(
-                            f"[red]POISONED[/] {where}: marked complete past what the node "
-                            f"could have had (from {_time(poisoned, True)}); "
-                            f"repair: historian state repair {_command_args(name, key)}"
-                        )
-                    for tag, windows in missing_windows(progress).items():
-                        shown = ", ".join(str(w) for w in windows[:3])
-                        more = f" (+{len(windows) - 3} more)" if len(windows) > 3 else ""
-                        warnings.append(
-                            f"[yellow]MISSING[/] {where}: tag {tag!r} left out of the node's "
-                            f"answers in {shown}{more}"
-                        )
+            for name, key, sink_name in shown:
+                sink, busy = _open(sinks, sink_name)
+                if sink is None:
+                    table.add_row(key, sink_name, "-", "-", f"[yellow]{busy}[/]")
+                    continue
+                progress = sink.progress(key)
+                table.add_row(key, sink_name, *_progress_cells(cfg.flows[name], progress))
+                records = sorted(sink.chunk_log(key, chunks), key=lambda r: r.window.start)
+                logs.append((key, sink_name, records))
+                warnings += _warnings(
+                    sink,
+                    key,
+                    progress,
+                    cfg.flows[name].settle,
+                    where=f"{key} -> {sink_name}",
+                    repair=_command_args(name, key),
+                    now=now,
+                )
             out.print(table)
             out.print(LEGEND.format(noun="tag"), highlight=False, soft_wrap=True)
             for line in warnings:
@@ -145,6 +129,54 @@ def state_show(
             print_last_backfills(names)
             if mismatches:
                 raise UserError(f"{mismatches} chunks committed a different row count than fetched")
+
+
+def _progress_cells(fc: FlowConfig, progress: Progress) -> tuple[str, str, str]:
+    """A state row's tags (or alarm selections), complete up to, and the span per tag."""
+    from pipelines.state import flow_watermark, tag_members
+
+    members = tag_members(progress)
+    marks = [flow_watermark(progress, [m], fc.start) for m in members]
+    overall = flow_watermark(progress, members, fc.start) if members else None
+    ends = [m for m in marks if m is not None]
+    span = f"{_time(min(ends))} .. {_time(max(ends))}" if ends else "-"
+    count = str(len(members))
+    if fc.kind == "alarm_history":
+        count = f"{len(members)} alarm selection" + ("s" * (len(members) != 1))
+    return count, _time(overall, True), span
+
+
+def _warnings(
+    sink: Sink,
+    key: str,
+    progress: Progress,
+    settle: timedelta,
+    *,
+    where: str,
+    repair: str,
+    now: datetime,
+) -> list[str]:
+    """A line for progress marked complete past what the node could have had (with the
+    `state repair` arguments that forget it), and one per tag the node left out of some
+    windows."""
+    from pipelines.state import missing_windows
+
+    lines: list[str] = []
+    poisoned = poisoned_from(sink, key, settle, now)
+    if poisoned is not None:
+        lines.append(
+            f"[red]POISONED[/] {where}: marked complete past what the node "
+            f"could have had (from {_time(poisoned, True)}); "
+            f"repair: historian state repair {repair}"
+        )
+    for tag, windows in missing_windows(progress).items():
+        shown = ", ".join(str(w) for w in windows[:3])
+        more = f" (+{len(windows) - 3} more)" if len(windows) > 3 else ""
+        lines.append(
+            f"[yellow]MISSING[/] {where}: tag {tag!r} left out of the node's "
+            f"answers in {shown}{more}"
+        )
+    return lines
 
 
 def _print_logs(cfg: Config, logs: list[tuple[str, str, list[ChunkRecord]]]) -> int:

@@ -43,13 +43,30 @@ def print_outcomes(
     )
     out.print(_table(outcomes, title, with_status=with_status))
     summaries = [o.summary for o in outcomes if o.summary is not None]
+    _print_remarks(outcomes, summaries)
+    _print_destinations(config, summaries)
+    base = config_path.resolve().parent
+    hints = read_hints(config, base, [s for s in summaries if s.chunks_done or s.chunks_skipped])
+    if hints:
+        out.print("Read it back:")
+        for hint in hints:
+            out.print(f"  {hint}", highlight=False, soft_wrap=True)
+
+
+def _print_remarks(outcomes: Sequence[FlowOutcome], summaries: Sequence[RunSummary]) -> None:
+    """What each run must tell beyond its counts, then which flows failed and why (one
+    flow's reason is the command's error line itself)."""
     for s in summaries:
         for remark in s.remarks:
             out.print(f"  [yellow]{s.flow}:[/] {remark}", highlight=False, soft_wrap=True)
-    for outcome in outcomes:
-        if outcome.failure and with_status and len(outcomes) > 1:
-            out.print(f"  [red]failed[/] {outcome.failure}", highlight=False, soft_wrap=True)
-    base = config_path.resolve().parent
+    if len(outcomes) > 1:
+        for outcome in outcomes:
+            if outcome.failure:
+                out.print(f"  [red]failed[/] {outcome.failure}", highlight=False, soft_wrap=True)
+
+
+def _print_destinations(config: Config, summaries: Sequence[RunSummary]) -> None:
+    """Where each flow that committed something wrote it: a line per (sink, dataset)."""
     shown: set[tuple[str, str]] = set()
     for s in summaries:
         flow = config.flows.get(s.flow)
@@ -60,11 +77,6 @@ def print_outcomes(
             if where and (sink_name, s.dataset) not in shown:
                 shown.add((sink_name, s.dataset))
                 out.print(f"  {s.flow} -> {sink_name}: {where}", highlight=False)
-    hints = read_hints(config, base, [s for s in summaries if s.chunks_done or s.chunks_skipped])
-    if hints:
-        out.print("Read it back:")
-        for hint in hints:
-            out.print(f"  {hint}", highlight=False, soft_wrap=True)
 
 
 def _table(outcomes: Sequence[FlowOutcome], title: str, *, with_status: bool) -> Table:
@@ -77,15 +89,20 @@ def _table(outcomes: Sequence[FlowOutcome], title: str, *, with_status: bool) ->
         table.add_column(column, justify="left" if left else "right")
     for outcome in outcomes:
         s = outcome.summary
-        status = ["[red]failed[/]" if outcome.failure else "[green]ok[/]"] if with_status else []
+        status = _status(not outcome.failure) if with_status else []
         if s is None:
             table.add_row(outcome.flow, *(["-"] * 8), *status)
             continue
         table.add_row(s.flow, *_cells(s), *status)
         for unit in s.units:  # a fleet flow: one row per node under its totals
-            failed = "[red]failed[/]" if unit.error else "[green]ok[/]"
-            table.add_row(f"  {unit.key}", *_cells(unit), *([failed] if with_status else []))
+            failed = _status(not unit.error) if with_status else []
+            table.add_row(f"  {unit.key}", *_cells(unit), *failed)
     return table
+
+
+def _status(ok: bool) -> list[str]:
+    """The status cell."""
+    return ["[green]ok[/]" if ok else "[red]failed[/]"]
 
 
 def _cells(s: RunSummary) -> list[str]:

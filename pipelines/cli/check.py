@@ -1,0 +1,155 @@
+"""`historian check`: the config, every node, every flow's selection, every schedule and
+every sink probed, one `ok` or `fail` line each; nothing is written."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from connectors.errors import NodeError, one_line
+from pipelines.cli.base import (
+    DEFAULT_CONFIG,
+    ConfigOption,
+    UserError,
+    app,
+    err,
+    load,
+    out,
+    user_errors,
+)
+
+if TYPE_CHECKING:  # config pulls in pandas and pyarrow: imported when needed
+    from pipelines.config.models import Config, FlowConfig
+    from pipelines.config.nodes import ConnectedNode, NodePool
+
+
+@app.command()
+def check(
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+) -> None:
+    """Config valid, every node reachable (and its version), every flow's tags found, every
+    sink writable; writes nothing."""
+    with user_errors():
+        cfg = load(config)
+        out.print(
+            f"[green]ok[/] {config}: {len(cfg.flows)} flows, {len(cfg.nodes)} nodes, "
+            f"{len(cfg.sinks)} sinks",
+            highlight=False,
+        )
+        problems: list[str] = []
+
+        def fail(what: str, exc: Exception) -> None:
+            problems.append(what)
+            err.print(f"[red]fail[/] {what}: {one_line(exc)}", highlight=False, soft_wrap=True)
+
+        from pipelines.config.nodes import NodePool
+
+        with NodePool(cfg) as nodes:
+            reachable = _check_nodes(cfg, nodes, fail)
+            _check_flows(cfg, nodes, reachable, fail)
+        _check_schedules(cfg, fail)
+        _check_sinks(cfg, config.resolve().parent, fail)
+        if problems:
+            # Each reason is on its `fail` line above; the error line only counts them.
+            failed = len(problems)
+            raise UserError(
+                f"{failed} check{'s' if failed > 1 else ''} failed: " + ", ".join(problems)
+            )
+
+
+def _check_nodes(cfg: Config, nodes: NodePool, fail: Callable[[str, Exception], None]) -> set[str]:
+    """Each node answers with its credentials (tag data too); shows its name and version."""
+    from pipelines.config.nodes import describe_node
+
+    reachable: set[str] = set()
+    for name in cfg.nodes:
+        try:
+            node = nodes.get(name)
+            status = node.client.system_status()
+            node_name = getattr(getattr(status, "n3", None), "node", None) or ""
+            # A history-permission check: credentials accepted for tag data too.
+            node.client.tag_get_views()
+            version = node.version()
+            shown = f"version {version}" if version is not None else "version unknown"
+            if version is not None and version.text and version.text != str(version):
+                shown += f" ({version.text!r})"
+            out.print(
+                f"[green]ok[/] node {describe_node(node)} answers {node_name}, {shown}",
+                highlight=False,
+            )
+            reachable.add(name)
+        except NodeError as exc:
+            fail(f"node {name}", exc)
+    return reachable
+
+
+def _check_flows(
+    cfg: Config, nodes: NodePool, reachable: set[str], fail: Callable[[str, Exception], None]
+) -> None:
+    """Each flow's tag selection resolves on its node (an unknown path or group is named
+    by its config key), and its method is one the node's version computes; a fleet
+    flow's on every node."""
+    for name, flow in cfg.flows.items():
+        fleet = cfg.flow_nodes(name)
+        for node_name in fleet:
+            if node_name in reachable:
+                what = f"flow {name}" + (f" on node {node_name}" if flow.fleet else "")
+                _check_flow_on(name, flow, nodes.get(node_name), what, fail)
+
+
+def _check_flow_on(
+    name: str,
+    flow: FlowConfig,
+    node: ConnectedNode,
+    what: str,
+    fail: Callable[[str, Exception], None],
+) -> None:
+    """One flow's selection and method on one of its nodes: an ok line, or `fail`."""
+    from connectors.version import check_method
+    from pipelines.selection import resolve_tags
+
+    try:
+        if flow.kind == "alarm_history":
+            path = flow.alarms.path if flow.alarms else "/"
+            count = node.client.alarm_count(path)
+            found = f"alarms under {path!r}: {count} now"
+        else:
+            assert flow.tags is not None
+            check_method(flow.method, node.version(), where=f"flows.{name}.method")
+            resolved = resolve_tags(node.client, node.name, flow.tags, where=f"flows.{name}.tags")
+            found = f"{len(resolved.members)} tags"
+        out.print(f"[green]ok[/] {what}: {found}", highlight=False)
+    except NodeError as exc:
+        fail(what, exc)
+
+
+def _check_schedules(cfg: Config, fail: Callable[[str, Exception], None]) -> None:
+    """Each schedule is one Prefect accepts (its cron parser), as `serve` will need it."""
+    if not any(flow.schedule for flow in cfg.flows.values()):
+        return  # no schedule: Prefect is not imported
+    from pipelines.config.models import ConfigError
+    from pipelines.orchestration.schedules import check_schedule
+
+    for name, flow in cfg.flows.items():
+        if flow.schedule is None:
+            continue
+        try:
+            checked = check_schedule(name, flow.schedule)
+            out.print(f"[green]ok[/] schedule {name}: {checked.text}", highlight=False)
+        except ConfigError as exc:
+            fail(f"schedule {name}", exc)
+
+
+def _check_sinks(cfg: Config, base: Path, fail: Callable[[str, Exception], None]) -> None:
+    """Each sink could be written: found without creating a schema, table or folder."""
+    from pipelines.config.destinations import make_sink
+    from sinks.base import Probes, SinkError
+
+    for name, sink_config in cfg.sinks.items():
+        try:
+            sink = make_sink(name, sink_config, base)
+            found = sink.probe() if isinstance(sink, Probes) else "not checked before a run"
+            out.print(f"[green]ok[/] sink {name}: {sink.describe()}: {found}", highlight=False)
+        except SinkError as exc:
+            fail(f"sink {name}", exc)
