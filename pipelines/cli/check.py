@@ -107,10 +107,11 @@ def _check_flow_on(
 ) -> None:
     """One flow's selection and method on one of its nodes: an ok line, or `fail`."""
     from connectors.version import check_method
+    from pipelines.config.models import AlarmHistoryFlow
     from pipelines.selection import resolve_tags
 
     try:
-        if flow.kind == "alarm_history":
+        if isinstance(flow, AlarmHistoryFlow):
             path = flow.alarms.path if flow.alarms else "/"
             count = node.client.alarm_count(path)
             found = f"alarms under {path!r}: {count} now"

@@ -29,6 +29,7 @@ from pipelines.cli.base import (
     user_errors,
 )
 from pipelines.cli.flows import describe_selection, stored_progress
+from pipelines.core.kinds import kind_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -168,7 +169,8 @@ def _print_plan(
     only = f" --node {run.node_name}" if fc.fleet else ""
     doing = f"historian backfill {flow}{only}" if backfill else f"historian run {flow}{only}"
     out.print(f"plan of {run.key}: what `{doing}` would do; nothing was written", highlight=False)
-    noun = "alarm selection" if fc.kind == "alarm_history" else "tags"
+    kind = kind_of(fc.kind)
+    noun = "tags" if kind.by_tag else kind.selection_noun
     sample = ", ".join(quoted(m) for m in planned.members[:SAMPLE_TAGS])
     more = (
         f" (+{len(planned.members) - SAMPLE_TAGS} more)"
@@ -196,7 +198,7 @@ def _print_plan(
         highlight=False,
     )
     out.print(f"  estimated rows: ~{rows:,.0f} ({how})", highlight=False)
-    _print_windows(planned, alarms=fc.kind == "alarm_history")
+    _print_windows(planned, alarms=not kind.by_tag)
     for note in notes:
         out.print(f"  note: {note}", highlight=False, soft_wrap=True)
 
@@ -210,7 +212,7 @@ def _print_span(fc: FlowConfig, planned: Plan, span: Window) -> None:
     batches = planned.chunks_planned // max(1, windows)
     per_window = (
         ""
-        if fc.kind == "alarm_history"
+        if not kind_of(fc.kind).by_tag
         else f" x {batches} batch{'es' if batches != 1 else ''} (up to {fc.batch} tags each)"
     )
     out.print(

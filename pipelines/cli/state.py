@@ -133,6 +133,7 @@ def state_show(
 
 def _progress_cells(fc: FlowConfig, progress: Progress) -> tuple[str, str, str]:
     """A state row's tags (or alarm selections), complete up to, and the span per tag."""
+    from pipelines.core.kinds import kind_of
     from pipelines.state import flow_watermark, tag_members
 
     members = tag_members(progress)
@@ -141,8 +142,9 @@ def _progress_cells(fc: FlowConfig, progress: Progress) -> tuple[str, str, str]:
     ends = [m for m in marks if m is not None]
     span = f"{_time(min(ends))} .. {_time(max(ends))}" if ends else "-"
     count = str(len(members))
-    if fc.kind == "alarm_history":
-        count = f"{len(members)} alarm selection" + ("s" * (len(members) != 1))
+    kind = kind_of(fc.kind)
+    if not kind.by_tag:
+        count = f"{len(members)} {kind.selection_noun}" + ("s" * (len(members) != 1))
     return count, _time(overall, True), span
 
 

@@ -139,9 +139,9 @@ def python_command(code: str) -> str:
 
 def read_hints(config: Config, base: Path, summaries: Sequence[RunSummary]) -> list[str]:
     """Commands that print the first flow's data from its lake and DuckDB sinks."""
-    from connectors.schema import KIND_ALARM_HISTORY
     from pipelines.config.destinations import _local_path, _sql_url
     from pipelines.config.models import ParquetSinkConfig, SqlSinkConfig
+    from pipelines.core.kinds import kind_of
 
     hints: list[str] = []
     for summary in summaries[:1]:
@@ -149,8 +149,7 @@ def read_hints(config: Config, base: Path, summaries: Sequence[RunSummary]) -> l
         flow = config.flows.get(summary.flow)
         if flow is None:
             continue
-        # Alarm tables have no `tag` column: they are keyed by alarm path.
-        key = "path" if summary.kind == KIND_ALARM_HISTORY else "tag"
+        key = kind_of(summary.kind).member_column  # alarm tables are keyed by path
         for sink_name in flow.sinks:
             sink = config.sinks[sink_name]
             if isinstance(sink, ParquetSinkConfig):

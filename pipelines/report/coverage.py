@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY
 from connectors.timewindow import Window
+from pipelines.core.kinds import kind_of
 from pipelines.state import tag_members
 from sinks.base import (
     Buckets,
@@ -313,7 +314,7 @@ def _gather(
     if window is None:
         return None, TimeGrid(0, 3_600_000, 0), pa.table({})
     grid = plan_grid(window, bucket)
-    keys, parts = (TAG_KEYS, TAG_PARTS) if kind == KIND_TAG_HISTORY else (ALARM_KEYS, ALARM_PARTS)
+    keys, parts = (TAG_KEYS, TAG_PARTS) if kind_of(kind).by_tag else (ALARM_KEYS, ALARM_PARTS)
     groups = _Groups(keys, parts)
     for part in source.partials(window, grid):
         groups.add(part)
