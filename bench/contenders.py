@@ -157,7 +157,8 @@ def run_pipeline(args: argparse.Namespace, tags: list[str], work: Work) -> int:
     from pipelines.config.destinations import SinkSet
     from pipelines.config.models import parse_config
     from pipelines.config.nodes import NodePool
-    from pipelines.core.runner import RunRequest, run_flow
+    from pipelines.core.runner import RunRequest
+    from pipelines.core.units import run_flow
 
     out = Path(args.out)
     sink = pipeline_sink(args.target, out, args.pg_url, args.pg_schema)

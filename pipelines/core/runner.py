@@ -1,9 +1,10 @@
 """Drive one flow: resolve tags, plan what is left, fetch, write every sink, summarise.
 
 The runner is the whole pipeline, with or without Prefect: the CLI's `--direct` path, the
-Prefect flows (`pipelines/orchestration/flows.py`, which only make its fetches tasks) and the benchmarks
-all call `run_flow`. A run, per node of the flow (`FlowRun`, one unit; a flow on several
-nodes runs its units together: pipelines/core/units.py):
+Prefect flows (`pipelines/orchestration/flows.py`, whose `Submitter` only makes the plan
+and the fetches tasks) and the benchmarks all call `units.run_flow`. A run, per node of
+the flow (`FlowRun`, one unit; a flow on several nodes runs its units together:
+pipelines/core/units.py):
 
 1. takes the unit's lock in every sink (a second run of the same flow, or of the same
    node of a fleet flow, stops at once);
@@ -24,9 +25,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
+from typing import Protocol
 
 import numpy as np
 import orjson
@@ -49,7 +51,7 @@ from pipelines.config.destinations import SinkSet
 from pipelines.config.models import Config, FlowConfig, flow_dataset, flow_kind, unit_key
 from pipelines.config.nodes import ConnectedNode, NodePool
 from pipelines.core.coalesce import coalesce
-from pipelines.core.engine import AlarmEngine, ChunkResult, HistoryEngine
+from pipelines.core.engine import AlarmEngine, ChunkResult, FetchJob, HistoryEngine, retrying
 from pipelines.core.memory import release_memory
 from pipelines.planning import (
     Chunk,
@@ -255,10 +257,31 @@ class RunSummary:
 
 
 ProgressCallback = Callable[[ChunkOutcome, "RunSummary"], None]
-# How a run's pending chunks are fetched: the run and its chunks in, results out as they
-# finish. Direct: the engine's bounded thread pool. Prefect: one task per chunk on the
-# flow's task runner (pipelines/orchestration/flows.py). Writing, joining and counting stay in FlowRun.
-Fetcher = Callable[["FlowRun", Sequence[Chunk]], Iterator[ChunkResult]]
+PlanCallback = Callable[["Plan"], None]
+
+
+class Submitter(Protocol):
+    """How the core hands out its work: a unit's plan, and its chunks' fetches (results
+    out as they finish). What the work is (the engine, the missing-tag rule, retries) and
+    what follows (joining, writing, counting) the core decides: a submitter only says where
+    the work runs."""
+
+    def plan(self, unit: FlowRun) -> Plan: ...
+
+    def fetch(self, unit: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResult]: ...
+
+
+class Threads:
+    """The direct path: the plan here, the fetches on the engine's bounded thread pool."""
+
+    def plan(self, unit: FlowRun) -> Plan:
+        return unit.plan()
+
+    def fetch(self, unit: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResult]:
+        return unit.engine.stream(chunks)
+
+
+THREADS = Threads()
 
 
 def options_key(flow: FlowConfig) -> str:
@@ -312,8 +335,6 @@ class FlowRun:
         node: str | None = None,
         sink_guard: AbstractContextManager[object] | None = None,
     ) -> None:
-        if name not in config.flows:
-            raise KeyError(name)
         self.config = config
         self.name = name
         self.flow = config.flows[name]
@@ -334,6 +355,7 @@ class FlowRun:
         self._node: ConnectedNode | None = None
         self._max_in_flight = max_in_flight
         self._engine: HistoryEngine | AlarmEngine | None = None
+        self._job: FetchJob | None = None
         # Held around the sink calls of `plan()`: units of a fleet plan on threads of
         # their own, and a sink's connection serves one caller at a time.
         self._sink_guard = sink_guard or nullcontext()
@@ -385,11 +407,16 @@ class FlowRun:
     # -- planning --------------------------------------------------------------------
 
     def plan(self) -> Plan:
-        """Resolve the selection, write tag metadata, and work out the pending chunks.
+        """Resolve the selection, write tag metadata, and work out the pending chunks;
+        planned again when a failure may pass (`engine.retrying`, as a chunk's fetch).
 
         The node's version is read first (once per run): a method it cannot compute is
         refused before anything is written.
         """
+        return retrying(self._plan_once, f"planning {self.key}")
+
+    def _plan_once(self) -> Plan:
+        self.summary.notes.clear()  # a plan run again says its lines once
         flow = self.flow
         node = self.node
         version = node.version()
@@ -406,26 +433,29 @@ class FlowRun:
                 with self._sink_guard:
                     for sink in self.sinks:
                         sink.write_metadata(frame)
-            engine: HistoryEngine | AlarmEngine = HistoryEngine(
-                node.client,
+            job = FetchJob(
+                node.settings,
                 node.name,
-                flow.history_options(),
+                self.kind,
+                options=flow.history_options(),
                 filter_query=resolved.filter_query,
-                max_in_flight=self._in_flight(),
                 missing_is_fatal=resolved.explicit,
+                node_version=version,
             )
         else:
             alarms = flow.alarms
             path = alarms.path if alarms else "/"
             members = (path,)
-            engine = AlarmEngine(
-                node.client,
+            job = FetchJob(
+                node.settings,
                 node.name,
-                path,
-                flow.alarm_filter(),
+                self.kind,
+                alarm_path=path,
+                alarm_filter=flow.alarm_filter(),
                 node_version=version,
-                max_in_flight=self._in_flight(),
             )
+        self._job = job
+        engine = job.engine(node.client, self._in_flight())
         self._engine = engine
         self.summary.tags = len(members)
         with self._sink_guard:
@@ -680,15 +710,30 @@ class FlowRun:
             rows_out_of_range=result.rows_out_of_range,
         )
 
-    def results(self, fetch: Fetcher | None = None) -> Iterator[ChunkResult]:
+    def results(self, submit: Submitter = THREADS) -> Iterator[ChunkResult]:
         """Fetched chunks, concurrently and bounded, in completion order; the small ones
-        of a window joined into one write (pipelines/core/coalesce.py). `fetch`: how chunks
-        are fetched (the engine's own thread pool when None)."""
+        of a window joined into one write (pipelines/core/coalesce.py). `submit`: where the
+        fetches run (the engine's own thread pool by default)."""
         if self._engine is None or self.plan_ is None:
             raise RuntimeError("plan() first")
         pending = self.plan_.pending
-        fetched = fetch(self, pending) if fetch is not None else self._engine.stream(pending)
-        yield from self.joined(fetched, pending)
+        yield from self.joined(self._learning(submit.fetch(self, pending)), pending)
+
+    def fetch_job(self) -> FetchJob:
+        """How this unit's chunks are fetched on another process: what `plan()` decided,
+        with the raw cap learned so far."""
+        if self._job is None or self._engine is None:
+            raise RuntimeError("plan() first")
+        if isinstance(self._engine, HistoryEngine):
+            return replace(self._job, raw_cap=self._engine.raw_cap.known)
+        return self._job
+
+    def _learning(self, fetched: Iterable[ChunkResult]) -> Iterator[ChunkResult]:
+        """`fetched`, keeping the raw cap a chunk fetched elsewhere learned for later jobs."""
+        for result in fetched:
+            if result.raw_cap is not None and isinstance(self._engine, HistoryEngine):
+                self._engine.raw_cap.learn(result.raw_cap, found_more=True)
+            yield result
 
     @property
     def engine(self) -> HistoryEngine | AlarmEngine:
@@ -808,45 +853,6 @@ def write_all(
             finished, _ = wait(list(pending))
             count(finished)
             raise
-
-
-def run_flow(
-    config: Config,
-    name: str,
-    *,
-    nodes: NodePool,
-    sinks: SinkSet,
-    request: RunRequest | None = None,
-    on_chunk: ProgressCallback | None = None,
-    on_plan: Callable[[Plan], None] | None = None,
-    now: datetime | None = None,
-    fetch: Fetcher | None = None,
-    plan: Callable[[FlowRun], Plan] | None = None,
-) -> RunSummary:
-    """Run one flow start to end: the one loop of the direct path and of Prefect's flows.
-
-    A flow on several nodes runs one unit per (flow, node) (`pipelines/core/units.py`): each
-    with its own lock, plan, watermark and summary, fetching in parallel; one node
-    failing leaves the others' work complete and recorded.
-
-    `fetch` and `plan` say how the work is submitted (the Prefect flow makes them tasks;
-    by default the engine's threads and a plain call). Node and sink failures come out as
-    `RunFailed` carrying the partial summary; the original error is its `__cause__`.
-    """
-    from pipelines.core.units import run_units
-
-    return run_units(
-        config,
-        name,
-        nodes=nodes,
-        sinks=sinks,
-        request=request or RunRequest(),
-        on_chunk=on_chunk,
-        on_plan=on_plan,
-        now=now,
-        fetch=fetch,
-        plan=plan,
-    )
 
 
 def _min_watermark(

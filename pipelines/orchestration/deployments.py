@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import Any, cast
 
 from pipelines.config.models import ConfigError, load_config
-from pipelines.orchestration.fleet import heartbeat_env
+from pipelines.orchestration.fleet import (
+    ensure_crash_detection,
+    ensure_node_limits,
+    heartbeat_env,
+    require_work_pool,
+)
 from pipelines.orchestration.flows import prefect_flow_for
-
-BACKFILL_SUFFIX = "-backfill"
-
-
-def backfill_deployment(flow_name: str, kind: str) -> str:
-    """`tag-history/<flow>-backfill`: the deployment a sharded backfill's runs are made of."""
-    return f"{prefect_flow_for(kind).name}/{flow_name}{BACKFILL_SUFFIX}"
+from pipelines.orchestration.names import BACKFILL_SUFFIX
+from pipelines.orchestration.schedules import check_schedules, prefect_schedule
+from pipelines.orchestration.server import api_for_schedules
 
 
 def build_deployments(
@@ -42,8 +43,6 @@ def build_deployments(
     """
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.types.entrypoint import EntrypointType
-
-    from pipelines.orchestration.schedules import check_schedules, prefect_schedule
 
     config = load_config(config_path)
     check_schedules(config, names, source=config_path.name)  # one line naming the key
@@ -106,12 +105,6 @@ def deploy_flows(
     from prefect import deploy
     from prefect.client.orchestration import get_client
 
-    from pipelines.orchestration.fleet import (
-        ensure_crash_detection,
-        ensure_node_limits,
-        require_work_pool,
-    )
-
     deployments = build_deployments(config_path, names, by_module=True, backfills=True)
     if not deployments:
         raise ConfigError(f"{config_path.name}: no flow to deploy")
@@ -144,8 +137,6 @@ def serve_flows(
     Ctrl-C and SIGTERM stop the runner (Prefect pauses the schedules), then the server.
     """
     from prefect import serve
-
-    from pipelines.orchestration.server import api_for_schedules
 
     deployments = build_deployments(config_path, names)
     if not deployments:
