@@ -46,7 +46,7 @@ from connectors.schema import (
     one_array,
 )
 from connectors.timewindow import Window, iso_utc
-from connectors.version import check_method
+from connectors.version import NodeVersion, check_method
 from pipelines.config.destinations import SinkSet
 from pipelines.config.models import Config, FlowConfig, flow_dataset, flow_kind, unit_key
 from pipelines.config.nodes import ConnectedNode, NodePool
@@ -55,12 +55,14 @@ from pipelines.core.engine import AlarmEngine, ChunkResult, FetchJob, HistoryEng
 from pipelines.core.memory import release_memory
 from pipelines.planning import (
     Chunk,
-    align_down,
-    batch_members,
     density_per_hour,
     narrow_chunk,
+    on_window_grid,
     plan_chunks,
+    query_batches,
     short_duration,
+    tags_per_query,
+    whole_buckets,
     window_for_density,
 )
 from pipelines.selection import resolve_tags
@@ -337,16 +339,16 @@ class FlowRun:
     ) -> None:
         self.config = config
         self.name = name
-        self.flow = config.flows[name]
+        self.flow_config = config.flows[name]
         if node is None:
             fleet = config.flow_nodes(name)
             if len(fleet) != 1:
                 raise ValueError(f"flow {name} runs on {len(fleet)} nodes: name the node")
             node = fleet[0]
         self.node_name = node
-        self.key = unit_key(name, node, self.flow)
-        self.kind = flow_kind(self.flow)
-        self.dataset = flow_dataset(name, self.flow)
+        self.key = unit_key(name, node, self.flow_config)
+        self.kind = flow_kind(self.flow_config)
+        self.dataset = flow_dataset(name, self.flow_config)
         self.request = request or RunRequest()
         self.now = now or datetime.now(UTC)
         self._nodes = nodes
@@ -373,7 +375,7 @@ class FlowRun:
 
     @property
     def sinks(self) -> list[Sink]:
-        return [self._sinks.get(name) for name in self.flow.sinks]
+        return [self._sinks.get(name) for name in self.flow_config.sinks]
 
     @property
     def node(self) -> ConnectedNode:
@@ -417,23 +419,64 @@ class FlowRun:
 
     def _plan_once(self) -> Plan:
         self.summary.notes.clear()  # a plan run again says its lines once
-        flow = self.flow
-        node = self.node
-        version = node.version()
-        if self.kind == KIND_TAG_HISTORY:
-            assert flow.tags is not None
-            check_method(flow.method, version, where=f"flows.{self.name}.method")
-            resolved = resolve_tags(
-                node.client, node.name, flow.tags, where=f"flows.{self.name}.tags"
+        members = self._select(self.node.version())
+        with self._sink_guard:
+            progresses = [sink.progress(self.key) for sink in self.sinks]
+        watermark = _min_watermark(progresses, members, self.flow_config.start)
+        self.summary.tags = len(members)
+        self.summary.watermark_before = watermark
+        span, always, size = self._span_and_window(members, watermark)
+        chunks = self._chunks(members, span, size) if span is not None else []
+        pending, skipped = self._pending(chunks, progresses, always)
+        self.plan_ = Plan(
+            self.name,
+            self.dataset,
+            self.kind,
+            members,
+            span,
+            size,
+            len(chunks),
+            pending,
+            watermark,
+            node=self.node_name,
+            key=self.key,
+        )
+        if span is not None:
+            self.summary.span = span
+            self.summary.window = size
+            self.summary.window_auto = self.flow_config.window == "auto"
+            self.summary.chunks_planned = len(chunks)
+            self.summary.chunks_skipped = skipped
+        return self.plan_
+
+    def _select(self, version: NodeVersion | None) -> tuple[str, ...]:
+        """The flow's members on the node (tag metadata written), and how they are
+        fetched (`FetchJob`, decided here once for every submitter)."""
+        flow, node = self.flow_config, self.node
+        if self.kind != KIND_TAG_HISTORY:
+            path = flow.alarms.path if flow.alarms else "/"
+            self._use(
+                FetchJob(
+                    node.settings,
+                    node.name,
+                    self.kind,
+                    alarm_path=path,
+                    alarm_filter=flow.alarm_filter(),
+                    node_version=version,
+                )
             )
-            members = resolved.members
-            first = self.shard is None or self.shard.writes_metadata()
-            if flow.metadata and first and resolved.metadata.num_rows:
-                frame = resolved.metadata.to_pandas(types_mapper=pd.ArrowDtype)
-                with self._sink_guard:
-                    for sink in self.sinks:
-                        sink.write_metadata(frame)
-            job = FetchJob(
+            return (path,)
+        assert flow.tags is not None
+        check_method(flow.method, version, where=f"flows.{self.name}.method")
+        resolved = resolve_tags(node.client, node.name, flow.tags, where=f"flows.{self.name}.tags")
+        first = self.shard is None or self.shard.writes_metadata()
+        if flow.metadata and first and resolved.metadata.num_rows:
+            frame = resolved.metadata.to_pandas(types_mapper=pd.ArrowDtype)
+            with self._sink_guard:
+                for sink in self.sinks:
+                    sink.write_metadata(frame)
+        self._use(
+            FetchJob(
                 node.settings,
                 node.name,
                 self.kind,
@@ -442,91 +485,54 @@ class FlowRun:
                 missing_is_fatal=resolved.explicit,
                 node_version=version,
             )
-        else:
-            alarms = flow.alarms
-            path = alarms.path if alarms else "/"
-            members = (path,)
-            job = FetchJob(
-                node.settings,
-                node.name,
-                self.kind,
-                alarm_path=path,
-                alarm_filter=flow.alarm_filter(),
-                node_version=version,
-            )
-        self._job = job
-        engine = job.engine(node.client, self._in_flight())
-        self._engine = engine
-        self.summary.tags = len(members)
-        with self._sink_guard:
-            progresses = [sink.progress(self.key) for sink in self.sinks]
-        watermark = _min_watermark(progresses, members, flow.start)
-        self.summary.watermark_before = watermark
-        span, always = self._span(watermark)
-        interval = (
-            flow.interval if flow.mode == "aggregated" and self.kind == KIND_TAG_HISTORY else None
         )
-        if span is not None and interval is not None:
-            span = _align_span(span, interval)
-        size = self._window_size(members, span, interval)
-        if span is not None and self.kind == KIND_TAG_HISTORY and flow.mode in ("delta", "filter"):
-            # Their rows depend on where a query starts: every query starts on the grid.
-            span = Window(align_down(span.start, size), span.end)
-            always = span if always is not None else None
-        if span is None:
-            plan = self._new_plan(members, None, size, 0, [], watermark)
-            self.plan_ = plan
-            return plan
-        if self.kind == KIND_TAG_HISTORY and isinstance(engine, HistoryEngine):
-            if engine.filter_query is not None:
-                batches = [members]
-            else:
-                batches = batch_members(members, max_batch=flow.batch)
-        else:
-            batches = [members]
-        chunks = plan_chunks(
-            self.key, self.dataset, self.kind, batches, span, size, options_key(flow)
-        )
-        if self.shard is not None:
-            chunks = self.shard.select(chunks)
-        if self.request.start is not None and not self.request.backfill:
-            pending = list(chunks)
-            skipped = 0
-        else:
-            wanted = combined_pending(chunks, progresses, always)
-            skipped = len(chunks) - len(wanted)
-            pending = self._narrowed(wanted, progresses, always)
-        plan = self._new_plan(members, span, size, len(chunks), pending, watermark)
-        self.summary.span = span
-        self.summary.window = size
-        self.summary.window_auto = flow.window == "auto"
-        self.summary.chunks_planned = len(chunks)
-        self.summary.chunks_skipped = skipped
-        self.plan_ = plan
-        return plan
+        return resolved.members
 
-    def _new_plan(
-        self,
-        members: tuple[str, ...],
-        span: Window | None,
-        size: timedelta,
-        planned: int,
-        pending: list[Chunk],
-        watermark: datetime | None,
-    ) -> Plan:
-        return Plan(
-            self.name,
-            self.dataset,
-            self.kind,
-            members,
-            span,
-            size,
-            planned,
-            pending,
-            watermark,
-            node=self.node_name,
-            key=self.key,
+    def _use(self, job: FetchJob) -> None:
+        self._job = job
+        self._engine = job.engine(self.node.client, self._in_flight())
+
+    def _span_and_window(
+        self, members: Sequence[str], watermark: datetime | None
+    ) -> tuple[Window | None, Window | None, timedelta]:
+        """The span to plan, its look-back part (always re-read), and the window size."""
+        flow = self.flow_config
+        span, always = self._span(watermark)
+        interval = flow.interval if flow.mode == "aggregated" and self._tag_history else None
+        if span is not None and interval is not None:
+            span = whole_buckets(span, interval)
+        size = self._window_size(members, span, interval)
+        if span is not None and self._tag_history and flow.mode in ("delta", "filter"):
+            span, always = on_window_grid(span, always, size)
+        return span, always, size
+
+    @property
+    def _tag_history(self) -> bool:
+        return self.kind == KIND_TAG_HISTORY
+
+    def _one_query(self) -> bool:
+        """Whether one query asks for every member (alarms, a group through historyFilter)."""
+        return not self._tag_history or self._filter_mode()
+
+    def _chunks(self, members: Sequence[str], span: Window, size: timedelta) -> list[Chunk]:
+        """The span's chunks (this shard's, for a shard of a backfill)."""
+        batches = query_batches(
+            members, max_batch=self.flow_config.batch, one_query=self._one_query()
         )
+        chunks = plan_chunks(
+            self.key, self.dataset, self.kind, batches, span, size, options_key(self.flow_config)
+        )
+        return self.shard.select(chunks) if self.shard is not None else chunks
+
+    def _pending(
+        self, chunks: list[Chunk], progresses: Sequence[Progress], always: Window | None
+    ) -> tuple[list[Chunk], int]:
+        """The chunks to fetch and how many were skipped: all of an explicit range that is
+        not a backfill (re-extracted), else those a sink still lacks, narrowed."""
+        if self.request.start is not None and not self.request.backfill:
+            return list(chunks), 0
+        wanted = combined_pending(chunks, progresses, always)
+        return self._narrowed(wanted, progresses, always), len(chunks) - len(wanted)
 
     def _narrowed(
         self, pending: list[Chunk], progresses: Sequence[Progress], always: Window | None
@@ -545,8 +551,8 @@ class FlowRun:
                 narrow_chunk(
                     chunk,
                     lacking[chunk.chunk_id],
-                    max_batch=self.flow.batch,
-                    options_key=options_key(self.flow),
+                    max_batch=self.flow_config.batch,
+                    options_key=options_key(self.flow_config),
                     by_paths=self._filter_mode(),
                 )
             )
@@ -559,7 +565,7 @@ class FlowRun:
 
     def _span(self, watermark: datetime | None) -> tuple[Window | None, Window | None]:
         """The span to plan, and the look-back part of it that is always re-read."""
-        flow = self.flow
+        flow = self.flow_config
         end = self._end(watermark)
         if self.request.start is not None:
             if end <= self.request.start:
@@ -587,7 +593,7 @@ class FlowRun:
         with one line in the summary. Progress already past it (recorded before this rule)
         is pointed out with the command that repairs it.
         """
-        settled = self.now - self.flow.settle
+        settled = self.now - self.flow_config.settle
         if watermark is not None and watermark > settled:
             self.summary.notes.append(
                 f"progress is marked complete up to {iso_utc(watermark)}, past now - settle: "
@@ -610,14 +616,16 @@ class FlowRun:
     ) -> timedelta:
         """The flow's window, or for `auto` the largest whose chunks carry about
         AUTO_CHUNK_ROWS rows at the density the node shows (pipelines/planning.py)."""
-        flow = self.flow
+        flow = self.flow_config
         if isinstance(flow.window, timedelta):
             return flow.window
         if span is None:  # nothing to fetch: no chunk is planned, nothing to probe
             return timedelta(hours=1)
         if self.kind == KIND_ALARM_HISTORY:
             return window_for_density(self._probe_alarm_density(span), 1)
-        tags_per_batch = len(members) if self._filter_mode() else min(flow.batch, len(members))
+        tags_per_batch = tags_per_query(
+            len(members), max_batch=flow.batch, one_query=self._filter_mode()
+        )
         if interval is not None:
             per_hour = timedelta(hours=1) / interval
         else:
@@ -636,7 +644,7 @@ class FlowRun:
         # `limit` keeps each probe's answer small (50 x 1,000 rows, however dense the day);
         # tags it cuts are measured up to their last sample, like a node's own cap.
         options = HistoryOptions(
-            mode="raw", limit=1000, remote_node=self.flow.history_options().remote_node
+            mode="raw", limit=1000, remote_node=self.flow_config.history_options().remote_node
         )
         rates = [1.0]
         for side in _probe_sides(span):
@@ -653,13 +661,13 @@ class FlowRun:
 
     def _probe_alarm_density(self, span: Window) -> float:
         """Alarm events per hour at either end of the span (as `_probe_density`)."""
-        alarms = self.flow.alarms
+        alarms = self.flow_config.alarms
         path = alarms.path if alarms else "/"
         rates = [1.0]
         for side in _probe_sides(span):
             for window in side:
                 body = self.node.client.alarm_history_bytes(
-                    path, window.start, window.end, self.flow.alarm_filter()
+                    path, window.start, window.end, self.flow_config.alarm_filter()
                 )
                 events = parse_alarm_history_answer(body, self.node.name).num_rows
                 if events:
@@ -677,7 +685,7 @@ class FlowRun:
             members=chunk.members,
             window=chunk.window,
             chunk_id=chunk.chunk_id,
-            attrs=dataset_attrs(self.name, self.flow),
+            attrs=dataset_attrs(self.name, self.flow_config),
             node=self.node.name,
             window_size=self.plan_.window_size if self.plan_ is not None else None,
         )
@@ -795,7 +803,7 @@ class FlowRun:
                 log.warning("%s: every chunk is committed; watermark not read: %s", self.key, exc)
                 return
             self.summary.watermark_after = _min_watermark(
-                progresses, self.plan_.members, self.flow.start
+                progresses, self.plan_.members, self.flow_config.start
             )
 
 
@@ -836,7 +844,7 @@ def write_all(
                     failed.append(error)
             return failed
 
-        def settle(until: int) -> None:
+        def drain_to(until: int) -> None:
             while len(pending) > until:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 failed = count(done)
@@ -847,8 +855,8 @@ def write_all(
             for run, result in items:
                 pending[pool.submit(run.write_and_release, result)] = run
                 del result
-                settle(depth - 1)
-            settle(0)
+                drain_to(depth - 1)
+            drain_to(0)
         except BaseException:
             finished, _ = wait(list(pending))
             count(finished)
@@ -881,13 +889,6 @@ def _probe_sides(span: Window) -> list[list[Window]]:
     if span.end - span.start > 2 * hour:
         sides.append([Window(span.start, span.start + hour), Window(span.start, span.start + day)])
     return sides
-
-
-def _align_span(span: Window, interval: timedelta) -> Window | None:
-    """Whole buckets only: both ends down to multiples of interval (no partial last bucket)."""
-    start = align_down(span.start, interval)
-    end = align_down(span.end, interval)
-    return Window(start, end) if end > start else None
 
 
 def _tag_counts(table: pa.Table, kind: str) -> tuple[Counter[str], Counter[str]]:

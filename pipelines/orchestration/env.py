@@ -23,7 +23,7 @@
   (a real server) the recorder settings are left alone.
 * `historian run` turns flow-run heartbeats off (`cli_run()`), on any server: Prefect's
   heartbeat thread (on by default, every 180 s) sleeps in 1 s steps and the synchronous
-  flow engine joins it when the run ends, so every run ended on the next whole second
+  flow-run machinery joins it when the run ends, so every run ended on the next whole second
   after its start (an empty flow: 1.1 s with, 0.13 s without; a run of 1.1 s took 2.0 s).
   Heartbeats serve an automation that marks a run Crashed when its process vanishes
   unseen (`pipelines/orchestration/fleet.py`, for runs on work-pool workers); a one-off command's run

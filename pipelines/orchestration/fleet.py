@@ -396,7 +396,7 @@ def crashed_shards(flow: str, *, page: int = 200, pages: int = 10) -> list[Shard
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
     from prefect.client.schemas.sorting import FlowRunSort
 
-    settled: set[str] = set()
+    decided: set[str] = set()
     crashed: list[ShardRun] = []
     with get_client(sync_client=True) as client:
         for number in range(pages):
@@ -413,9 +413,9 @@ def crashed_shards(flow: str, *, page: int = 200, pages: int = 10) -> list[Shard
                 if "flow_name" not in run.parameters:
                     continue  # not a run `submit_backfill` made
                 shard = ShardRun.from_parameters(run.parameters)
-                if shard.label in settled or state not in ("COMPLETED", "CRASHED"):
+                if shard.label in decided or state not in ("COMPLETED", "CRASHED"):
                     continue
-                settled.add(shard.label)
+                decided.add(shard.label)
                 if state == "CRASHED":
                     crashed.append(shard)
             if len(runs) < page:

@@ -142,8 +142,8 @@ def fetch_chunks(
 class Handover:
     """Fetched rows passed from fetch tasks to the run in the same process, beside Prefect.
 
-    Why: Prefect's task engine keeps a task's return value in reference cycles (engine,
-    transaction, state) that only the garbage collector's next full pass frees, so rows
+    Why: Prefect's task-run machinery keeps a task's return value in reference cycles (its
+    run state, transaction, result) that only the garbage collector's next full pass frees, so rows
     returned through Prefect outlived their write and raised the run's peak memory
     (BENCHMARKS.md, "Prefect's cost"). And a task of several chunks hands each over as it
     comes, so the run writes it while the task fetches the next; at most `room` chunks
@@ -182,7 +182,7 @@ class Handover:
 
 
 # A task fetches several chunks: up to about this many rows and seconds of fetching in all
-# (each task run costs ~10 ms of the engine's CPU in the run's process and about as much of
+# (each task run costs ~10 ms of Prefect's CPU in the run's process and about as much of
 # the server's, as much as fetching a chunk of a few thousand rows). Its chunks reach the
 # run one by one as they come (`Handover`), so a group holds no more rows in memory than
 # single-chunk tasks would.
