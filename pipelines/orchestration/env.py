@@ -46,6 +46,8 @@ import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
+from pipelines.orchestration.children import end_with_this_process
+
 QUIET_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
@@ -129,8 +131,6 @@ def _ephemeral_server_ends_with_us(record_task_runs: bool) -> None:
         PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED,
         temporary_settings,
     )
-
-    from pipelines.orchestration.children import end_with_this_process
 
     server = SubprocessASGIServer()
     with ExitStack() as stack:

@@ -144,7 +144,8 @@ def _write_report(config: Config, parameters: FlowParameters, sinks: SinkSet) ->
     """The flow's coverage report, when the run was asked for one (`report_dir`)."""
     if not parameters.report_dir:
         return None
-    # Imported here: the report's charts load matplotlib, which a run without one skips.
+    # Imported here: the report's modules take a tenth of a second to import, which a run
+    # without a report skips (not a circle: nothing there imports orchestration).
     from pipelines.report.page import write_report
 
     name = parameters.flow_name

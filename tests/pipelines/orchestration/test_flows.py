@@ -457,6 +457,20 @@ def test_flows_deploy_to_a_process_work_pool_by_module_path(tmp_path: Path, serv
     assert len(automations) == 1
 
 
+@pytest.mark.parametrize("module", ["pipelines.flows", "pipelines.orchestration.flows"])
+def test_a_work_pool_loads_the_flows_by_either_module_path(module: str) -> None:
+    """Deployments registered before the sub-packages name `pipelines.flows`."""
+    from prefect.flows import load_flow_from_entrypoint
+
+    from pipelines.orchestration import flows as current
+
+    for name, flow in [
+        ("tag_history_flow", current.tag_history_flow),
+        ("alarm_history_flow", current.alarm_history_flow),
+    ]:
+        assert load_flow_from_entrypoint(f"{module}.{name}") is flow
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", ["threads", "prefect", "dask"])
 def test_every_path_extracts_alike(
