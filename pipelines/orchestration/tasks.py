@@ -264,7 +264,7 @@ def _fetch_in_tasks(run: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResu
                 handover.taken()
                 continue
             outstanding.discard(item)
-            returned = item.result()  # the task's own exception once its retries are spent
+            returned = item.result()  # the task's own exception (the core re-ran the chunk already)
             del item
             for result in returned or ():
                 groups.saw(result)
