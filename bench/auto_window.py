@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from pipelines.config.destinations import SinkSet
 from pipelines.config.nodes import NodePool
-from pipelines.core.runner import ChunkOutcome, RunRequest, RunSummary, run_flow
+from pipelines.core.runner import ChunkOutcome, RunRequest, RunSummary
+from pipelines.core.units import run_flow
 from tests.fixtures import load, write_config
 
 END = datetime(2026, 11, 20, tzinfo=UTC)

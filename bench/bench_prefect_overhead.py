@@ -61,7 +61,8 @@ from connectors.simulator import SimConfig, SimulatedNode, run_server  # noqa: E
 from pipelines.config.destinations import SinkSet  # noqa: E402
 from pipelines.config.models import load_config  # noqa: E402
 from pipelines.config.nodes import NodePool  # noqa: E402
-from pipelines.core.runner import RunRequest, RunSummary, run_flow  # noqa: E402
+from pipelines.core.runner import RunRequest, RunSummary  # noqa: E402
+from pipelines.core.units import run_flow  # noqa: E402
 from pipelines.orchestration.flows import run_prefect  # noqa: E402
 from pipelines.orchestration.server import api_for_schedules  # noqa: E402
 

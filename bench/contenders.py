@@ -157,7 +157,12 @@ def run_pipeline(args: argparse.Namespace, tags: list[str], work: Work) -> int:
     from pipelines.config.destinations import SinkSet
     from pipelines.config.models import parse_config
     from pipelines.config.nodes import NodePool
-    from pipelines.core.runner import RunRequest, run_flow
+    from pipelines.core.runner import RunRequest
+
+    try:
+        from pipelines.core.units import run_flow
+    except ImportError:  # a revision before run_flow moved to units (`pipeline@REV`)
+        from pipelines.core.runner import run_flow  # type: ignore[attr-defined,no-redef]
 
     out = Path(args.out)
     sink = pipeline_sink(args.target, out, args.pg_url, args.pg_schema)

@@ -133,6 +133,38 @@ def aggregated_span(span: Window, interval: timedelta) -> Window:
     return Window(align_down(span.start, interval), align_up(span.end, interval))
 
 
+def whole_buckets(span: Window, interval: timedelta) -> Window | None:
+    """An aggregated run's span: both ends down to multiples of `interval`, so no bucket is
+    asked for in part (a later run asks for the last one whole); None when none is whole."""
+    start = align_down(span.start, interval)
+    end = align_down(span.end, interval)
+    return Window(start, end) if end > start else None
+
+
+def on_window_grid(
+    span: Window, always: Window | None, size: timedelta
+) -> tuple[Window, Window | None]:
+    """A delta or filter run's span and look-back: their rows depend on where a query
+    starts, so the span starts on the window grid, and a look-back covers it all."""
+    span = Window(align_down(span.start, size), span.end)
+    return span, span if always is not None else None
+
+
+def query_batches(
+    members: Sequence[str], *, max_batch: int, one_query: bool
+) -> list[tuple[str, ...]]:
+    """The member batches of each window: every member in one query when the query names
+    them all at once (a group through historyFilter, an alarm path), else `batch_members`."""
+    if one_query:
+        return [tuple(members)]
+    return batch_members(members, max_batch=max_batch)
+
+
+def tags_per_query(members: int, *, max_batch: int, one_query: bool) -> int:
+    """How many tags one query of the flow asks for (what an auto window is sized by)."""
+    return members if one_query else min(max_batch, members)
+
+
 # What `quote(..., safe="")` leaves as it is; every other byte becomes `%XX`.
 _UNRESERVED = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~"
 # ASCII that JSON escapes (so that the plain count below would be wrong): quote, backslash,
@@ -266,13 +298,16 @@ def window_for_density(
 
 
 def chunk_id(
-    flow: str, dataset: str, members: Sequence[str], window: Window, options_key: str
+    unit_key: str, dataset: str, members: Sequence[str], window: Window, options_key: str
 ) -> str:
-    """A stable 20-hex id of the work: same flow, dataset, members (in the order given),
-    window and options -> same id, across runs and machines."""
+    """A stable 20-hex id of the work: same unit (`unit_key`: the flow, or `flow@node`),
+    dataset, members (in the order given), window and options -> same id, across runs and
+    machines."""
     digest = hashlib.blake2b(digest_size=10)
     digest.update(
-        orjson.dumps([flow, dataset, list(members), window.start_ms, window.end_ms, options_key])
+        orjson.dumps(
+            [unit_key, dataset, list(members), window.start_ms, window.end_ms, options_key]
+        )
     )
     return digest.hexdigest()
 
@@ -281,7 +316,8 @@ def chunk_id(
 class Chunk:
     """One request's worth of work: a batch of members over one half-open window."""
 
-    flow: str
+    # The key of the (flow, node) unit that planned it (`pipelines.config.models.unit_key`).
+    unit_key: str
     dataset: str
     kind: str
     members: tuple[str, ...]
@@ -322,7 +358,7 @@ def chunk_label(members: Sequence[str], window: Window, *, noun: str = "tag") ->
 
 
 def plan_chunks(
-    flow: str,
+    unit_key: str,
     dataset: str,
     kind: str,
     batches: Sequence[tuple[str, ...]],
@@ -338,12 +374,12 @@ def plan_chunks(
         for batch in batches:
             chunks.append(
                 Chunk(
-                    flow=flow,
+                    unit_key=unit_key,
                     dataset=dataset,
                     kind=kind,
                     members=tuple(batch),
                     window=window,
-                    chunk_id=chunk_id(flow, dataset, batch, window, options_key),
+                    chunk_id=chunk_id(unit_key, dataset, batch, window, options_key),
                     label=chunk_label(batch, window, noun=noun),
                 )
             )
@@ -369,7 +405,7 @@ def narrow_chunk(
         replace(
             chunk,
             members=tuple(batch),
-            chunk_id=chunk_id(chunk.flow, chunk.dataset, batch, chunk.window, options_key),
+            chunk_id=chunk_id(chunk.unit_key, chunk.dataset, batch, chunk.window, options_key),
             label=chunk_label(batch, chunk.window, noun=noun),
             by_paths=by_paths,
         )

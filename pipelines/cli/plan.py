@@ -87,7 +87,7 @@ def _estimate(run: FlowRun, plan: Plan) -> tuple[float, str]:
         (chunk.window.end - chunk.window.start) / timedelta(hours=1) * len(chunk.members)
         for chunk in plan.pending
     )
-    flow = run.flow
+    flow = run.flow_config
     if plan.span is None or not plan.pending:
         return 0.0, "nothing to fetch"
     if isinstance(flow, AlarmHistoryFlow):

@@ -226,7 +226,7 @@ def _run_direct(
 ) -> RunSummary:
     from pipelines.config.destinations import SinkSet
     from pipelines.config.nodes import NodePool
-    from pipelines.core.runner import run_flow
+    from pipelines.core.units import run_flow
 
     base = config_path.resolve().parent
     with NodePool(config) as nodes, SinkSet(config, base, writing=True) as sinks:

@@ -91,7 +91,7 @@ def join(results: list[ChunkResult]) -> ChunkResult:
     members = tuple(member for chunk in chunks for member in chunk.members)
     first = chunks[0]
     joined = Chunk(
-        flow=first.flow,
+        unit_key=first.unit_key,
         dataset=first.dataset,
         kind=first.kind,
         members=members,

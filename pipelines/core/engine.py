@@ -12,7 +12,10 @@ means for the pipeline:
   (`pipelines.state.missing_member`, shown by `historian state`);
 * rows stamped outside the query are counted (`rows_out_of_range`) for the summary;
 * whether a failed chunk is worth re-running whole (`chunk_retry_may_help`): the one
-  retry decision above the client's per request (docs/architecture.md, "Retries").
+  retry decision above the client's per request (docs/architecture.md, "Retries"), and
+  the re-runs themselves (`fetch_chunk`), wherever the chunk is fetched;
+* how a unit's chunks are fetched (`FetchJob`): decided once when the unit is planned, so
+  the run's own threads, Prefect tasks and Dask workers build the same engine.
 
 Memory stays bounded: `stream` keeps at most `max_in_flight` chunks fetching and yields
 each chunk's frame as soon as it is complete.
@@ -25,10 +28,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import pandas as pd
 import pyarrow as pa
 
+from connectors.client import NodeClient
 from connectors.errors import TransientNodeError, UnknownTag
 from connectors.fetch import (
     HISTORY_FILTER,
@@ -43,6 +48,7 @@ from connectors.normalise.history import history_table
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.pager import CapGuess
 from connectors.schema import frame_from_table
+from connectors.settings import NodeSettings
 from connectors.version import NodeVersion, adapt_alarm_filter
 from pipelines.planning import Chunk
 from pipelines.state import missing_member
@@ -50,11 +56,14 @@ from sinks.base import SinkUnavailable
 
 log = logging.getLogger("historian.engine")
 
+T = TypeVar("T")
+
 __all__ = [
     "CHUNK_RETRIES",
     "CHUNK_RETRY_DELAY_S",
     "AlarmEngine",
     "ChunkResult",
+    "FetchJob",
     "FilterQuery",
     "HistoryClient",
     "HistoryEngine",
@@ -74,6 +83,29 @@ def chunk_retry_may_help(error: BaseException) -> bool:
     client already asked again; a chunk retry would multiply the attempts), and so is a
     malformed answer (the node would answer alike)."""
     return isinstance(error, TransientNodeError | SinkUnavailable)
+
+
+def retrying(
+    call: Callable[[], T],
+    what: str,
+    *,
+    retries: int = CHUNK_RETRIES,
+    delay_s: float | None = None,
+) -> T:
+    """`call()`, run again up to `retries` times after `delay_s` (CHUNK_RETRY_DELAY_S)
+    when its failure may pass (`chunk_retry_may_help`); the last failure is raised. `what`
+    names it in the log."""
+    pause = CHUNK_RETRY_DELAY_S if delay_s is None else delay_s
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if attempt >= retries or not chunk_retry_may_help(exc):
+                raise
+            log.warning("%s failed (%s): run again in %.0f s", what, exc, pause)
+        attempt += 1
+        time.sleep(pause)  # a pause for a passing failure to pass, not a wait on anything
 
 
 @dataclass
@@ -98,6 +130,9 @@ class ChunkResult:
     missing: tuple[str, ...] = ()
     # Rows stamped outside the query (negative, garbled), dropped.
     rows_out_of_range: int = 0
+    # The node's raw cap as the fetcher knew it after this chunk (a chunk fetched on
+    # another process tells the run what it learned).
+    raw_cap: int | None = None
 
     @property
     def chunks(self) -> int:
@@ -129,7 +164,7 @@ class HistoryEngine:
         options: HistoryOptions,
         *,
         filter_query: FilterQuery | None = None,
-        raw_cap: int | None = None,
+        raw_cap: CapGuess | None = None,
         max_in_flight: int = 4,
         missing_is_fatal: bool = True,
     ) -> None:
@@ -139,34 +174,33 @@ class HistoryEngine:
         self.filter_query = filter_query
         self.max_in_flight = max(1, max_in_flight)
         self.missing_is_fatal = missing_is_fatal
+        # What the run learns of the node's raw cap, shared by all its chunks.
+        self.raw_cap = raw_cap or CapGuess()
         self.fetcher = HistoryFetcher(
-            client,
-            node,
-            options,
-            filter_query=filter_query,
-            cap=CapGuess(known=raw_cap),
+            client, node, options, filter_query=filter_query, cap=self.raw_cap
         )
         # Chunks cut down to some tags of a group (`Chunk.by_paths`) are asked by path.
         self.path_fetcher = (
-            HistoryFetcher(
-                client,
-                node,
-                options,
-                cap=CapGuess(known=raw_cap),
-            )
+            HistoryFetcher(client, node, options, cap=self.raw_cap)
             if filter_query is not None
             else self.fetcher
         )
 
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
-        """All rows of the chunk's tags in its window, exactly once each."""
+        """All rows of the chunk's tags in its window, exactly once each; the chunk is
+        fetched again when its failure may pass (`retrying`)."""
+        return retrying(lambda: self._fetch_once(chunk), f"fetching {chunk.label}")
+
+    def _fetch_once(self, chunk: Chunk) -> ChunkResult:
         began = time.perf_counter()
         fetcher = self.path_fetcher if chunk.by_paths else self.fetcher
         fetched = fetcher.fetch(chunk.members, chunk.window, chunk.label)
         done = chunk
         if fetched.missing:
             done = self._without(chunk, fetched.missing)
-        return _result(done, fetched, history_table(fetched.table), began)
+        result = _result(done, fetched, history_table(fetched.table), began)
+        result.raw_cap = self.raw_cap.known
+        return result
 
     def _without(self, chunk: Chunk, missing: tuple[str, ...]) -> Chunk:
         """The chunk whose scope leaves `missing` out (recorded as missing there), or,
@@ -230,12 +264,68 @@ class AlarmEngine:
         )
 
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
+        """The window's alarm events; fetched again when its failure may pass."""
+        return retrying(lambda: self._fetch_once(chunk), f"fetching {chunk.label}")
+
+    def _fetch_once(self, chunk: Chunk) -> ChunkResult:
         began = time.perf_counter()
         fetched = self.fetcher.fetch(chunk.window, chunk.label)
         return _result(chunk, fetched, fetched.table, began)
 
     def stream(self, chunks: Iterable[Chunk]) -> Iterator[ChunkResult]:
         yield from stream_bounded(self.fetch_chunk, chunks, self.max_in_flight)
+
+
+@dataclass(frozen=True)
+class FetchJob:
+    """How a unit's chunks are fetched, decided once when it is planned: picklable, so a
+    fetch on another process (a Dask worker) builds the very engine the run's own threads
+    use, with the missing-tag rule, the node's version and the raw cap learned so far."""
+
+    settings: NodeSettings
+    node: str
+    kind: str
+    options: HistoryOptions | None = None
+    filter_query: FilterQuery | None = None
+    missing_is_fatal: bool = True
+    raw_cap: int | None = None
+    alarm_path: str | None = None
+    alarm_filter: AlarmFilter | None = None
+    node_version: NodeVersion | None = None
+
+    def engine(
+        self, client: HistoryClient, max_in_flight: int, raw_cap: CapGuess | None = None
+    ) -> HistoryEngine | AlarmEngine:
+        """The engine of this job over `client` (`raw_cap`: the run's shared guess; a new
+        one starting from `self.raw_cap` when None)."""
+        if self.alarm_filter is not None:
+            assert self.alarm_path is not None
+            return AlarmEngine(
+                client,
+                self.node,
+                self.alarm_path,
+                self.alarm_filter,
+                node_version=self.node_version,
+                max_in_flight=max_in_flight,
+            )
+        assert self.options is not None
+        return HistoryEngine(
+            client,
+            self.node,
+            self.options,
+            filter_query=self.filter_query,
+            raw_cap=raw_cap or CapGuess(known=self.raw_cap),
+            max_in_flight=max_in_flight,
+            missing_is_fatal=self.missing_is_fatal,
+        )
+
+    def fetch(self, chunk: Chunk) -> ChunkResult:
+        """The chunk, through a client of this process, closed after it."""
+        client = NodeClient(self.settings)
+        try:
+            return self.engine(client, 1).fetch_chunk(chunk)
+        finally:
+            client.close()
 
 
 def _result(chunk: Chunk, fetched: Fetched, rows: pa.Table, began: float) -> ChunkResult:

@@ -1,9 +1,10 @@
 """Drive one flow: resolve tags, plan what is left, fetch, write every sink, summarise.
 
 The runner is the whole pipeline, with or without Prefect: the CLI's `--direct` path, the
-Prefect flows (`pipelines/orchestration/flows.py`, which only make its fetches tasks) and the benchmarks
-all call `run_flow`. A run, per node of the flow (`FlowRun`, one unit; a flow on several
-nodes runs its units together: pipelines/core/units.py):
+Prefect flows (`pipelines/orchestration/flows.py`, whose `Submitter` only makes the plan
+and the fetches tasks) and the benchmarks all call `units.run_flow`. A run, per node of
+the flow (`FlowRun`, one unit; a flow on several nodes runs its units together:
+pipelines/core/units.py):
 
 1. takes the unit's lock in every sink (a second run of the same flow, or of the same
    node of a fleet flow, stops at once);
@@ -24,9 +25,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
+from typing import Protocol
 
 import numpy as np
 import orjson
@@ -45,21 +47,23 @@ from connectors.schema import (
     one_array,
 )
 from connectors.timewindow import Window, iso_utc
-from connectors.version import check_method
+from connectors.version import NodeVersion, check_method
 from pipelines.config.destinations import SinkSet
 from pipelines.config.models import Config, FlowConfig, flow_dataset, flow_kind, unit_key
 from pipelines.config.nodes import ConnectedNode, NodePool
 from pipelines.core.coalesce import coalesce
-from pipelines.core.engine import AlarmEngine, ChunkResult, HistoryEngine
+from pipelines.core.engine import AlarmEngine, ChunkResult, FetchJob, HistoryEngine, retrying
 from pipelines.core.memory import release_memory
 from pipelines.planning import (
     Chunk,
-    align_down,
-    batch_members,
     density_per_hour,
     narrow_chunk,
+    on_window_grid,
     plan_chunks,
+    query_batches,
     short_duration,
+    tags_per_query,
+    whole_buckets,
     window_for_density,
 )
 from pipelines.selection import resolve_tags
@@ -256,10 +260,31 @@ class RunSummary:
 
 
 ProgressCallback = Callable[[ChunkOutcome, "RunSummary"], None]
-# How a run's pending chunks are fetched: the run and its chunks in, results out as they
-# finish. Direct: the engine's bounded thread pool. Prefect: one task per chunk on the
-# flow's task runner (pipelines/orchestration/flows.py). Writing, joining and counting stay in FlowRun.
-Fetcher = Callable[["FlowRun", Sequence[Chunk]], Iterator[ChunkResult]]
+PlanCallback = Callable[["Plan"], None]
+
+
+class Submitter(Protocol):
+    """How the core hands out its work: a unit's plan, and its chunks' fetches (results
+    out as they finish). What the work is (the engine, the missing-tag rule, retries) and
+    what follows (joining, writing, counting) the core decides: a submitter only says where
+    the work runs."""
+
+    def plan(self, unit: FlowRun) -> Plan: ...
+
+    def fetch(self, unit: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResult]: ...
+
+
+class Threads:
+    """The direct path: the plan here, the fetches on the engine's bounded thread pool."""
+
+    def plan(self, unit: FlowRun) -> Plan:
+        return unit.plan()
+
+    def fetch(self, unit: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResult]:
+        return unit.engine.stream(chunks)
+
+
+THREADS = Threads()
 
 
 def options_key(flow: FlowConfig) -> str:
@@ -313,20 +338,18 @@ class FlowRun:
         node: str | None = None,
         sink_guard: AbstractContextManager[object] | None = None,
     ) -> None:
-        if name not in config.flows:
-            raise KeyError(name)
         self.config = config
         self.name = name
-        self.flow = config.flows[name]
+        self.flow_config = config.flows[name]
         if node is None:
             fleet = config.flow_nodes(name)
             if len(fleet) != 1:
                 raise ValueError(f"flow {name} runs on {len(fleet)} nodes: name the node")
             node = fleet[0]
         self.node_name = node
-        self.key = unit_key(name, node, self.flow)
-        self.kind = flow_kind(self.flow)
-        self.dataset = flow_dataset(name, self.flow)
+        self.key = unit_key(name, node, self.flow_config)
+        self.kind = flow_kind(self.flow_config)
+        self.dataset = flow_dataset(name, self.flow_config)
         self.request = request or RunRequest()
         self.now = now or datetime.now(UTC)
         self._nodes = nodes
@@ -335,6 +358,7 @@ class FlowRun:
         self._node: ConnectedNode | None = None
         self._max_in_flight = max_in_flight
         self._engine: HistoryEngine | AlarmEngine | None = None
+        self._job: FetchJob | None = None
         # Held around the sink calls of `plan()`: units of a fleet plan on threads of
         # their own, and a sink's connection serves one caller at a time.
         self._sink_guard = sink_guard or nullcontext()
@@ -352,7 +376,7 @@ class FlowRun:
 
     @property
     def sinks(self) -> list[Sink]:
-        return [self._sinks.get(name) for name in self.flow.sinks]
+        return [self._sinks.get(name) for name in self.flow_config.sinks]
 
     @property
     def node(self) -> ConnectedNode:
@@ -386,118 +410,130 @@ class FlowRun:
     # -- planning --------------------------------------------------------------------
 
     def plan(self) -> Plan:
-        """Resolve the selection, write tag metadata, and work out the pending chunks.
+        """Resolve the selection, write tag metadata, and work out the pending chunks;
+        planned again when a failure may pass (`engine.retrying`, as a chunk's fetch).
 
         The node's version is read first (once per run): a method it cannot compute is
         refused before anything is written.
         """
-        flow = self.flow
-        node = self.node
-        version = node.version()
-        if self.kind == KIND_TAG_HISTORY:
-            assert flow.tags is not None
-            check_method(flow.method, version, where=f"flows.{self.name}.method")
-            resolved = resolve_tags(
-                node.client, node.name, flow.tags, where=f"flows.{self.name}.tags"
-            )
-            members = resolved.members
-            first = self.shard is None or self.shard.writes_metadata()
-            if flow.metadata and first and resolved.metadata.num_rows:
-                frame = resolved.metadata.to_pandas(types_mapper=pd.ArrowDtype)
-                with self._sink_guard:
-                    for sink in self.sinks:
-                        sink.write_metadata(frame)
-            engine: HistoryEngine | AlarmEngine = HistoryEngine(
-                node.client,
-                node.name,
-                flow.history_options(),
-                filter_query=resolved.filter_query,
-                max_in_flight=self._in_flight(),
-                missing_is_fatal=resolved.explicit,
-            )
-        else:
-            alarms = flow.alarms
-            path = alarms.path if alarms else "/"
-            members = (path,)
-            engine = AlarmEngine(
-                node.client,
-                node.name,
-                path,
-                flow.alarm_filter(),
-                node_version=version,
-                max_in_flight=self._in_flight(),
-            )
-        self._engine = engine
-        self.summary.tags = len(members)
+        return retrying(self._plan_once, f"planning {self.key}")
+
+    def _plan_once(self) -> Plan:
+        self.summary.notes.clear()  # a plan run again says its lines once
+        members = self._select(self.node.version())
         with self._sink_guard:
             progresses = [sink.progress(self.key) for sink in self.sinks]
-        watermark = _min_watermark(progresses, members, flow.start)
+        watermark = _min_watermark(progresses, members, self.flow_config.start)
+        self.summary.tags = len(members)
         self.summary.watermark_before = watermark
-        span, always = self._span(watermark)
-        interval = (
-            flow.interval if flow.mode == "aggregated" and self.kind == KIND_TAG_HISTORY else None
-        )
-        if span is not None and interval is not None:
-            span = _align_span(span, interval)
-        size = self._window_size(members, span, interval)
-        if span is not None and self.kind == KIND_TAG_HISTORY and flow.mode in ("delta", "filter"):
-            # Their rows depend on where a query starts: every query starts on the grid.
-            span = Window(align_down(span.start, size), span.end)
-            always = span if always is not None else None
-        if span is None:
-            plan = self._new_plan(members, None, size, 0, [], watermark)
-            self.plan_ = plan
-            return plan
-        if self.kind == KIND_TAG_HISTORY and isinstance(engine, HistoryEngine):
-            if engine.filter_query is not None:
-                batches = [members]
-            else:
-                batches = batch_members(members, max_batch=flow.batch)
-        else:
-            batches = [members]
-        chunks = plan_chunks(
-            self.key, self.dataset, self.kind, batches, span, size, options_key(flow)
-        )
-        if self.shard is not None:
-            chunks = self.shard.select(chunks)
-        if self.request.start is not None and not self.request.backfill:
-            pending = list(chunks)
-            skipped = 0
-        else:
-            wanted = combined_pending(chunks, progresses, always)
-            skipped = len(chunks) - len(wanted)
-            pending = self._narrowed(wanted, progresses, always)
-        plan = self._new_plan(members, span, size, len(chunks), pending, watermark)
-        self.summary.span = span
-        self.summary.window = size
-        self.summary.window_auto = flow.window == "auto"
-        self.summary.chunks_planned = len(chunks)
-        self.summary.chunks_skipped = skipped
-        self.plan_ = plan
-        return plan
-
-    def _new_plan(
-        self,
-        members: tuple[str, ...],
-        span: Window | None,
-        size: timedelta,
-        planned: int,
-        pending: list[Chunk],
-        watermark: datetime | None,
-    ) -> Plan:
-        return Plan(
+        span, always, size = self._span_and_window(members, watermark)
+        chunks = self._chunks(members, span, size) if span is not None else []
+        pending, skipped = self._pending(chunks, progresses, always)
+        self.plan_ = Plan(
             self.name,
             self.dataset,
             self.kind,
             members,
             span,
             size,
-            planned,
+            len(chunks),
             pending,
             watermark,
             node=self.node_name,
             key=self.key,
         )
+        if span is not None:
+            self.summary.span = span
+            self.summary.window = size
+            self.summary.window_auto = self.flow_config.window == "auto"
+            self.summary.chunks_planned = len(chunks)
+            self.summary.chunks_skipped = skipped
+        return self.plan_
+
+    def _select(self, version: NodeVersion | None) -> tuple[str, ...]:
+        """The flow's members on the node (tag metadata written), and how they are
+        fetched (`FetchJob`, decided here once for every submitter)."""
+        flow, node = self.flow_config, self.node
+        if self.kind != KIND_TAG_HISTORY:
+            path = flow.alarms.path if flow.alarms else "/"
+            self._use(
+                FetchJob(
+                    node.settings,
+                    node.name,
+                    self.kind,
+                    alarm_path=path,
+                    alarm_filter=flow.alarm_filter(),
+                    node_version=version,
+                )
+            )
+            return (path,)
+        assert flow.tags is not None
+        check_method(flow.method, version, where=f"flows.{self.name}.method")
+        resolved = resolve_tags(node.client, node.name, flow.tags, where=f"flows.{self.name}.tags")
+        first = self.shard is None or self.shard.writes_metadata()
+        if flow.metadata and first and resolved.metadata.num_rows:
+            frame = resolved.metadata.to_pandas(types_mapper=pd.ArrowDtype)
+            with self._sink_guard:
+                for sink in self.sinks:
+                    sink.write_metadata(frame)
+        self._use(
+            FetchJob(
+                node.settings,
+                node.name,
+                self.kind,
+                options=flow.history_options(),
+                filter_query=resolved.filter_query,
+                missing_is_fatal=resolved.explicit,
+                node_version=version,
+            )
+        )
+        return resolved.members
+
+    def _use(self, job: FetchJob) -> None:
+        self._job = job
+        self._engine = job.engine(self.node.client, self._in_flight())
+
+    def _span_and_window(
+        self, members: Sequence[str], watermark: datetime | None
+    ) -> tuple[Window | None, Window | None, timedelta]:
+        """The span to plan, its look-back part (always re-read), and the window size."""
+        flow = self.flow_config
+        span, always = self._span(watermark)
+        interval = flow.interval if flow.mode == "aggregated" and self._tag_history else None
+        if span is not None and interval is not None:
+            span = whole_buckets(span, interval)
+        size = self._window_size(members, span, interval)
+        if span is not None and self._tag_history and flow.mode in ("delta", "filter"):
+            span, always = on_window_grid(span, always, size)
+        return span, always, size
+
+    @property
+    def _tag_history(self) -> bool:
+        return self.kind == KIND_TAG_HISTORY
+
+    def _one_query(self) -> bool:
+        """Whether one query asks for every member (alarms, a group through historyFilter)."""
+        return not self._tag_history or self._filter_mode()
+
+    def _chunks(self, members: Sequence[str], span: Window, size: timedelta) -> list[Chunk]:
+        """The span's chunks (this shard's, for a shard of a backfill)."""
+        batches = query_batches(
+            members, max_batch=self.flow_config.batch, one_query=self._one_query()
+        )
+        chunks = plan_chunks(
+            self.key, self.dataset, self.kind, batches, span, size, options_key(self.flow_config)
+        )
+        return self.shard.select(chunks) if self.shard is not None else chunks
+
+    def _pending(
+        self, chunks: list[Chunk], progresses: Sequence[Progress], always: Window | None
+    ) -> tuple[list[Chunk], int]:
+        """The chunks to fetch and how many were skipped: all of an explicit range that is
+        not a backfill (re-extracted), else those a sink still lacks, narrowed."""
+        if self.request.start is not None and not self.request.backfill:
+            return list(chunks), 0
+        wanted = combined_pending(chunks, progresses, always)
+        return self._narrowed(wanted, progresses, always), len(chunks) - len(wanted)
 
     def _narrowed(
         self, pending: list[Chunk], progresses: Sequence[Progress], always: Window | None
@@ -516,8 +552,8 @@ class FlowRun:
                 narrow_chunk(
                     chunk,
                     lacking[chunk.chunk_id],
-                    max_batch=self.flow.batch,
-                    options_key=options_key(self.flow),
+                    max_batch=self.flow_config.batch,
+                    options_key=options_key(self.flow_config),
                     by_paths=self._filter_mode(),
                 )
             )
@@ -530,7 +566,7 @@ class FlowRun:
 
     def _span(self, watermark: datetime | None) -> tuple[Window | None, Window | None]:
         """The span to plan, and the look-back part of it that is always re-read."""
-        flow = self.flow
+        flow = self.flow_config
         end = self._end(watermark)
         if self.request.start is not None:
             if end <= self.request.start:
@@ -558,7 +594,7 @@ class FlowRun:
         with one line in the summary. Progress already past it (recorded before this rule)
         is pointed out with the command that repairs it.
         """
-        settled = self.now - self.flow.settle
+        settled = self.now - self.flow_config.settle
         if watermark is not None and watermark > settled:
             self.summary.notes.append(
                 f"progress is marked complete up to {iso_utc(watermark)}, past now - settle: "
@@ -581,14 +617,16 @@ class FlowRun:
     ) -> timedelta:
         """The flow's window, or for `auto` the largest whose chunks carry about
         AUTO_CHUNK_ROWS rows at the density the node shows (pipelines/planning.py)."""
-        flow = self.flow
+        flow = self.flow_config
         if isinstance(flow.window, timedelta):
             return flow.window
         if span is None:  # nothing to fetch: no chunk is planned, nothing to probe
             return timedelta(hours=1)
         if self.kind == KIND_ALARM_HISTORY:
             return window_for_density(self._probe_alarm_density(span), 1)
-        tags_per_batch = len(members) if self._filter_mode() else min(flow.batch, len(members))
+        tags_per_batch = tags_per_query(
+            len(members), max_batch=flow.batch, one_query=self._filter_mode()
+        )
         if interval is not None:
             per_hour = timedelta(hours=1) / interval
         else:
@@ -607,7 +645,7 @@ class FlowRun:
         # `limit` keeps each probe's answer small (50 x 1,000 rows, however dense the day);
         # tags it cuts are measured up to their last sample, like a node's own cap.
         options = HistoryOptions(
-            mode="raw", limit=1000, remote_node=self.flow.history_options().remote_node
+            mode="raw", limit=1000, remote_node=self.flow_config.history_options().remote_node
         )
         rates = [1.0]
         for side in _probe_sides(span):
@@ -624,13 +662,13 @@ class FlowRun:
 
     def _probe_alarm_density(self, span: Window) -> float:
         """Alarm events per hour at either end of the span (as `_probe_density`)."""
-        alarms = self.flow.alarms
+        alarms = self.flow_config.alarms
         path = alarms.path if alarms else "/"
         rates = [1.0]
         for side in _probe_sides(span):
             for window in side:
                 body = self.node.client.alarm_history_bytes(
-                    path, window.start, window.end, self.flow.alarm_filter()
+                    path, window.start, window.end, self.flow_config.alarm_filter()
                 )
                 events = parse_alarm_history_answer(body, self.node.name).num_rows
                 if events:
@@ -648,7 +686,7 @@ class FlowRun:
             members=chunk.members,
             window=chunk.window,
             chunk_id=chunk.chunk_id,
-            attrs=dataset_attrs(self.name, self.flow),
+            attrs=dataset_attrs(self.name, self.flow_config),
             node=self.node.name,
             window_size=self.plan_.window_size if self.plan_ is not None else None,
         )
@@ -681,15 +719,30 @@ class FlowRun:
             rows_out_of_range=result.rows_out_of_range,
         )
 
-    def results(self, fetch: Fetcher | None = None) -> Iterator[ChunkResult]:
+    def results(self, submit: Submitter = THREADS) -> Iterator[ChunkResult]:
         """Fetched chunks, concurrently and bounded, in completion order; the small ones
-        of a window joined into one write (pipelines/core/coalesce.py). `fetch`: how chunks
-        are fetched (the engine's own thread pool when None)."""
+        of a window joined into one write (pipelines/core/coalesce.py). `submit`: where the
+        fetches run (the engine's own thread pool by default)."""
         if self._engine is None or self.plan_ is None:
             raise RuntimeError("plan() first")
         pending = self.plan_.pending
-        fetched = fetch(self, pending) if fetch is not None else self._engine.stream(pending)
-        yield from self.joined(fetched, pending)
+        yield from self.joined(self._learning(submit.fetch(self, pending)), pending)
+
+    def fetch_job(self) -> FetchJob:
+        """How this unit's chunks are fetched on another process: what `plan()` decided,
+        with the raw cap learned so far."""
+        if self._job is None or self._engine is None:
+            raise RuntimeError("plan() first")
+        if isinstance(self._engine, HistoryEngine):
+            return replace(self._job, raw_cap=self._engine.raw_cap.known)
+        return self._job
+
+    def _learning(self, fetched: Iterable[ChunkResult]) -> Iterator[ChunkResult]:
+        """`fetched`, keeping the raw cap a chunk fetched elsewhere learned for later jobs."""
+        for result in fetched:
+            if result.raw_cap is not None and isinstance(self._engine, HistoryEngine):
+                self._engine.raw_cap.learn(result.raw_cap, found_more=True)
+            yield result
 
     @property
     def engine(self) -> HistoryEngine | AlarmEngine:
@@ -753,7 +806,7 @@ class FlowRun:
                 log.warning("%s: every chunk is committed; watermark not read: %s", self.key, exc)
                 return
             self.summary.watermark_after = _min_watermark(
-                progresses, self.plan_.members, self.flow.start
+                progresses, self.plan_.members, self.flow_config.start
             )
 
 
@@ -794,7 +847,7 @@ def write_all(
                     failed.append(error)
             return failed
 
-        def settle(until: int) -> None:
+        def drain_to(until: int) -> None:
             while len(pending) > until:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 failed = count(done)
@@ -805,51 +858,12 @@ def write_all(
             for run, result in items:
                 pending[pool.submit(run.write_and_release, result)] = run
                 del result
-                settle(depth - 1)
-            settle(0)
+                drain_to(depth - 1)
+            drain_to(0)
         except BaseException:
             finished, _ = wait(list(pending))
             count(finished)
             raise
-
-
-def run_flow(
-    config: Config,
-    name: str,
-    *,
-    nodes: NodePool,
-    sinks: SinkSet,
-    request: RunRequest | None = None,
-    on_chunk: ProgressCallback | None = None,
-    on_plan: Callable[[Plan], None] | None = None,
-    now: datetime | None = None,
-    fetch: Fetcher | None = None,
-    plan: Callable[[FlowRun], Plan] | None = None,
-) -> RunSummary:
-    """Run one flow start to end: the one loop of the direct path and of Prefect's flows.
-
-    A flow on several nodes runs one unit per (flow, node) (`pipelines/core/units.py`): each
-    with its own lock, plan, watermark and summary, fetching in parallel; one node
-    failing leaves the others' work complete and recorded.
-
-    `fetch` and `plan` say how the work is submitted (the Prefect flow makes them tasks;
-    by default the engine's threads and a plain call). Node and sink failures come out as
-    `RunFailed` carrying the partial summary; the original error is its `__cause__`.
-    """
-    from pipelines.core.units import run_units
-
-    return run_units(
-        config,
-        name,
-        nodes=nodes,
-        sinks=sinks,
-        request=request or RunRequest(),
-        on_chunk=on_chunk,
-        on_plan=on_plan,
-        now=now,
-        fetch=fetch,
-        plan=plan,
-    )
 
 
 def _min_watermark(
@@ -878,13 +892,6 @@ def _probe_sides(span: Window) -> list[list[Window]]:
     if span.end - span.start > 2 * hour:
         sides.append([Window(span.start, span.start + hour), Window(span.start, span.start + day)])
     return sides
-
-
-def _align_span(span: Window, interval: timedelta) -> Window | None:
-    """Whole buckets only: both ends down to multiples of interval (no partial last bucket)."""
-    start = align_down(span.start, interval)
-    end = align_down(span.end, interval)
-    return Window(start, end) if end > start else None
 
 
 def _tag_counts(table: pa.Table, kind: str) -> tuple[Counter[str], Counter[str]]:

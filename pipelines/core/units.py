@@ -31,7 +31,7 @@ import contextvars
 import queue
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from datetime import datetime
@@ -42,13 +42,15 @@ from pipelines.config.models import Config
 from pipelines.config.nodes import NodePool
 from pipelines.core.engine import ChunkResult
 from pipelines.core.runner import (
-    Fetcher,
+    THREADS,
     FlowRun,
     Plan,
+    PlanCallback,
     ProgressCallback,
     RunFailed,
     RunRequest,
     RunSummary,
+    Submitter,
     WorkItem,
     write_all,
 )
@@ -81,20 +83,28 @@ class _Units:
         return [unit for unit in self.all if unit.node_name not in self.failed]
 
 
-def run_units(
+def run_flow(
     config: Config,
     name: str,
     *,
     nodes: NodePool,
     sinks: SinkSet,
-    request: RunRequest,
+    request: RunRequest | None = None,
     on_chunk: ProgressCallback | None = None,
-    on_plan: Callable[[Plan], None] | None = None,
+    on_plan: PlanCallback | None = None,
     now: datetime | None = None,
-    fetch: Fetcher | None = None,
-    plan: Callable[[FlowRun], Plan] | None = None,
+    submit: Submitter = THREADS,
 ) -> RunSummary:
-    """`runner.run_flow`: lock, plan, fetch and write every selected unit of the flow."""
+    """Run one flow start to end: the one loop of the direct path and of Prefect's flows.
+
+    Lock, plan, fetch and write every selected unit of the flow: each (flow, node) with
+    its own lock, plan, watermark and summary, fetching in parallel; one node failing
+    leaves the others' work complete and recorded. `submit` says where the plans and the
+    fetches run (the engine's threads by default; Prefect tasks in a flow run). Node and
+    sink failures come out as `RunFailed` carrying the partial summary; the original
+    error is its `__cause__`.
+    """
+    request = request or RunRequest()
     chosen = selected_nodes(config, name, request)
     guard = threading.Lock() if len(chosen) > 1 else None
     units = _Units(
@@ -120,20 +130,18 @@ def run_units(
                 unit.node  # noqa: B018 - opened here: a NodePool is not shared by threads
             except (NodeError, SinkError) as exc:
                 units.fail(unit, exc)
-        _plan_all(units, plan, on_plan)
-        _write_all(units, fetch, on_chunk)
+        _plan_all(units, submit, on_plan)
+        _write_all(units, submit, on_chunk)
         _finish(units)
     for unit in units.all:
         unit.summary.seconds = time.perf_counter() - began
     return _outcome(config, name, units)
 
 
-def _plan_all(
-    units: _Units, plan: Callable[[FlowRun], Plan] | None, on_plan: Callable[[Plan], None] | None
-) -> None:
+def _plan_all(units: _Units, submit: Submitter, on_plan: PlanCallback | None) -> None:
     """Plan every live unit (on threads when there are several); `on_plan` here, in order
     of completion."""
-    planner = plan or FlowRun.plan
+    planner = submit.plan
     live = units.live()
     if len(live) == 1:
         try:
@@ -161,13 +169,13 @@ def _plan_all(
             raise unexpected
 
 
-def _write_all(units: _Units, fetch: Fetcher | None, on_chunk: ProgressCallback | None) -> None:
+def _write_all(units: _Units, submit: Submitter, on_chunk: ProgressCallback | None) -> None:
     """Every planned unit's chunks, fetched in parallel, through one writer loop. A sink
     failing a write fails every unit still under way."""
     live = [unit for unit in units.live() if unit.plan_ is not None]
     if not live:
         return
-    merged = _merged([_stream(unit, fetch, units) for unit in live])
+    merged = _merged([_stream(unit, submit, units) for unit in live])
     try:
         write_all(merged, live[0].write_depth(), on_chunk)
     except SinkError as exc:
@@ -177,10 +185,10 @@ def _write_all(units: _Units, fetch: Fetcher | None, on_chunk: ProgressCallback 
         merged.close()  # the fetching threads end now, not when the generator is collected
 
 
-def _stream(unit: FlowRun, fetch: Fetcher | None, units: _Units) -> Generator[WorkItem]:
+def _stream(unit: FlowRun, submit: Submitter, units: _Units) -> Generator[WorkItem]:
     """A unit's fetched chunks as work items; a node failure ends (and fails) the unit."""
     try:
-        for result in unit.results(fetch):
+        for result in unit.results(submit):
             yield unit, result
             del result
     except NodeError as exc:
@@ -302,4 +310,4 @@ def combined(parts: list[RunSummary]) -> RunSummary:
     return total
 
 
-__all__ = ["ChunkResult", "combined", "run_units", "selected_nodes"]
+__all__ = ["ChunkResult", "combined", "run_flow", "selected_nodes"]

@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import Any, cast
 
 from pipelines.config.models import ConfigError, load_config
-from pipelines.orchestration.fleet import heartbeat_env
+from pipelines.orchestration.fleet import (
+    ensure_crash_detection,
+    ensure_node_limits,
+    heartbeat_env,
+    require_work_pool,
+)
 from pipelines.orchestration.flows import prefect_flow_for
-
-BACKFILL_SUFFIX = "-backfill"
-
-
-def backfill_deployment(flow_name: str, kind: str) -> str:
-    """`tag-history/<flow>-backfill`: the deployment a sharded backfill's runs are made of."""
-    return f"{prefect_flow_for(kind).name}/{flow_name}{BACKFILL_SUFFIX}"
+from pipelines.orchestration.names import BACKFILL_SUFFIX
+from pipelines.orchestration.schedules import check_schedules, prefect_schedule
+from pipelines.orchestration.server import api_for_schedules
 
 
 def build_deployments(
@@ -35,15 +36,12 @@ def build_deployments(
 ) -> list[Any]:
     """One deployment per flow with a schedule: its cron or interval, timezone, parameters.
 
-    `by_module` names the flow by import path (`pipelines.orchestration.flows.tag_history_flow`) instead of
-    by file, so a worker of a process work pool with this package installed can load it.
-    `backfills`: also `<flow>-backfill` for every flow (scheduled or not), without a
-    schedule or a run limit: the deployment a sharded backfill submits its shards to.
+    `by_module` names the flow by import path (`pipelines.orchestration.flows.tag_history_flow`)
+    instead of by file, so a worker of a process work pool with this package installed can
+    load it. `backfills`: also `<flow>-backfill` for every flow (scheduled or not), without
+    a schedule or a run limit: the deployment a sharded backfill submits its shards to.
     """
-    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.types.entrypoint import EntrypointType
-
-    from pipelines.orchestration.schedules import check_schedules, prefect_schedule
 
     config = load_config(config_path)
     check_schedules(config, names, source=config_path.name)  # one line naming the key
@@ -52,43 +50,47 @@ def build_deployments(
     for name, flow_config in config.flows.items():
         if names and name not in names:
             continue
-        parameters = {"flow_name": name, "config_path": str(config_path.resolve())}
         # One deployment per flow: each of its runs covers every node (one unit each).
+        common: dict[str, Any] = {
+            "parameters": {"flow_name": name, "config_path": str(config_path.resolve())},
+            "entrypoint_type": entrypoint,
+        }
         fleet = config.flow_nodes(name)
         tags = ["historian", flow_config.kind, *(f"node:{node}" for node in fleet)]
+        flow = prefect_flow_for(flow_config.kind)
         if backfills:
             deployments.append(
-                prefect_flow_for(flow_config.kind).to_deployment(
+                flow.to_deployment(
                     name=f"{name}{BACKFILL_SUFFIX}",
-                    parameters=parameters,
                     tags=[*tags, "backfill"],
                     # heartbeats: a run whose worker dies is marked Crashed (fleet.py)
                     job_variables={"env": heartbeat_env()},
                     description=f"historian backfill of flow {name} (sharded: historian "
                     f"backfill {name} --shards N --pool POOL)",
-                    entrypoint_type=entrypoint,
+                    **common,
                 )
             )
-        schedule = flow_config.schedule
-        if schedule is None:
-            continue
-        deployments.append(
-            prefect_flow_for(flow_config.kind).to_deployment(
-                name=name,
-                schedules=[prefect_schedule(schedule)],
-                parameters=parameters,
-                tags=tags,
-                # A run due while the last one still runs is cancelled (it would stop at
-                # the flow's lock anyway); the next one catches up from the watermark.
-                concurrency_limit=ConcurrencyLimitConfig(
-                    limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW
-                ),
-                description=f"historian flow {name} ({flow_config.kind}, "
-                f"node{'s' if len(fleet) > 1 else ''} {', '.join(fleet)})",
-                entrypoint_type=entrypoint,
+        if flow_config.schedule is not None:
+            deployments.append(
+                flow.to_deployment(
+                    name=name,
+                    schedules=[prefect_schedule(flow_config.schedule)],
+                    tags=tags,
+                    concurrency_limit=_one_run_at_a_time(),
+                    description=f"historian flow {name} ({flow_config.kind}, "
+                    f"node{'s' if len(fleet) > 1 else ''} {', '.join(fleet)})",
+                    **common,
+                )
             )
-        )
     return deployments
+
+
+def _one_run_at_a_time() -> Any:
+    """A run due while the last one still runs is cancelled (it would stop at the flow's
+    lock anyway); the next one catches up from the watermark."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+
+    return ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 
 
 def deploy_flows(
@@ -105,12 +107,6 @@ def deploy_flows(
     """
     from prefect import deploy
     from prefect.client.orchestration import get_client
-
-    from pipelines.orchestration.fleet import (
-        ensure_crash_detection,
-        ensure_node_limits,
-        require_work_pool,
-    )
 
     deployments = build_deployments(config_path, names, by_module=True, backfills=True)
     if not deployments:
@@ -144,8 +140,6 @@ def serve_flows(
     Ctrl-C and SIGTERM stop the runner (Prefect pauses the schedules), then the server.
     """
     from prefect import serve
-
-    from pipelines.orchestration.server import api_for_schedules
 
     deployments = build_deployments(config_path, names)
     if not deployments:

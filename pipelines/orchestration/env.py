@@ -23,7 +23,7 @@
   (a real server) the recorder settings are left alone.
 * `historian run` turns flow-run heartbeats off (`cli_run()`), on any server: Prefect's
   heartbeat thread (on by default, every 180 s) sleeps in 1 s steps and the synchronous
-  flow engine joins it when the run ends, so every run ended on the next whole second
+  flow-run machinery joins it when the run ends, so every run ended on the next whole second
   after its start (an empty flow: 1.1 s with, 0.13 s without; a run of 1.1 s took 2.0 s).
   Heartbeats serve an automation that marks a run Crashed when its process vanishes
   unseen (`pipelines/orchestration/fleet.py`, for runs on work-pool workers); a one-off command's run
@@ -45,6 +45,8 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+
+from pipelines.orchestration.children import end_with_this_process
 
 QUIET_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -129,8 +131,6 @@ def _ephemeral_server_ends_with_us(record_task_runs: bool) -> None:
         PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED,
         temporary_settings,
     )
-
-    from pipelines.orchestration.children import end_with_this_process
 
     server = SubprocessASGIServer()
     with ExitStack() as stack:

@@ -24,9 +24,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from pipelines.config.models import Config, ConfigError
+from pipelines.orchestration.names import (
+    SHARD_ARTIFACT_PREFIX,
+    backfill_deployment,
+    node_limit_name,
+)
 from pipelines.shards import Shard, ShardBy
 
-NODE_LIMIT_PREFIX = "historian-node-"
 CRASH_AUTOMATION = "historian: crash flow runs whose heartbeats stopped"
 # Prefect's floor for flow-run heartbeats; the automation waits three of them.
 HEARTBEAT_S = 30
@@ -34,10 +38,6 @@ SILENT_FOR = timedelta(seconds=3 * HEARTBEAT_S)
 BACKFILL_TAG = "historian-backfill:"
 BACKFILL_ID_TAG = "historian-backfill-id:"
 FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
-
-
-def node_limit_name(node: str) -> str:
-    return f"{NODE_LIMIT_PREFIX}{node}"
 
 
 def flow_nodes(config: Config, flow: str, only: Sequence[str] | None = None) -> list[str]:
@@ -266,8 +266,6 @@ def submit_backfill(
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
-    from pipelines.orchestration.deployments import backfill_deployment
-
     name = backfill_deployment(flow, config.flows[flow].kind)
     with get_client(sync_client=True) as client:
         require_work_pool(client, pool)
@@ -342,9 +340,6 @@ def wait_for_shards(
     return ordered
 
 
-SHARD_ARTIFACT_PREFIX = "historian-shard-"
-
-
 def _shard_summary(client: Any, flow_run_id: uuid.UUID) -> dict[str, Any]:
     """The counts the shard's run left in its table artifact (`shard_artifact`)."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
@@ -401,7 +396,7 @@ def crashed_shards(flow: str, *, page: int = 200, pages: int = 10) -> list[Shard
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
     from prefect.client.schemas.sorting import FlowRunSort
 
-    settled: set[str] = set()
+    decided: set[str] = set()
     crashed: list[ShardRun] = []
     with get_client(sync_client=True) as client:
         for number in range(pages):
@@ -418,9 +413,9 @@ def crashed_shards(flow: str, *, page: int = 200, pages: int = 10) -> list[Shard
                 if "flow_name" not in run.parameters:
                     continue  # not a run `submit_backfill` made
                 shard = ShardRun.from_parameters(run.parameters)
-                if shard.label in settled or state not in ("COMPLETED", "CRASHED"):
+                if shard.label in decided or state not in ("COMPLETED", "CRASHED"):
                     continue
-                settled.add(shard.label)
+                decided.add(shard.label)
                 if state == "CRASHED":
                     crashed.append(shard)
             if len(runs) < page:

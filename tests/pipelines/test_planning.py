@@ -25,10 +25,14 @@ from pipelines.planning import (
     density_per_hour,
     encoded_batch_len,
     encoded_path_len,
+    on_window_grid,
     parse_duration,
     plan_chunks,
     plan_windows,
+    query_batches,
     short_duration,
+    tags_per_query,
+    whole_buckets,
     window_for_density,
 )
 
@@ -351,7 +355,7 @@ def test_plan_chunks_is_window_major_with_labels() -> None:
     ]
     assert chunks[0].label == "2 tags /Plant A/x [2024-01-01T00:30Z, +30m)"
     assert chunks[3].label == "1 tag /Plant A/z [2024-01-01T01:00Z, +1h)"
-    assert all(c.flow == "f" and c.dataset == "d" and c.kind == "tag_history" for c in chunks)
+    assert all(c.unit_key == "f" and c.dataset == "d" and c.kind == "tag_history" for c in chunks)
 
 
 def test_chunk_labels_show_seconds_and_alarm_paths() -> None:
@@ -464,3 +468,40 @@ def test_a_probe_cut_by_a_node_cap_is_measured_up_to_the_last_sample() -> None:
 
 def test_a_probe_that_saw_nothing_is_zero() -> None:
     assert density_per_hour([(0, None), (0, None)], 2, 0, HOUR_MS) == 0
+
+
+# -- a run's span, batches and queries ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "expected"),
+    [
+        (at(0, 7), at(1, 31), Window(at(0, 0), at(1, 30))),  # the partial last bucket waits
+        (at(0, 0), at(1, 0), Window(at(0, 0), at(1, 0))),
+        (at(0, 7), at(0, 14), None),  # no bucket whole
+    ],
+)
+def test_an_aggregated_span_keeps_whole_buckets_only(
+    start: datetime, end: datetime, expected: Window | None
+) -> None:
+    assert whole_buckets(Window(start, end), timedelta(minutes=15)) == expected
+
+
+def test_a_delta_span_starts_on_the_window_grid_and_its_look_back_follows() -> None:
+    span = Window(at(0, 7), at(3))
+    assert on_window_grid(span, None, timedelta(hours=1)) == (Window(at(0), at(3)), None)
+    aligned, always = on_window_grid(span, Window(at(0, 7), at(1)), timedelta(hours=1))
+    assert aligned == always == Window(at(0), at(3))
+
+
+def test_one_query_takes_every_member_and_otherwise_batches_do() -> None:
+    members = [f"/t{i}" for i in range(5)]
+    assert query_batches(members, max_batch=2, one_query=True) == [tuple(members)]
+    assert query_batches(members, max_batch=2, one_query=False) == [
+        ("/t0", "/t1"),
+        ("/t2", "/t3"),
+        ("/t4",),
+    ]
+    assert tags_per_query(5, max_batch=2, one_query=True) == 5
+    assert tags_per_query(5, max_batch=2, one_query=False) == 2
+    assert tags_per_query(1, max_batch=2, one_query=False) == 1

@@ -24,7 +24,8 @@ from connectors.simulator.profiles import PROFILES
 from connectors.timewindow import Window
 from pipelines.config.destinations import SinkSet
 from pipelines.config.nodes import NodePool
-from pipelines.core.runner import RunFailed, RunSummary, run_flow
+from pipelines.core.runner import RunFailed, RunSummary
+from pipelines.core.units import run_flow
 from pipelines.planning import align_down, plan_windows
 from tests.fixtures import (
     alarm_rows,

@@ -24,7 +24,8 @@ from connectors.simulator import SimConfig, SimulatedNode, run_server
 from connectors.timewindow import Window
 from pipelines.config.destinations import SinkSet
 from pipelines.config.nodes import NodePool
-from pipelines.core.runner import RunRequest, run_flow
+from pipelines.core.runner import RunRequest
+from pipelines.core.units import run_flow
 from pipelines.planning import align_down, plan_windows
 from tests.fixtures import history_rows, load, truth_history_rows, write_config
 

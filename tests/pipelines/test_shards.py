@@ -15,7 +15,8 @@ from connectors.simulator import SimConfig, SimulatedNode, run_server
 from connectors.timewindow import Window
 from pipelines.config.destinations import SinkSet
 from pipelines.config.nodes import NodePool
-from pipelines.core.runner import FlowRun, RunRequest, run_flow
+from pipelines.core.runner import FlowRun, RunRequest
+from pipelines.core.units import run_flow
 from pipelines.planning import plan_chunks
 from pipelines.shards import Shard
 from sinks.base import FlowLocked
@@ -174,8 +175,8 @@ def test_a_node_slot_the_server_could_not_grant_is_retried_and_a_config_error_is
     from prefect.states import Failed
 
     from pipelines.config.models import ConfigError
-    from pipelines.orchestration.flows import _retry_if_transient
+    from pipelines.orchestration.tasks import retry_if_no_slot
 
     busy = ConcurrencySlotAcquisitionError("Unable to acquire concurrency slots: 503")
-    assert _retry_if_transient(None, None, Failed(data=busy)) is True
-    assert _retry_if_transient(None, None, Failed(data=ConfigError("bad key"))) is False
+    assert retry_if_no_slot(None, None, Failed(data=busy)) is True
+    assert retry_if_no_slot(None, None, Failed(data=ConfigError("bad key"))) is False

@@ -27,7 +27,7 @@ def result(
     tags: list[str], at: Window, rows_per_tag: int, *, as_table: bool = False
 ) -> ChunkResult:
     chunk = Chunk(
-        flow="f",
+        unit_key="f",
         dataset="d",
         kind="tag_history",
         members=tuple(tags),

@@ -334,3 +334,52 @@ def test_a_chunk_is_re_run_only_when_its_failure_may_pass(
     error: BaseException, re_run: bool
 ) -> None:
     assert chunk_retry_may_help(error) is re_run
+
+
+class _FailingFirst(_OneAnswer):
+    """A node whose first `failures` history answers are `error`, then `body`."""
+
+    def __init__(self, body: bytes, error: Exception, failures: int) -> None:
+        super().__init__(body)
+        self.error = error
+        self.failures = failures
+        self.asked = 0
+
+    def tag_history_many_bytes(self, *args: Any, **kwargs: Any) -> bytes:
+        self.asked += 1
+        if self.asked <= self.failures:
+            raise self.error
+        return self.body
+
+
+@pytest.mark.parametrize(
+    ("error", "failures", "outcome", "asked"),
+    [
+        (NodeTimeout("tag.historyMany", "no answer"), 1, None, 2),
+        (NodeTimeout("tag.historyMany", "no answer"), 5, NodeTimeout, 3),  # 2 re-runs at most
+        (MalformedAnswer("tag.historyMany", "answer is not JSON"), 1, MalformedAnswer, 1),
+    ],
+)
+def test_the_engine_itself_fetches_a_chunk_again_when_its_failure_may_pass(
+    monkeypatch: pytest.MonkeyPatch,
+    error: Exception,
+    failures: int,
+    outcome: type[Exception] | None,
+    asked: int,
+) -> None:
+    """Whoever submits the chunk (threads, a Prefect task, a Dask worker) calls
+    `fetch_chunk`, so every path re-runs a chunk alike."""
+    import orjson
+
+    monkeypatch.setattr("pipelines.core.engine.CHUNK_RETRY_DELAY_S", 0.0)
+    t0 = int(NOW.timestamp() * 1000)
+    body = orjson.dumps({"/a": {"request": {}, "data": [[t0 + 1, 1.0, 192]]}})
+    node = _FailingFirst(body, error, failures)
+    engine = HistoryEngine(node, NODE, HistoryOptions(mode="raw"))
+    (chunk,) = chunks_for(["/a"], Window(NOW, NOW + timedelta(hours=1)), timedelta(hours=1))
+    if outcome is None:
+        assert engine.fetch_chunk(chunk).rows_fetched == 1
+    else:
+        with pytest.raises(outcome):
+            engine.fetch_chunk(chunk)
+    assert node.asked == asked

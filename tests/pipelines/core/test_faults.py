@@ -21,7 +21,8 @@ from connectors.admin import NodeAdmin
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from pipelines.config.destinations import SinkSet
 from pipelines.config.nodes import NodePool
-from pipelines.core.runner import RunFailed, RunRequest, run_flow
+from pipelines.core.runner import RunFailed, RunRequest
+from pipelines.core.units import run_flow
 from tests.fixtures import canonical, load, server_missing, write_config
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)

@@ -28,7 +28,8 @@ from connectors.simulator.tagtree import tag_paths
 from connectors.timewindow import Window
 from pipelines.config.destinations import SinkSet
 from pipelines.config.nodes import NodePool
-from pipelines.core.runner import RunFailed, RunRequest, RunSummary, run_flow
+from pipelines.core.runner import RunFailed, RunRequest, RunSummary
+from pipelines.core.units import run_flow
 from pipelines.state import flow_watermark
 from tests.fixtures import alarm_rows, history_rows, load, truth_alarm_rows, truth_history_rows
 

@@ -18,7 +18,8 @@ from connectors.options import HistoryOptions
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from pipelines.config.destinations import SinkSet
 from pipelines.config.nodes import NodePool
-from pipelines.core.runner import RunFailed, RunRequest, run_flow
+from pipelines.core.runner import RunFailed, RunRequest
+from pipelines.core.units import run_flow
 from sinks.base import FlowLocked
 from tests.fixtures import canonical, keys_of, load, write_config
 

@@ -4,6 +4,7 @@ still commits chunks between the kills."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,15 +15,17 @@ from connectors.schema import TAG_HISTORY_SCHEMA
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from pipelines.config.destinations import SinkSet
 from pipelines.config.nodes import NodePool
+from pipelines.core.engine import ChunkResult
 from pipelines.core.runner import (
     ChunkOutcome,
     FlowRun,
     RunRequest,
     RunSummary,
+    Threads,
     _tag_counts,
-    run_flow,
 )
-from pipelines.planning import AUTO_CHUNK_ROWS
+from pipelines.core.units import run_flow
+from pipelines.planning import AUTO_CHUNK_ROWS, Chunk
 from tests.fixtures import load, write_config
 
 END = datetime(2026, 11, 20, tzinfo=UTC)
@@ -151,3 +154,58 @@ def test_a_span_ending_where_the_node_has_no_data_yet_is_sized_by_the_data_befor
         ):
             plan = run.plan()
     assert plan.window_size == timedelta(hours=2)
+
+
+class Fetched(Threads):
+    """A submitter whose fetches were done elsewhere: these results."""
+
+    def __init__(self, results: list[ChunkResult]) -> None:
+        self.results = results
+
+    def fetch(self, unit: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResult]:
+        return iter(self.results)
+
+
+def test_a_fetch_job_for_another_process_carries_what_the_run_decided(tmp_path: Path) -> None:
+    """A Dask worker fetches with the run's `FetchJob`: a group's lost tags are recorded
+    missing there too (not fatal), an old node's alarm filter is adapted to its version,
+    and the raw cap learned so far goes along; a cap learned there comes back."""
+    from pipelines.core.engine import AlarmEngine
+
+    node = SimulatedNode(
+        SimConfig(seed=3, tags=14, raw_cap=300, period_ms=1000, profile="lost-tags+node-1.21.5")
+    )
+    node.set_clock(int(END.timestamp() * 1000))
+    flows = {
+        "g": {**auto_flow(1), "tags": {"group": "/", "regex": ".", "recurrent": True}},
+        "a": {
+            "node": "n",
+            "kind": "alarm_history",
+            "alarms": {"path": "/", "min_priority": 2, "max_priority": 3},
+            "window": "6h",
+            "start": (END - timedelta(days=1)).isoformat(),
+            "settle": "0s",
+        },
+    }
+    flows["g"]["window"] = "1h"
+    request = RunRequest(start=END - timedelta(hours=1), end=END)
+    with run_server(node, http_port=0, https_port=None) as handle:
+        path = write_config(tmp_path, node={"url": handle.http_url}, flows=flows, sinks=["lake"])
+        config = load(path)
+        with NodePool(config) as nodes, SinkSet(config, tmp_path) as sinks:
+            with FlowRun(config, "g", nodes=nodes, sinks=sinks, request=request, now=END) as run:
+                (chunk,) = run.plan().pending
+                before = run.fetch_job()
+                elsewhere = before.fetch(chunk)  # as a Dask worker does: its own client
+                assert before.raw_cap is None
+                assert elsewhere.missing, "a lost tag of a group is recorded, not fatal"
+                assert list(run.results(Fetched([elsewhere])))
+                assert run.fetch_job().raw_cap == 300, "learned there, known here"
+            with FlowRun(config, "a", nodes=nodes, sinks=sinks, now=END) as alarms:
+                alarms.plan()
+                job = alarms.fetch_job()
+                engine = job.engine(alarms.node.client, 1)
+    assert job.node_version is not None
+    assert (job.node_version.minor, job.node_version.patch) == (21, 5)
+    assert isinstance(engine, AlarmEngine)
+    assert engine.fetcher.max_priority_here == 3, "the old node's maximum applied here"

@@ -22,7 +22,8 @@ from connectors.timewindow import Window
 from pipelines.cli.app import app
 from pipelines.config.destinations import SinkSet
 from pipelines.config.nodes import NodePool
-from pipelines.core.runner import RunFailed, RunRequest, RunSummary, run_flow
+from pipelines.core.runner import RunFailed, RunRequest, RunSummary
+from pipelines.core.units import run_flow
 from pipelines.planning import align_down, plan_windows
 from pipelines.state import missing_windows, tag_members
 from tests.fixtures import (

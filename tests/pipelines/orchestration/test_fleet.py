@@ -180,6 +180,22 @@ def runs_of(api: str, worker: str, state: str) -> list[str]:
     return [str(r.id) for r in runs if by.get(r.id) == worker]
 
 
+def fetching(api: str, flow_run_ids: list[str]) -> bool:
+    """Whether a fetch task of one of these flow runs has started (from the API)."""
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if not flow_run_ids:
+        return False
+    ids = [uuid.UUID(i) for i in flow_run_ids]
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+    return any(t.name.startswith("fetch ") and t.start_time is not None for t in tasks)
+
+
 def kill_tree(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL a worker and every process below it (its flow runs): a machine lost."""
     below = descendants(process.pid)
@@ -243,10 +259,10 @@ def test_a_sharded_backfill_on_two_workers_survives_losing_one(
         deadline = time.monotonic() + WAIT_S
         # a run of w1 under way, none still starting (a run that never started has no
         # heartbeat to miss: nothing would mark it crashed)
-        while not runs_of(api, "w1", "RUNNING") or runs_of(api, "w1", "PENDING"):
-            assert time.monotonic() < deadline, "w1 never ran a shard"
+        # and into its fetches: a fetch task of that run has started
+        while runs_of(api, "w1", "PENDING") or not fetching(api, runs_of(api, "w1", "RUNNING")):
+            assert time.monotonic() < deadline, "w1 never fetched for a shard"
             time.sleep(0.5)
-        time.sleep(3)  # into its fetches
         kill_tree(workers["w1"])
         outcomes = finished(pending)
         failed = [out for code, out in outcomes if code != 0]

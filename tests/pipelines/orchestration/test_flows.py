@@ -27,15 +27,11 @@ from connectors.simulator import SimConfig, SimulatedNode, run_server  # noqa: E
 from connectors.timewindow import Window  # noqa: E402
 from pipelines.config.destinations import SinkSet  # noqa: E402
 from pipelines.config.nodes import NodePool  # noqa: E402
-from pipelines.core.runner import (  # noqa: E402
-    ChunkOutcome,
-    Plan,
-    RunFailed,
-    RunRequest,
-    run_flow,
-)
+from pipelines.core.runner import ChunkOutcome, Plan, RunFailed, RunRequest  # noqa: E402
+from pipelines.core.units import run_flow  # noqa: E402
 from pipelines.orchestration.deployments import build_deployments, deploy_flows  # noqa: E402
-from pipelines.orchestration.flows import artifact_key, run_prefect  # noqa: E402
+from pipelines.orchestration.flows import run_prefect  # noqa: E402
+from pipelines.orchestration.names import artifact_key  # noqa: E402
 from tests.fixtures import canonical, load, write_config  # noqa: E402
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -329,7 +325,7 @@ def test_small_chunks_are_fetched_a_few_to_a_task(tmp_path: Path, server: Any) -
 
 
 def test_a_fetch_task_takes_chunks_by_the_rows_and_seconds_seen() -> None:
-    from pipelines.orchestration.flows import GROUP_ROWS, GROUP_SECONDS, ChunkGroups
+    from pipelines.orchestration.tasks import GROUP_ROWS, GROUP_SECONDS, ChunkGroups
 
     groups = ChunkGroups(connections=2)
     assert groups.size(remaining=100) == 1  # nothing seen yet
@@ -349,7 +345,7 @@ def test_a_fetch_task_takes_chunks_by_the_rows_and_seconds_seen() -> None:
 def test_a_handover_holds_back_a_task_until_the_run_takes_its_chunks() -> None:
     import threading
 
-    from pipelines.orchestration.flows import Handover
+    from pipelines.orchestration.tasks import Handover
 
     def result(n: int) -> Any:
         class Result:
@@ -461,32 +457,81 @@ def test_flows_deploy_to_a_process_work_pool_by_module_path(tmp_path: Path, serv
     assert len(automations) == 1
 
 
+@pytest.mark.parametrize("module", ["pipelines.flows", "pipelines.orchestration.flows"])
+def test_a_work_pool_loads_the_flows_by_either_module_path(module: str) -> None:
+    """Deployments registered before the sub-packages name `pipelines.flows`."""
+    from prefect.flows import load_flow_from_entrypoint
+
+    from pipelines.orchestration import flows as current
+
+    for name, flow in [
+        ("tag_history_flow", current.tag_history_flow),
+        ("alarm_history_flow", current.alarm_history_flow),
+    ]:
+        assert load_flow_from_entrypoint(f"{module}.{name}") is flow
+
+
 @pytest.mark.slow
-def test_the_dask_task_runner_on_a_local_cluster(
-    tmp_path: Path, server: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("path", ["threads", "prefect", "dask"])
+def test_every_path_extracts_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
-    pytest.importorskip(
-        "prefect_dask", reason="prefect-dask is not installed (pip install -e '.[dask]')"
-    )
-    request = RunRequest(start=START, end=START + timedelta(minutes=30))
-    (tmp_path / "threads").mkdir()
-    threads = write_config(
-        tmp_path / "threads", node={"url": server.http_url}, flows=flows(), sinks=["lake"]
-    )
-    run_prefect(threads, "f", request)
-    (tmp_path / "dask").mkdir()
-    dask = write_config(
-        tmp_path / "dask",
-        node={"url": server.http_url, "max_connections": 1},  # one worker process
-        flows=flows(),
-        sinks=["lake", "duck"],
-    )
-    monkeypatch.setenv("HISTORIAN_TASK_RUNNER", "dask")
-    summary = run_prefect(dask, "f", request)
-    assert summary.chunks_done == summary.chunks_planned > 0
-    expected = contents(threads, "f", "tag_history")["lake"]
-    for name, rows in contents(dask, "f", "tag_history").items():
-        assert rows == expected, name
+    """The direct path's threads, Prefect tasks and Dask workers submit the core's work
+    only: on an old node that loses tags for good, each writes the node's truth for the
+    group's other tags and records the lost ones missing, runs a chunk again after a
+    failure that may pass (client retries off), and applies the alarm maximum the node
+    cannot filter."""
+    from connectors.options import AlarmFilter, HistoryOptions
+    from tests.fixtures import alarm_rows, history_rows, truth_alarm_rows, truth_history_rows
+
+    if path == "dask":
+        pytest.importorskip("prefect_dask", reason="pip install -e '.[dask]'")
+        monkeypatch.setenv("HISTORIAN_TASK_RUNNER", "dask")
+    old = SimulatedNode(SimConfig(seed=31, tags=21, profile="lost-tags+node-1.21.5"))
+    old.set_clock(int(NOW.timestamp() * 1000))
+    lost = {p for p in old.tag_paths() if old.tree().by_path[p].index % 7 == 3}
+    group = {
+        "node": "n",
+        "tags": {"group": "/", "regex": ".", "recurrent": True},
+        "mode": "raw",
+        "window": "15m",
+        "start": START.isoformat(),
+        "settle": "0s",
+    }
+    alarms = {**flows()["alarms"], "alarms": {"path": "/", "min_priority": 2, "max_priority": 3}}
+    del alarms["schedule"]
+    day = Window(NOW - timedelta(days=1), NOW)
+    with run_server(old, http_port=0, https_port=None) as handle:
+        config_path = write_config(
+            tmp_path,
+            node={"url": handle.http_url, "retries": 0, "max_connections": 1},
+            flows={"g": group, "alarms": alarms},
+            sinks=["lake"],
+        )
+        old.faults.fail_next("503", operations=["tag.historyFilter"])
+        summary = _run(path, config_path, "g", RunRequest(start=START, end=NOW))
+        _run(path, config_path, "alarms", RunRequest(start=day.start, end=day.end))
+    assert old.faults.injected["503"] == 1
+    assert summary.chunks_done == summary.chunks_planned == 4
+    assert lost
+    assert set(summary.missing) == lost
+    kept = [tag for tag in old.tag_paths() if tag not in lost]
+    want = truth_history_rows(old, kept, [Window(START, NOW)], HistoryOptions(mode="raw"))
+    config = load(config_path)
+    with SinkSet(config, tmp_path) as sinks:
+        lake = sinks.get("lake")
+        assert history_rows(lake.read("g", "tag_history")) == want
+        got_alarms = alarm_rows(lake.read("alarms", "alarm_history"))
+    assert got_alarms == truth_alarm_rows(old, day, AlarmFilter(min_priority=2, max_priority=3))
+
+
+def _run(path: str, config_path: Path, name: str, request: RunRequest) -> Any:
+    """The flow through the direct path's threads, or through Prefect (threads or Dask)."""
+    if path != "threads":
+        return run_prefect(config_path, name, request)
+    config = load(config_path)
+    with NodePool(config) as nodes, SinkSet(config, config_path.parent) as sinks:
+        return run_flow(config, name, nodes=nodes, sinks=sinks, request=request)
 
 
 def test_the_token_can_come_from_a_prefect_secret_block(tmp_path: Path) -> None:

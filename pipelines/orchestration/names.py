@@ -1,0 +1,44 @@
+"""What the orchestration names on a Prefect server: the two flows, the backfill
+deployments, the per-node concurrency limits and the artifacts a run leaves.
+
+The flows (`flows.py`), their deployments (`deployments.py`) and the fleet that submits
+to them and reads them back (`fleet.py`) all spell these names; each reads them here, so
+none of the three imports another for a name.
+"""
+
+from __future__ import annotations
+
+from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY
+
+# The Prefect flow that runs flows.yaml flows of each kind.
+FLOW_NAMES = {KIND_TAG_HISTORY: "tag-history", KIND_ALARM_HISTORY: "alarm-history"}
+BACKFILL_SUFFIX = "-backfill"
+NODE_LIMIT_PREFIX = "historian-node-"
+SHARD_ARTIFACT_PREFIX = "historian-shard-"
+
+
+def prefect_flow_name(kind: str) -> str:
+    """`tag-history` or `alarm-history`: the Prefect flow of a flows.yaml flow's kind."""
+    return FLOW_NAMES[KIND_ALARM_HISTORY if kind == KIND_ALARM_HISTORY else KIND_TAG_HISTORY]
+
+
+def backfill_deployment(flow_name: str, kind: str) -> str:
+    """`tag-history/<flow>-backfill`: the deployment a sharded backfill's runs are made of."""
+    return f"{prefect_flow_name(kind)}/{flow_name}{BACKFILL_SUFFIX}"
+
+
+def node_limit_name(node: str) -> str:
+    """`historian-node-<node>`: the global concurrency limit of a node's requests."""
+    return f"{NODE_LIMIT_PREFIX}{node}"
+
+
+def artifact_key(flow_name: str) -> str:
+    """A run's summary artifact; keys are lowercase letters, digits and dashes."""
+    slug = "".join(ch if ch.isalnum() else "-" for ch in flow_name.lower()).strip("-")
+    return f"historian-{slug[:80]}"
+
+
+def shard_artifact_key(flow_name: str) -> str:
+    """The table artifact a shard's run leaves for `fleet.wait_for_shards`."""
+    slug = artifact_key(flow_name).removeprefix("historian-")
+    return f"{SHARD_ARTIFACT_PREFIX}{slug}"[:100]
