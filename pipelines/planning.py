@@ -21,6 +21,7 @@ import orjson
 
 from connectors.errors import quoted
 from connectors.timewindow import EPOCH, Window, iso_utc, to_ms
+from pipelines.core.kinds import kind_of
 
 _ONE_MS = timedelta(milliseconds=1)
 _UNITS = {
@@ -368,7 +369,7 @@ def plan_chunks(
 ) -> list[Chunk]:
     """Window-major chunks: every batch of the first window, then the next window, so a
     run fills time from its start and the watermark can advance as chunks complete."""
-    noun = "alarm path" if kind == "alarm_history" else "tag"
+    noun = kind_of(kind).member_noun
     chunks: list[Chunk] = []
     for window in plan_windows(span, size):
         for batch in batches:
@@ -400,7 +401,7 @@ def narrow_chunk(
     for some of its tags, so the cut chunks are asked by path."""
     if len(lacking) >= len(chunk.members):
         return [chunk]
-    noun = "alarm path" if chunk.kind == "alarm_history" else "tag"
+    noun = kind_of(chunk.kind).member_noun
     return [
         replace(
             chunk,

@@ -91,13 +91,13 @@ def _estimate(run: FlowRun, plan: Plan) -> tuple[float, str]:
     if plan.span is None or not plan.pending:
         return 0.0, "nothing to fetch"
     if isinstance(flow, AlarmHistoryFlow):
-        # Private to the runner, but exactly the probe a run sizes its windows with.
-        per_hour = run._probe_alarm_density(plan.span)
+        # The probe a run sizes its windows with.
+        per_hour = run.probe_alarm_density(flow, plan.span)
         return per_hour * hours, f"about {per_hour:,.1f} alarm events per hour, probed"
     if flow.mode == "aggregated" and flow.interval is not None:
         per_hour = timedelta(hours=1) / flow.interval
         return per_hour * hours, f"{per_hour:,.0f} rows per tag and hour ({flow.method})"
-    per_hour = run._probe_density(plan.members, plan.span)
+    per_hour = run.probe_density(flow, plan.members, plan.span)
     how = f"about {per_hour:,.0f} samples per tag and hour, probed at both ends of the span"
     if flow.mode != "raw":
         how += f" (raw; {flow.mode} returns fewer)"
@@ -205,6 +205,7 @@ def _print_plan(
 
 def _print_span(fc: FlowConfig, planned: Plan, span: Window) -> None:
     """The span, its window size and how many windows (and tag batches in each)."""
+    from pipelines.config.models import AlarmHistoryFlow
     from pipelines.planning import plan_windows, short_duration
 
     windows = len(plan_windows(span, planned.window_size))
@@ -212,7 +213,7 @@ def _print_span(fc: FlowConfig, planned: Plan, span: Window) -> None:
     batches = planned.chunks_planned // max(1, windows)
     per_window = (
         ""
-        if not kind_of(fc.kind).by_tag
+        if isinstance(fc, AlarmHistoryFlow)
         else f" x {batches} batch{'es' if batches != 1 else ''} (up to {fc.batch} tags each)"
     )
     out.print(

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -499,14 +499,6 @@ class TagHistoryFlow(_FlowBase):
             raise ValueError("window must be a multiple of interval")
         return self
 
-    # Until pipelines/core/runner.py branches by type or by pipelines/core/kinds.py instead
-    # of by the `kind` string (which mypy cannot narrow by): the flat model's alarm keys as
-    # a tag flow had them.
-    alarms: ClassVar[None] = None
-
-    def alarm_filter(self) -> AlarmFilter:
-        raise TypeError("a tag_history flow has no alarm filter")
-
     def history_options(self) -> HistoryOptions:
         return HistoryOptions(
             mode=self.mode,  # type: ignore[arg-type]
@@ -529,19 +521,6 @@ class AlarmHistoryFlow(_FlowBase):
     @classmethod
     def _alarms(cls, value: object) -> object:
         return {} if value is None else value  # `alarms:` with nothing under it: the default
-
-    # Until pipelines/core/runner.py and `_print_plan` (pipelines/cli/plan.py) branch by
-    # type or by pipelines/core/kinds.py instead of by the `kind` string (which mypy cannot
-    # narrow by): the flat model's tag keys as an alarm flow had them (one member a request).
-    tags: ClassVar[None] = None
-    mode: ClassVar[None] = None
-    method: ClassVar[None] = None
-    interval: ClassVar[None] = None
-    batch: ClassVar[int] = 1
-    metadata: ClassVar[bool] = False
-
-    def history_options(self) -> HistoryOptions:
-        raise TypeError("an alarm_history flow has no tag history options")
 
     def alarm_filter(self) -> AlarmFilter:
         alarms = self.alarms

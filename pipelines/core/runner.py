@@ -49,10 +49,19 @@ from connectors.schema import (
 from connectors.timewindow import Window, iso_utc
 from connectors.version import NodeVersion, check_method
 from pipelines.config.destinations import SinkSet
-from pipelines.config.models import Config, FlowConfig, flow_dataset, flow_kind, unit_key
+from pipelines.config.models import (
+    AlarmHistoryFlow,
+    Config,
+    FlowConfig,
+    TagHistoryFlow,
+    flow_dataset,
+    flow_kind,
+    unit_key,
+)
 from pipelines.config.nodes import ConnectedNode, NodePool
 from pipelines.core.coalesce import coalesce
 from pipelines.core.engine import AlarmEngine, ChunkResult, FetchJob, HistoryEngine, retrying
+from pipelines.core.kinds import kind_of
 from pipelines.core.memory import release_memory
 from pipelines.planning import (
     Chunk,
@@ -216,7 +225,7 @@ class RunSummary:
 
     @property
     def tags_without_rows(self) -> int:
-        return max(0, self.tags - len(self.rows_per_tag)) if self.kind == KIND_TAG_HISTORY else 0
+        return max(0, self.tags - len(self.rows_per_tag)) if kind_of(self.kind).by_tag else 0
 
     def add(self, outcome: ChunkOutcome) -> None:
         self.chunks_done += outcome.chunks
@@ -289,7 +298,7 @@ THREADS = Threads()
 
 def options_key(flow: FlowConfig) -> str:
     """The mode options that make two chunks different work (part of the chunk id)."""
-    if flow.kind == "alarm_history":
+    if isinstance(flow, AlarmHistoryFlow):
         filt = flow.alarm_filter()
         return orjson.dumps(filt.query_params(), option=orjson.OPT_SORT_KEYS).decode()
     return orjson.dumps(flow.history_options().query_params(), option=orjson.OPT_SORT_KEYS).decode()
@@ -298,7 +307,7 @@ def options_key(flow: FlowConfig) -> str:
 def dataset_attrs(name: str, flow: FlowConfig) -> dict[str, object]:
     """The dataset's identity (`sinks.identity`): how its rows were extracted. Not the
     node: a dataset holds many nodes' rows, each scope names its own."""
-    if flow.kind == "alarm_history":
+    if isinstance(flow, AlarmHistoryFlow):
         return {"kind": KIND_ALARM_HISTORY}
     options = flow.history_options()
     return {
@@ -454,7 +463,7 @@ class FlowRun:
         """The flow's members on the node (tag metadata written), and how they are
         fetched (`FetchJob`, decided here once for every submitter)."""
         flow, node = self.flow_config, self.node
-        if self.kind != KIND_TAG_HISTORY:
+        if isinstance(flow, AlarmHistoryFlow):
             path = flow.alarms.path if flow.alarms else "/"
             self._use(
                 FetchJob(
@@ -499,27 +508,28 @@ class FlowRun:
         """The span to plan, its look-back part (always re-read), and the window size."""
         flow = self.flow_config
         span, always = self._span(watermark)
-        interval = flow.interval if flow.mode == "aggregated" and self._tag_history else None
+        tags = flow if isinstance(flow, TagHistoryFlow) else None
+        interval = tags.interval if tags and tags.mode == "aggregated" else None
         if span is not None and interval is not None:
             span = whole_buckets(span, interval)
         size = self._window_size(members, span, interval)
-        if span is not None and self._tag_history and flow.mode in ("delta", "filter"):
+        if span is not None and tags and tags.mode in ("delta", "filter"):
             span, always = on_window_grid(span, always, size)
         return span, always, size
 
     @property
-    def _tag_history(self) -> bool:
-        return self.kind == KIND_TAG_HISTORY
+    def _batch(self) -> int:
+        """Members asked for in one query at most (an alarm flow's one path: one)."""
+        flow = self.flow_config
+        return flow.batch if isinstance(flow, TagHistoryFlow) else 1
 
     def _one_query(self) -> bool:
         """Whether one query asks for every member (alarms, a group through historyFilter)."""
-        return not self._tag_history or self._filter_mode()
+        return not kind_of(self.kind).by_tag or self._filter_mode()
 
     def _chunks(self, members: Sequence[str], span: Window, size: timedelta) -> list[Chunk]:
         """The span's chunks (this shard's, for a shard of a backfill)."""
-        batches = query_batches(
-            members, max_batch=self.flow_config.batch, one_query=self._one_query()
-        )
+        batches = query_batches(members, max_batch=self._batch, one_query=self._one_query())
         chunks = plan_chunks(
             self.key, self.dataset, self.kind, batches, span, size, options_key(self.flow_config)
         )
@@ -540,7 +550,7 @@ class FlowRun:
     ) -> list[Chunk]:
         """Pending chunks cut down to the tags a sink lacks (one tag reset: only it is
         fetched again); chunks in the look-back span are re-read whole."""
-        if self.kind != KIND_TAG_HISTORY:
+        if not kind_of(self.kind).by_tag:
             return pending
         lacking = lacking_members(pending, progresses)
         narrowed: list[Chunk] = []
@@ -552,7 +562,7 @@ class FlowRun:
                 narrow_chunk(
                     chunk,
                     lacking[chunk.chunk_id],
-                    max_batch=self.flow_config.batch,
+                    max_batch=self._batch,
                     options_key=options_key(self.flow_config),
                     by_paths=self._filter_mode(),
                 )
@@ -622,21 +632,21 @@ class FlowRun:
             return flow.window
         if span is None:  # nothing to fetch: no chunk is planned, nothing to probe
             return timedelta(hours=1)
-        if self.kind == KIND_ALARM_HISTORY:
-            return window_for_density(self._probe_alarm_density(span), 1)
+        if isinstance(flow, AlarmHistoryFlow):
+            return window_for_density(self.probe_alarm_density(flow, span), 1)
         tags_per_batch = tags_per_query(
             len(members), max_batch=flow.batch, one_query=self._filter_mode()
         )
         if interval is not None:
             per_hour = timedelta(hours=1) / interval
         else:
-            per_hour = self._probe_density(members, span)
+            per_hour = self.probe_density(flow, members, span)
         return window_for_density(per_hour, max(1, tags_per_batch), interval=interval)
 
     def _filter_mode(self) -> bool:
         return isinstance(self._engine, HistoryEngine) and self._engine.filter_query is not None
 
-    def _probe_density(self, members: Sequence[str], span: Window) -> float:
+    def probe_density(self, flow: TagHistoryFlow, members: Sequence[str], span: Window) -> float:
         """Samples per tag and hour: the highest that raw probes of up to 50 tags (spread
         over the selection) see at either end of the span, where a backfill's first chunks
         and an incremental run's last ones are; over an hour, or a day where the hour is
@@ -645,7 +655,7 @@ class FlowRun:
         # `limit` keeps each probe's answer small (50 x 1,000 rows, however dense the day);
         # tags it cuts are measured up to their last sample, like a node's own cap.
         options = HistoryOptions(
-            mode="raw", limit=1000, remote_node=self.flow_config.history_options().remote_node
+            mode="raw", limit=1000, remote_node=flow.history_options().remote_node
         )
         rates = [1.0]
         for side in _probe_sides(span):
@@ -660,15 +670,14 @@ class FlowRun:
                     break
         return max(rates)
 
-    def _probe_alarm_density(self, span: Window) -> float:
-        """Alarm events per hour at either end of the span (as `_probe_density`)."""
-        alarms = self.flow_config.alarms
-        path = alarms.path if alarms else "/"
+    def probe_alarm_density(self, flow: AlarmHistoryFlow, span: Window) -> float:
+        """Alarm events per hour at either end of the span (as `probe_density`)."""
+        path = flow.alarms.path
         rates = [1.0]
         for side in _probe_sides(span):
             for window in side:
                 body = self.node.client.alarm_history_bytes(
-                    path, window.start, window.end, self.flow_config.alarm_filter()
+                    path, window.start, window.end, flow.alarm_filter()
                 )
                 events = parse_alarm_history_answer(body, self.node.name).num_rows
                 if events:
@@ -756,7 +765,7 @@ class FlowRun:
     ) -> Iterator[ChunkResult]:
         """`fetched` (results of `chunks`, in any order) with the small tag-history ones of
         each window joined into one write (`pipelines/core/coalesce.py`)."""
-        if self.kind != KIND_TAG_HISTORY:
+        if not kind_of(self.kind).by_tag:
             yield from fetched
             return
         yield from coalesce(fetched, Counter(chunk.window for chunk in chunks))
@@ -899,7 +908,7 @@ def _tag_counts(table: pa.Table, kind: str) -> tuple[Counter[str], Counter[str]]
     if not table.num_rows or kind == KIND_TAG_METADATA:
         return Counter(), Counter()
     keys = one_array(table.column(SCOPE_COLUMN[kind]))
-    if kind == KIND_TAG_HISTORY:
+    if kind_of(kind).by_tag:
         quality = one_array(table.column("quality")).cast(pa.int32())
         bad = pc.fill_null(pc.less(quality, GOOD_QUALITY), True)
     else:

@@ -36,6 +36,7 @@ from pipelines.config.models import (  # noqa: E402
     parse_moment,
 )
 from pipelines.config.nodes import NodePool  # noqa: E402
+from pipelines.core.kinds import kind_of  # noqa: E402
 from pipelines.core.runner import (  # noqa: E402
     Plan,
     PlanCallback,
@@ -222,7 +223,9 @@ def alarm_history_flow(
 
 def prefect_flow_for(kind: str) -> Flow[..., dict[str, object]]:
     """The Prefect flow that runs flows.yaml flows of this kind."""
-    chosen = alarm_history_flow if kind == KIND_ALARM_HISTORY else tag_history_flow
+    chosen = {KIND_TAG_HISTORY: tag_history_flow, KIND_ALARM_HISTORY: alarm_history_flow}[
+        kind_of(kind).name
+    ]
     return cast(Flow[..., dict[str, object]], chosen)
 
 

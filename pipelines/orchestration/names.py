@@ -8,10 +8,10 @@ none of the three imports another for a name.
 
 from __future__ import annotations
 
-from connectors.schema import KIND_ALARM_HISTORY, KIND_TAG_HISTORY
+from pipelines.core.kinds import KINDS, kind_of
 
 # The Prefect flow that runs flows.yaml flows of each kind.
-FLOW_NAMES = {KIND_TAG_HISTORY: "tag-history", KIND_ALARM_HISTORY: "alarm-history"}
+FLOW_NAMES = {name: kind.prefect_flow for name, kind in KINDS.items()}
 BACKFILL_SUFFIX = "-backfill"
 NODE_LIMIT_PREFIX = "historian-node-"
 SHARD_ARTIFACT_PREFIX = "historian-shard-"
@@ -19,7 +19,7 @@ SHARD_ARTIFACT_PREFIX = "historian-shard-"
 
 def prefect_flow_name(kind: str) -> str:
     """`tag-history` or `alarm-history`: the Prefect flow of a flows.yaml flow's kind."""
-    return FLOW_NAMES[KIND_ALARM_HISTORY if kind == KIND_ALARM_HISTORY else KIND_TAG_HISTORY]
+    return kind_of(kind).prefect_flow
 
 
 def backfill_deployment(flow_name: str, kind: str) -> str:
