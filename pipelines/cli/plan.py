@@ -29,7 +29,6 @@ from pipelines.cli.base import (
     user_errors,
 )
 from pipelines.cli.flows import describe_selection, stored_progress
-from pipelines.core.kinds import kind_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -165,6 +164,8 @@ def _print_plan(
 ) -> None:
     """One unit's plan: the command it stands for, the members, the watermark, the span,
     the chunks to fetch and the rows to expect, then the first windows and the notes."""
+    from pipelines.core.kinds import kind_of
+
     fc = cfg.flows[flow]
     only = f" --node {run.node_name}" if fc.fleet else ""
     doing = f"historian backfill {flow}{only}" if backfill else f"historian run {flow}{only}"
