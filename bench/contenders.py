@@ -26,6 +26,7 @@ in the same `--out`/schema) up to `end` instead of extracting [start, end).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Iterator
@@ -150,19 +151,27 @@ def pipeline_sink(target: str, out: Path, pg_url: str, pg_schema: str | None) ->
     return {"type": "sql", "url": pg_url, "schema": pg_schema}
 
 
+def _module(*names: str) -> Any:
+    """The first of `names` that imports: the package's modules moved into sub-packages,
+    and `pipeline@REV` runs this file against revisions from before and after."""
+    for name in names[:-1]:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return importlib.import_module(names[-1])
+
+
 def run_pipeline(args: argparse.Namespace, tags: list[str], work: Work) -> int:
-    from pipelines.core import memory
-
+    memory = _module("pipelines.core.memory", "pipelines.memory")
     memory.bound_memory()  # as the `historian` command does at start
-    from pipelines.config.destinations import SinkSet
-    from pipelines.config.models import parse_config
-    from pipelines.config.nodes import NodePool
-    from pipelines.core.runner import RunRequest
-
-    try:
-        from pipelines.core.units import run_flow
-    except ImportError:  # a revision before run_flow moved to units (`pipeline@REV`)
-        from pipelines.core.runner import run_flow  # type: ignore[attr-defined,no-redef]
+    sink_set = _module("pipelines.config.destinations", "pipelines.destinations").SinkSet
+    parse_config = _module("pipelines.config.models", "pipelines.config").parse_config
+    node_pool = _module("pipelines.config.nodes", "pipelines.nodes").NodePool
+    runner = _module("pipelines.core.runner", "pipelines.runner")
+    units = _module("pipelines.core.units", "pipelines.units")
+    run_flow = getattr(units, "run_flow", None) or runner.run_flow
+    RunRequest = runner.RunRequest
 
     out = Path(args.out)
     sink = pipeline_sink(args.target, out, args.pg_url, args.pg_schema)
@@ -172,7 +181,7 @@ def run_pipeline(args: argparse.Namespace, tags: list[str], work: Work) -> int:
         if args.incremental
         else RunRequest(start=work.start_dt, end=work.end_dt)
     )
-    with NodePool(config) as nodes, SinkSet(config, out) as sinks:
+    with node_pool(config) as nodes, sink_set(config, out) as sinks:
         summary = run_flow(config, "bench", nodes=nodes, sinks=sinks, request=request)
     # As the `historian` command does when it is done (absent at older revisions: pipeline@REV).
     done = getattr(memory, "skip_collection_at_exit", None)
