@@ -187,7 +187,7 @@ def run_pipeline(args: argparse.Namespace, tags: list[str], work: Work) -> int:
     done = getattr(memory, "skip_collection_at_exit", None)
     if done is not None:
         done()
-    return summary.rows
+    return int(summary.rows)
 
 
 def _in_window(row: list[Any], lower_ms: int, upper_ms: int) -> bool:
