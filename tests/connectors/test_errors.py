@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from connectors.errors import (
+    AnswerTooLarge,
     QUOTED_CHARS,
     AuthenticationError,
     FatalNodeError,
@@ -43,6 +44,7 @@ SPLIT = [
     (NodeRequestError, False),
     (NodeServerError, False),
     (MalformedAnswer, False),
+    (AnswerTooLarge, False),
     (ContinuationStuck, False),
     (UnknownTag, False),
     (SettingsError, False),
