@@ -50,6 +50,7 @@ def read_capped(operation: str, response: httpx.Response, max_bytes: int | None)
     for piece in response.iter_bytes():
         size += len(piece)
         if size > max_bytes:
+            pieces.clear()  # not kept alive by the traceback of what is raised
             raise AnswerTooLarge(operation, max_bytes)
         pieces.append(piece)
     # What `httpx.Response.read` itself keeps, so `content` and `text` work as usual.

@@ -263,6 +263,10 @@ class NodeClient:
                     read_capped(operation, response, cap)
                 finally:
                     response.close()
+                    # httpx binds a response's stream to the response, a reference cycle:
+                    # unbound, an answer's bytes go with the last reference to them, not
+                    # at the next cyclic collection (a whole answer per request, stacked).
+                    response.stream = httpx.ByteStream(b"")
         except (httpx.TransportError, httpx.DecodingError, httpx.InvalidURL) as exc:
             expired = f"the request deadline ({deadline_s:g} s)" if deadline.expired else None
             raise transport_error(operation, exc, target=self._target(), deadline=expired) from None

@@ -187,7 +187,9 @@ class HistoryFetcher:
         try:
             return self._fetch_whole(members, window, label)
         except AnswerTooLarge as exc:
-            too_large = exc
+            # Without its traceback: kept here, it would keep this frame and the frames
+            # below it (one answer's bytes among them) alive until a cyclic collection.
+            too_large = exc.with_traceback(None)
         pieces = _halves(tuple(members), window, self.options.mode == "raw")
         if not pieces:
             what = f"1 tag ({members[0]!r}) over {window.end - window.start}"
@@ -373,7 +375,9 @@ class AlarmFetcher:
         try:
             return self._fetch_whole(window, label)
         except AnswerTooLarge as exc:
-            too_large = exc
+            # Without its traceback: kept here, it would keep this frame and the frames
+            # below it (one answer's bytes among them) alive until a cyclic collection.
+            too_large = exc.with_traceback(None)
         pieces = _halves((self.path,), window, True)
         if not pieces:
             raise too_large.cut_to(f"alarms over {window.end - window.start}") from None

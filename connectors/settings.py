@@ -23,7 +23,7 @@ from connectors.proxy import check_proxy_setting, proxy_for
 DEFAULT_HTTP_PORT = 3003
 DEFAULT_HTTPS_PORT = 3443
 MAX_URL_CHARS = 2048
-DEFAULT_MAX_ANSWER_MB = 32
+DEFAULT_MAX_ANSWER_MB = 16
 _USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@")
 
 

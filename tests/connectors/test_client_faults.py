@@ -8,8 +8,10 @@ reaches a log record, a repr or an error message.
 from __future__ import annotations
 
 import email.utils
+import gc
 import logging
 import socket
+import weakref
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -644,3 +646,18 @@ def test_answers_within_the_cap_and_other_operations_are_read_whole() -> None:
     # The cap is on history answers (the ones that grow with data): a large tree is read.
     small = mock_client(Recorder(httpx.Response(200, content=body)), max_answer_bytes=1000)
     assert small.tag_browse_bytes("/") == body
+
+
+def test_an_answer_is_freed_with_its_last_reference_not_at_a_cyclic_collection() -> None:
+    """httpx binds a response's stream to the response: left so, every answer's bytes stay
+    until the cyclic collector runs, and a chunk's answers stack up in memory."""
+    answer_each_time = httpx.MockTransport(lambda request: json_answer({"/t": {"data": []}}))
+    client = NodeClient(NodeSettings(url="http://node.test"), transport=answer_each_time)
+    gc.disable()
+    try:
+        response = client.request("tag.historyMany", "GET", "tag", "historyMany", max_bytes=100)
+        answer = weakref.ref(response)
+        del response
+        assert answer() is None
+    finally:
+        gc.enable()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from connectors.errors import (
-    AnswerTooLarge,
     QUOTED_CHARS,
+    AnswerTooLarge,
     AuthenticationError,
     FatalNodeError,
     MalformedAnswer,
