@@ -200,7 +200,7 @@ class AnswerTooLarge(FatalNodeError):
 
     def __init__(self, operation: str, limit_bytes: int, detail: str = "") -> None:
         self.limit_bytes = limit_bytes
-        message = f"answer over {limit_bytes:,} bytes (the node's max_answer_mb)"
+        message = f"answer over {limit_bytes:,} bytes (max_answer_mb)"
         super().__init__(operation, f"{message}{detail}")
 
     def cut_to(self, what: str) -> AnswerTooLarge:
@@ -208,5 +208,6 @@ class AnswerTooLarge(FatalNodeError):
         return AnswerTooLarge(
             self.operation,
             self.limit_bytes,
-            f"; {what} cannot be asked in smaller pieces: raise max_answer_mb",
+            f"; {what} cannot be asked in smaller pieces: raise max_answer_mb or shorten "
+            "the window",
         )
