@@ -448,17 +448,16 @@ def _joined(parts: list[Fetched], members: Sequence[str]) -> Fetched:
     disjoint by tag or by time, so `seq` stays right), costs added up."""
     tables = [part.table for part in parts if part.table.num_rows] or [parts[0].table]
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    if members:
-        table = _by_tag_ts(table)
-    missing = {tag for part in parts for tag in part.missing}
-    return Fetched(
-        table,
-        missing=tuple(tag for tag in members if tag in missing),
-        requests=sum(part.requests for part in parts),
-        bytes_received=sum(part.bytes_received for part in parts),
-        continuations=sum(part.continuations for part in parts),
-        rows_out_of_range=sum(part.rows_out_of_range for part in parts),
-    )
+    out = Fetched(_by_tag_ts(table) if members else table)
+    missing: set[str] = set()
+    for part in parts:
+        missing.update(part.missing)
+        out.requests += part.requests
+        out.bytes_received += part.bytes_received
+        out.continuations += part.continuations
+        out.rows_out_of_range += part.rows_out_of_range
+    out.missing = tuple(tag for tag in members if tag in missing)
+    return out
 
 
 def _ms(moment: datetime) -> int:
