@@ -14,7 +14,9 @@ subscriptions (`connectors/subscriptions.py`), which take a client.
 * Errors are `connectors.errors` types (decided in `connectors/failures.py`) naming the
   operation, the HTTP status and the start of the body. Credentials travel in headers
   only and never appear in logs, reprs or messages.
-* `*_bytes` methods return the raw answer body for the extraction engine's fast path.
+* `*_bytes` methods return the raw answer body for the extraction engine's fast path; a
+  history answer is read up to the node's `max_answer_bytes` and no further
+  (`AnswerTooLarge`: the fetcher asks again in smaller pieces).
 """
 
 from __future__ import annotations
