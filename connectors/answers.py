@@ -17,7 +17,7 @@ import httpx
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from connectors.errors import MalformedAnswer
+from connectors.errors import AnswerTooLarge, MalformedAnswer
 
 log = logging.getLogger("historian.client")
 M = TypeVar("M", bound=BaseModel)
@@ -36,6 +36,25 @@ class Requester(Protocol):
         params: Mapping[str, Any] | None = None,
         body: object | None = None,
     ) -> httpx.Response: ...
+
+
+def read_capped(operation: str, response: httpx.Response, max_bytes: int | None) -> None:
+    """Read a streamed response's body, or raise `AnswerTooLarge` as soon as it (decoded)
+    passes `max_bytes`: the rest is never read, so one answer cannot take more memory
+    than the cap, however much the node sends."""
+    if max_bytes is None:
+        response.read()
+        return
+    pieces: list[bytes] = []
+    size = 0
+    for piece in response.iter_bytes():
+        size += len(piece)
+        if size > max_bytes:
+            pieces.clear()  # not kept alive by the traceback of what is raised
+            raise AnswerTooLarge(operation, max_bytes)
+        pieces.append(piece)
+    # What `httpx.Response.read` itself keeps, so `content` and `text` work as usual.
+    response._content = b"".join(pieces)
 
 
 def json_of(operation: str, response: httpx.Response) -> Any:

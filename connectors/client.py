@@ -14,7 +14,9 @@ subscriptions (`connectors/subscriptions.py`), which take a client.
 * Errors are `connectors.errors` types (decided in `connectors/failures.py`) naming the
   operation, the HTTP status and the start of the body. Credentials travel in headers
   only and never appear in logs, reprs or messages.
-* `*_bytes` methods return the raw answer body for the extraction engine's fast path.
+* `*_bytes` methods return the raw answer body for the extraction engine's fast path; a
+  history answer is read up to the node's `max_answer_bytes` and no further
+  (`AnswerTooLarge`: the fetcher asks again in smaller pieces).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from connectors.answers import (
     model_of,
     models_of,
     number_of,
+    read_capped,
     string_list,
 )
 from connectors.deadline import deadline_transport, request_deadline
@@ -169,6 +172,8 @@ class NodeClient:
             follow_redirects=False,
         )
         self._base = str(self._http.base_url).removesuffix("/") + "/"
+        # The history answers the extraction reads are read up to this; see `read_capped`.
+        self._max_answer = settings.max_answer_bytes
 
     def __repr__(self) -> str:
         return f"NodeClient(name={self.settings.name!r}, url={self.settings.base_url!r})"
@@ -197,12 +202,15 @@ class NodeClient:
         cmd: str,
         params: Mapping[str, Any] | None = None,
         body: object | None = None,
+        *,
+        max_bytes: int | None = None,
     ) -> httpx.Response:
         """One operation, retried while transient; a 200 response or a typed error.
 
         `settings.retries` is the number of retries after the first attempt (0: no retry).
         Exactly the `TransientNodeError`s are retried; after the last attempt the failure
-        is wrapped in `RetriesExhausted` (fatal: nothing above retries it again).
+        is wrapped in `RetriesExhausted` (fatal: nothing above retries it again). An answer
+        longer than `max_bytes` is `AnswerTooLarge`, read no further than that.
         """
         query = encode_query({"cmd": cmd, **(params or {})})
         url = f"/{resource}?{query}"
@@ -218,7 +226,7 @@ class NodeClient:
         try:
             for attempt in retrying:
                 with attempt:
-                    return self._send(operation, method, url, content)
+                    return self._send(operation, method, url, content, max_bytes)
         except TransientNodeError as exc:
             if attempts > 1:
                 raise RetriesExhausted(exc, attempts) from None
@@ -237,7 +245,9 @@ class NodeClient:
             delay = max(delay, min(exc.retry_after_s, MAX_RETRY_AFTER_S))
         return delay
 
-    def _send(self, operation: str, method: str, url: str, content: bytes | None) -> httpx.Response:
+    def _send(
+        self, operation: str, method: str, url: str, content: bytes | None, max_bytes: int | None
+    ) -> httpx.Response:
         """One attempt: a 200 response from the node, or the typed error of what happened."""
         headers = {"Content-Type": "application/json"} if content is not None else None
         deadline_s = self.settings.deadline_s
@@ -247,7 +257,18 @@ class NodeClient:
             raise transport_error(operation, exc, target=self._target()) from None
         try:
             with self._slots, request_deadline(deadline_s) as deadline:
-                response = self._http.request(method, target, content=content, headers=headers)
+                request = self._http.build_request(method, target, content=content, headers=headers)
+                response = self._http.send(request, stream=True)
+                try:
+                    # An error's body is read whole, as before: it says what went wrong.
+                    cap = max_bytes if response.status_code == 200 else None
+                    read_capped(operation, response, cap)
+                finally:
+                    response.close()
+                    # httpx binds a response's stream to the response, a reference cycle:
+                    # unbound, an answer's bytes go with the last reference to them, not
+                    # at the next cyclic collection (a whole answer per request, stacked).
+                    response.stream = httpx.ByteStream(b"")
         except (httpx.TransportError, httpx.DecodingError, httpx.InvalidURL) as exc:
             expired = f"the request deadline ({deadline_s:g} s)" if deadline.expired else None
             raise transport_error(operation, exc, target=self._target(), deadline=expired) from None
@@ -289,7 +310,10 @@ class NodeClient:
         self, path: str, start: datetime, end: datetime, filt: AlarmFilter | None = None
     ) -> bytes:
         params = {"path": path, "start": start, "end": end, **(filt.query_params() if filt else {})}
-        return self.request("alarm.history", "GET", "alarm", "history", params).content
+        response = self.request(
+            "alarm.history", "GET", "alarm", "history", params, max_bytes=self._max_answer
+        )
+        return response.content
 
     def alarm_history(
         self, path: str, start: datetime, end: datetime, filt: AlarmFilter | None = None
@@ -389,7 +413,10 @@ class NodeClient:
         self, paths: Sequence[str], start: datetime, end: datetime, options: HistoryOptions
     ) -> bytes:
         params = {"paths": list_param(paths), **self._history_params(start, end, options)}
-        return self.request("tag.historyMany", "GET", "tag", "historyMany", params).content
+        response = self.request(
+            "tag.historyMany", "GET", "tag", "historyMany", params, max_bytes=self._max_answer
+        )
+        return response.content
 
     def tag_history_many(
         self,
@@ -433,7 +460,10 @@ class NodeClient:
         recurrent: bool | None = None,
     ) -> bytes:
         params = self._filter_params(paths, start, end, options, filter_regex, recurrent)
-        return self.request("tag.historyFilter", "GET", "tag", "historyFilter", params).content
+        response = self.request(
+            "tag.historyFilter", "GET", "tag", "historyFilter", params, max_bytes=self._max_answer
+        )
+        return response.content
 
     def tag_history_filter(
         self,

@@ -189,3 +189,25 @@ class MalformedAnswer(FatalNodeError):
 
 class UnknownTag(FatalNodeError):
     """The node has no such tag (404, or a history answer without the tag's entry)."""
+
+
+class AnswerTooLarge(FatalNodeError):
+    """A history answer longer than the node's `max_answer_bytes`, left unread past it.
+
+    Not retried: the same question gets the same answer. The fetcher asks again in smaller
+    pieces (`connectors/fetch.py`); one that reaches the caller could not be cut smaller.
+    """
+
+    def __init__(self, operation: str, limit_bytes: int, detail: str = "") -> None:
+        self.limit_bytes = limit_bytes
+        message = f"answer over {limit_bytes:,} bytes (max_answer_mb)"
+        super().__init__(operation, f"{message}{detail}")
+
+    def cut_to(self, what: str) -> AnswerTooLarge:
+        """The same error, saying what could not be asked in smaller pieces."""
+        return AnswerTooLarge(
+            self.operation,
+            self.limit_bytes,
+            f"; {what} cannot be asked in smaller pieces: raise max_answer_mb or shorten "
+            "the window",
+        )

@@ -16,11 +16,18 @@ paths and a `Window` of datetimes; epoch milliseconds stay here.
 * **Continuation** (raw): `connectors.pager` says which tags may have more and from where.
 * **delta / filter** results depend on where a query starts (docs/node-behaviour.md): the
   query starts exactly on the window's start; the planner puts windows on a grid.
+* **Size.** An answer longer than the node's `max_answer_bytes` is left unread
+  (`AnswerTooLarge`) and the question asked again in halves: a batch of tags by tag (by
+  path), one tag's raw window or an alarm window by time (half-open halves, so no row
+  twice), down to `MIN_SPLIT`; an aggregated, delta or filter answer of one tag cannot be
+  cut (it depends on where the query starts) and stops the chunk naming the setting.
+  Memory then follows the cap, not the window's density; `SplitNotice` says so once.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -30,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.errors import AnswerTooLarge
 from connectors.normalise.alarms import parse_alarm_history_answer
 from connectors.normalise.history import HistoryPage, TagStats, assign_seq, parse_history_answer
 from connectors.options import AlarmFilter, HistoryOptions
@@ -44,6 +52,34 @@ _ONE_MS = timedelta(milliseconds=1)
 _SECONDS_BELOW = 100_000_000_000
 HISTORY_MANY = "tag.historyMany"
 HISTORY_FILTER = "tag.historyFilter"
+# A window is not cut below this: a tag with more than `max_answer_bytes` of samples in one
+# second is not a plausible node, and a node that ignores the window stops the halving here.
+MIN_SPLIT = timedelta(seconds=1)
+
+
+class SplitNotice:
+    """Says once (per engine: a run's unit) that answers were asked again in pieces, and
+    which setting asks less often; every split after that is silent."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.splits = 0
+        self._lock = threading.Lock()
+
+    def split(self, error: AnswerTooLarge) -> None:
+        with self._lock:
+            self.splits += 1
+            if self.splits > 1:
+                return
+        log.warning(
+            "node %s: %s answers over %s bytes are asked again in smaller pieces (tags, then "
+            "time); memory follows that cap. Raise nodes.%s.max_answer_mb to ask once, at "
+            "the cost of memory (said once)",
+            self.node,
+            error.operation,
+            f"{error.limit_bytes:,}",
+            self.node,
+        )
 
 
 class HistoryClient(Protocol):
@@ -136,6 +172,7 @@ class HistoryFetcher:
         filter_query: FilterQuery | None = None,
         cap: CapGuess | None = None,
         reasks: int = 3,
+        notice: SplitNotice | None = None,
     ) -> None:
         self.client = client
         self.node = node
@@ -143,9 +180,34 @@ class HistoryFetcher:
         self.filter_query = filter_query
         self.cap = cap or CapGuess()
         self.reasks = reasks
+        self.notice = notice or SplitNotice(node)
 
     def fetch(self, members: Sequence[str], window: Window, label: str = "") -> Fetched:
         """Every row of `members` in `window`, exactly once; see the module docstring."""
+        try:
+            return self._fetch_whole(members, window, label)
+        except AnswerTooLarge as exc:
+            # Without its traceback: kept here, it would keep this frame and the frames
+            # below it (one answer's bytes among them) alive until a cyclic collection.
+            too_large = exc.with_traceback(None)
+        pieces = _halves(tuple(members), window, self.options.mode == "raw")
+        if not pieces:
+            what = f"1 tag ({members[0]!r}) over {window.end - window.start}"
+            raise too_large.cut_to(what) from None
+        self.notice.split(too_large)
+        # The pieces are asked by path: a group's filter cannot be asked for half its tags.
+        by_paths = HistoryFetcher(
+            self.client,
+            self.node,
+            self.options,
+            cap=self.cap,
+            reasks=self.reasks,
+            notice=self.notice,
+        )
+        return _joined([by_paths.fetch(part, half, label) for part, half in pieces], members)
+
+    def _fetch_whole(self, members: Sequence[str], window: Window, label: str) -> Fetched:
+        """`fetch` in as many requests as continuation needs, each answer whole."""
         raw = self.options.mode == "raw"
         lower = window.start - _ONE_MS if raw else window.start
         state = _Window(tuple(members), window.start_ms, window.end_ms, _ms(lower), label)
@@ -299,14 +361,31 @@ class AlarmFetcher:
         filt: AlarmFilter,
         *,
         max_priority_here: int | None = None,
+        notice: SplitNotice | None = None,
     ) -> None:
         self.client = client
         self.node = node
         self.path = path
         self.filt = filt
         self.max_priority_here = max_priority_here
+        self.notice = notice or SplitNotice(node)
 
     def fetch(self, window: Window, label: str = "") -> Fetched:
+        """The window's events, in one answer or, over `max_answer_bytes`, in halves."""
+        try:
+            return self._fetch_whole(window, label)
+        except AnswerTooLarge as exc:
+            # Without its traceback: kept here, it would keep this frame and the frames
+            # below it (one answer's bytes among them) alive until a cyclic collection.
+            too_large = exc.with_traceback(None)
+        pieces = _halves((self.path,), window, True)
+        if not pieces:
+            raise too_large.cut_to(f"alarms over {window.end - window.start}") from None
+        self.notice.split(too_large)
+        # Halves hold disjoint stamps, each sorted: one after the other, still sorted.
+        return _joined([self.fetch(half, label) for _, half in pieces], ())
+
+    def _fetch_whole(self, window: Window, label: str) -> Fetched:
         out = Fetched(ALARM_HISTORY_SCHEMA.empty_table())
         table = counted(
             lambda: self.client.alarm_history_bytes(self.path, window.start, window.end, self.filt),
@@ -343,6 +422,42 @@ def counted(request: Callable[[], bytes], parse: Callable[[bytes], T], out: Fetc
     out.requests += 1
     out.bytes_received += len(body)
     return parse(body)
+
+
+def _halves(
+    members: tuple[str, ...], window: Window, by_time: bool
+) -> list[tuple[tuple[str, ...], Window]]:
+    """A question in two: the tags in halves, or one tag's window in halves on a whole
+    millisecond (when `by_time` and the window is longer than MIN_SPLIT); [] when it
+    cannot be cut."""
+    if len(members) > 1:
+        middle = len(members) // 2
+        return [(members[:middle], window), (members[middle:], window)]
+    if not by_time or window.end - window.start <= MIN_SPLIT:
+        return []
+    start_ms, end_ms = window.start_ms, window.end_ms
+    middle_ms = start_ms + (end_ms - start_ms) // 2
+    return [
+        (members, Window.from_ms(start_ms, middle_ms)),
+        (members, Window.from_ms(middle_ms, end_ms)),
+    ]
+
+
+def _joined(parts: list[Fetched], members: Sequence[str]) -> Fetched:
+    """The pieces of one question as its answer: rows in (tag, ts) order (pieces are
+    disjoint by tag or by time, so `seq` stays right), costs added up."""
+    tables = [part.table for part in parts if part.table.num_rows] or [parts[0].table]
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    out = Fetched(_by_tag_ts(table) if members else table)
+    missing: set[str] = set()
+    for part in parts:
+        missing.update(part.missing)
+        out.requests += part.requests
+        out.bytes_received += part.bytes_received
+        out.continuations += part.continuations
+        out.rows_out_of_range += part.rows_out_of_range
+    out.missing = tuple(tag for tag in members if tag in missing)
+    return out
 
 
 def _ms(moment: datetime) -> int:

@@ -23,6 +23,7 @@ from connectors.proxy import check_proxy_setting, proxy_for
 DEFAULT_HTTP_PORT = 3003
 DEFAULT_HTTPS_PORT = 3443
 MAX_URL_CHARS = 2048
+DEFAULT_MAX_ANSWER_MB = 16
 _USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@")
 
 
@@ -128,6 +129,9 @@ class NodeSettings:
     retry_server_errors: bool = True
     # None: the environment's proxy variables; "direct"; or a proxy URL (connectors/proxy.py).
     proxy: str | None = None
+    # One history answer is read up to this many bytes; a longer one is asked again in
+    # smaller pieces (connectors/fetch.py), so a run's memory follows this, not the data.
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_MB << 20
 
     def __post_init__(self) -> None:
         try:
@@ -151,6 +155,8 @@ class NodeSettings:
             raise SettingsError(f"node {self.name}: timeouts must be positive")
         if self.request_deadline_s is not None and self.request_deadline_s <= 0:
             raise SettingsError(f"node {self.name}: request_deadline must be positive")
+        if self.max_answer_bytes < 1:
+            raise SettingsError(f"node {self.name}: max_answer_mb must be positive")
 
     @property
     def deadline_s(self) -> float:

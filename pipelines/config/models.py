@@ -33,7 +33,12 @@ from pydantic import (
 from connectors.errors import one_line, quoted
 from connectors.options import METHODS, MODES, AlarmFilter, HistoryOptions
 from connectors.proxy import check_proxy_setting
-from connectors.settings import NodeSettings, check_credentials, check_node_url
+from connectors.settings import (
+    DEFAULT_MAX_ANSWER_MB,
+    NodeSettings,
+    check_credentials,
+    check_node_url,
+)
 from pipelines.config.file import DocumentError, load_document
 from pipelines.planning import parse_duration
 
@@ -168,6 +173,8 @@ class NodeConfig(_Strict):
     request_deadline: timedelta | None = None
     max_connections: int = Field(default=NodeSettings.max_connections, ge=1, le=64)
     retries: int = Field(default=NodeSettings.retries, ge=0, le=50)
+    # One history answer is read up to this many MB; a longer one is asked again in pieces.
+    max_answer_mb: int = Field(default=DEFAULT_MAX_ANSWER_MB, ge=1, le=4096)
     # Unset: the environment's proxy variables; `direct`; or a proxy URL (connectors/proxy.py).
     proxy: Annotated[str, _checked(check_proxy_setting)] | None = None
 

@@ -82,6 +82,7 @@ def node_settings(name: str, node: NodeConfig, url: str | None = None) -> NodeSe
         max_connections=node.max_connections,
         retries=node.retries,
         proxy=node.proxy,
+        max_answer_bytes=node.max_answer_mb << 20,
     )
 
 

@@ -24,6 +24,7 @@ each chunk's frame as soon as it is complete.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -43,6 +44,7 @@ from connectors.fetch import (
     FilterQuery,
     HistoryClient,
     HistoryFetcher,
+    SplitNotice,
 )
 from connectors.normalise.history import history_table
 from connectors.options import AlarmFilter, HistoryOptions
@@ -167,6 +169,7 @@ class HistoryEngine:
         raw_cap: CapGuess | None = None,
         max_in_flight: int = 4,
         missing_is_fatal: bool = True,
+        notice: SplitNotice | None = None,
     ) -> None:
         self.client = client
         self.node = node
@@ -176,12 +179,14 @@ class HistoryEngine:
         self.missing_is_fatal = missing_is_fatal
         # What the run learns of the node's raw cap, shared by all its chunks.
         self.raw_cap = raw_cap or CapGuess()
+        # Answers asked again in pieces are said once for the engine (a unit of a run).
+        notice = notice or SplitNotice(node)
         self.fetcher = HistoryFetcher(
-            client, node, options, filter_query=filter_query, cap=self.raw_cap
+            client, node, options, filter_query=filter_query, cap=self.raw_cap, notice=notice
         )
         # Chunks cut down to some tags of a group (`Chunk.by_paths`) are asked by path.
         self.path_fetcher = (
-            HistoryFetcher(client, node, options, cap=self.raw_cap)
+            HistoryFetcher(client, node, options, cap=self.raw_cap, notice=notice)
             if filter_query is not None
             else self.fetcher
         )
@@ -248,6 +253,7 @@ class AlarmEngine:
         *,
         node_version: NodeVersion | None = None,
         max_in_flight: int = 2,
+        notice: SplitNotice | None = None,
     ) -> None:
         self.client = client
         self.node = node
@@ -261,6 +267,7 @@ class AlarmEngine:
             path,
             adapted.sent,
             max_priority_here=adapted.max_priority_here,
+            notice=notice,
         )
 
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
@@ -294,10 +301,15 @@ class FetchJob:
     node_version: NodeVersion | None = None
 
     def engine(
-        self, client: HistoryClient, max_in_flight: int, raw_cap: CapGuess | None = None
+        self,
+        client: HistoryClient,
+        max_in_flight: int,
+        raw_cap: CapGuess | None = None,
+        notice: SplitNotice | None = None,
     ) -> HistoryEngine | AlarmEngine:
         """The engine of this job over `client` (`raw_cap`: the run's shared guess; a new
-        one starting from `self.raw_cap` when None)."""
+        one starting from `self.raw_cap` when None; `notice`: who says answers were split,
+        a new one when None)."""
         if self.alarm_filter is not None:
             assert self.alarm_path is not None
             return AlarmEngine(
@@ -307,6 +319,7 @@ class FetchJob:
                 self.alarm_filter,
                 node_version=self.node_version,
                 max_in_flight=max_in_flight,
+                notice=notice,
             )
         assert self.options is not None
         return HistoryEngine(
@@ -317,15 +330,27 @@ class FetchJob:
             raw_cap=raw_cap or CapGuess(known=self.raw_cap),
             max_in_flight=max_in_flight,
             missing_is_fatal=self.missing_is_fatal,
+            notice=notice,
         )
 
     def fetch(self, chunk: Chunk) -> ChunkResult:
-        """The chunk, through a client of this process, closed after it."""
+        """The chunk, through a client of this process, closed after it (a split said once
+        per node in this process: a Prefect task or a Dask worker fetches many chunks)."""
         client = NodeClient(self.settings)
         try:
-            return self.engine(client, 1).fetch_chunk(chunk)
+            return self.engine(client, 1, notice=_process_notice(self.node)).fetch_chunk(chunk)
         finally:
             client.close()
+
+
+_NOTICES: dict[str, SplitNotice] = {}
+_NOTICES_LOCK = threading.Lock()
+
+
+def _process_notice(node: str) -> SplitNotice:
+    """The one `SplitNotice` of `node` in this process."""
+    with _NOTICES_LOCK:
+        return _NOTICES.setdefault(node, SplitNotice(node))
 
 
 def _result(chunk: Chunk, fetched: Fetched, rows: pa.Table, began: float) -> ChunkResult:

@@ -8,8 +8,10 @@ reaches a log record, a repr or an error message.
 from __future__ import annotations
 
 import email.utils
+import gc
 import logging
 import socket
+import weakref
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,6 +24,7 @@ import pytest
 from connectors.admin import NodeAdmin
 from connectors.client import NodeClient
 from connectors.errors import (
+    AnswerTooLarge,
     AuthenticationError,
     MalformedAnswer,
     NodeBusy,
@@ -608,3 +611,53 @@ def test_the_token_travels_in_the_header_only(monkeypatch: pytest.MonkeyPatch) -
     request = recorder.requests[0]
     assert request.headers["Authorization"] == "Bearer tok-HEADER-5"
     assert "tok-HEADER-5" not in str(request.url)
+
+
+# -- the size of one answer ------------------------------------------------------------------
+
+
+def test_a_history_answer_over_max_answer_bytes_stops_being_read_at_the_cap() -> None:
+    """Read in pieces and dropped at the cap: memory follows the cap, not the answer, and
+    the answer is not retried (the same question gets the same answer)."""
+    read = 0
+
+    def pieces() -> Iterator[bytes]:
+        nonlocal read
+        for _ in range(1000):
+            read += 10_000
+            yield b" " * 10_000
+
+    recorder = Recorder(httpx.Response(200, content=pieces()))
+    client = mock_client(recorder, max_answer_bytes=50_000)
+    with pytest.raises(
+        AnswerTooLarge, match=r"tag.historyMany: answer over 50,000 bytes"
+    ) as raised:
+        client.tag_history_many_bytes(["/t"], START, END, HistoryOptions(mode="raw"))
+    assert raised.value.limit_bytes == 50_000
+    assert read <= 60_000
+    assert len(recorder.requests) == 1
+
+
+def test_answers_within_the_cap_and_other_operations_are_read_whole() -> None:
+    body = orjson.dumps({"/t": {"data": [[1, 2.0, 192]] * 5000}})
+    recorder = Recorder(httpx.Response(200, content=body))
+    client = mock_client(recorder, max_answer_bytes=len(body))
+    assert client.tag_history_many_bytes(["/t"], START, END, HistoryOptions()) == body
+    # The cap is on history answers (the ones that grow with data): a large tree is read.
+    small = mock_client(Recorder(httpx.Response(200, content=body)), max_answer_bytes=1000)
+    assert small.tag_browse_bytes("/") == body
+
+
+def test_an_answer_is_freed_with_its_last_reference_not_at_a_cyclic_collection() -> None:
+    """httpx binds a response's stream to the response: left so, every answer's bytes stay
+    until the cyclic collector runs, and a chunk's answers stack up in memory."""
+    answer_each_time = httpx.MockTransport(lambda request: json_answer({"/t": {"data": []}}))
+    client = NodeClient(NodeSettings(url="http://node.test"), transport=answer_each_time)
+    gc.disable()
+    try:
+        response = client.request("tag.historyMany", "GET", "tag", "historyMany", max_bytes=100)
+        answer = weakref.ref(response)
+        del response
+        assert answer() is None
+    finally:
+        gc.enable()

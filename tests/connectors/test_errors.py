@@ -7,6 +7,7 @@ import pytest
 
 from connectors.errors import (
     QUOTED_CHARS,
+    AnswerTooLarge,
     AuthenticationError,
     FatalNodeError,
     MalformedAnswer,
@@ -43,6 +44,7 @@ SPLIT = [
     (NodeRequestError, False),
     (NodeServerError, False),
     (MalformedAnswer, False),
+    (AnswerTooLarge, False),
     (ContinuationStuck, False),
     (UnknownTag, False),
     (SettingsError, False),

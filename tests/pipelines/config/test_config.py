@@ -339,6 +339,15 @@ def test_the_request_deadline_reaches_the_client_settings() -> None:
     assert node_settings("plant", default).deadline_s == 125
 
 
+def test_max_answer_mb_reaches_the_client_settings_in_bytes() -> None:
+    from pipelines.config.nodes import node_settings
+
+    config = parse_config(with_change("nodes.plant.max_answer_mb", 4), env={})
+    assert node_settings("plant", config.nodes["plant"]).max_answer_bytes == 4 << 20
+    with pytest.raises(ConfigError, match=r"nodes\.plant\.max_answer_mb"):
+        parse_config(with_change("nodes.plant.max_answer_mb", 0), env={})
+
+
 def test_a_node_by_default_is_the_clients_default_settings() -> None:
     """One source: what flows.yaml leaves out, the client's settings leave out too."""
     import dataclasses

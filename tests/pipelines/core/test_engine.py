@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -25,7 +26,13 @@ from connectors.options import AlarmFilter, HistoryOptions
 from connectors.settings import NodeSettings
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from connectors.timewindow import Window
-from pipelines.core.engine import AlarmEngine, FilterQuery, HistoryEngine, chunk_retry_may_help
+from pipelines.core.engine import (
+    AlarmEngine,
+    FetchJob,
+    FilterQuery,
+    HistoryEngine,
+    chunk_retry_may_help,
+)
 from pipelines.planning import Chunk, plan_chunks
 from sinks.base import CountMismatch, SinkError, SinkUnavailable
 
@@ -383,3 +390,33 @@ def test_the_engine_itself_fetches_a_chunk_again_when_its_failure_may_pass(
         with pytest.raises(outcome):
             engine.fetch_chunk(chunk)
     assert node.asked == asked
+
+
+def _split_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "smaller pieces" in r.getMessage()]
+
+
+def test_answers_over_max_answer_bytes_are_split_and_said_once_on_every_path(
+    sim_node: SimulatedNode, sim_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Threads (one engine per unit) and Prefect tasks or Dask workers (`FetchJob.fetch`,
+    an engine per chunk): the rows of the ground truth, and one warning each."""
+    sim_node.set_clock(int(NOW.timestamp() * 1000))
+    members = sim_node.tag_paths()[:8]
+    span = Window(NOW - timedelta(hours=4), NOW - timedelta(hours=1))
+    chunks = chunks_for(members, span, timedelta(hours=1), batch=4)
+    options = HistoryOptions(mode="raw")
+    want = truth_frame(sim_node, members, span, options)
+    for name in ("threads-split", "tasks-split"):
+        settings = NodeSettings(url=sim_server.http_url, name=name, max_answer_bytes=30_000)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="historian.fetch"):
+            if name == "threads-split":
+                with NodeClient(settings) as client:
+                    results = list(HistoryEngine(client, name, options).stream(chunks))
+            else:
+                job = FetchJob(settings, name, "tag_history", options=options)
+                results = [job.fetch(chunk) for chunk in chunks]
+        assert_same_rows(engine_frame(results), want)
+        assert sum(result.requests for result in results) > len(chunks)
+        assert len(_split_lines(caplog)) == 1, name
