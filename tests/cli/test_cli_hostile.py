@@ -3,6 +3,7 @@ bounded time, nothing written (issue 21)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,3 +181,43 @@ def test_a_prefect_api_that_cannot_be_reached_is_one_line_naming_it(
         "cannot be reached",
     )
     assert nothing_written(tmp_path)
+
+
+TOKEN_ENV = ({"token_env": "T" * LONG}, "lake", "T")
+LAKE_PATH = ({}, "l" * LONG, "l")
+
+
+@pytest.mark.parametrize(
+    ("command", "node", "lake", "letter"),
+    [
+        (("run", "f", "--direct"), *TOKEN_ENV),
+        (("check",), *TOKEN_ENV),
+        (("run", "f", "--direct"), *LAKE_PATH),
+        (("state",), *LAKE_PATH),
+        (("flows",), *LAKE_PATH),
+        (("check",), *LAKE_PATH),
+    ],
+    ids=["run-token-env", "check-token-env", "run-lake", "state-lake", "flows-lake", "check-lake"],
+)
+def test_a_100000_character_value_from_anywhere_is_cut_in_the_error_line(
+    tmp_path: Path,
+    sim_url: str,
+    command: tuple[str, ...],
+    node: dict[str, Any],
+    lake: str,
+    letter: str,
+) -> None:
+    """The value is cut to its start and its length (the lake's as a path under tmp_path)."""
+    path = write_config(tmp_path, node={"url": sim_url, **node}, flows={"f": small_flow()})
+    document = yaml.safe_load(path.read_text())
+    document["sinks"] = {"lake": {"type": "parquet", "url": lake}}
+    document["flows"]["f"]["sinks"] = ["lake"]
+    path.write_text(yaml.safe_dump(document))
+    result = historian(*command, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert max(len(line) for line in output.splitlines()) < 300, output[:600]
+    flat = re.sub(r"[\s│]+", " ", output)  # a table cell's wrapped lines joined
+    said = re.search(rf"{letter}\.\.\. \(([\d,]+) characters\)", flat)
+    assert said is not None, output[:600]
+    assert int(said[1].replace(",", "")) >= LONG
