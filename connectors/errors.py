@@ -16,6 +16,8 @@ status and the body, never from headers or URLs with userinfo.
 
 from __future__ import annotations
 
+import re
+
 BODY_START_CHARS = 200
 
 
@@ -47,9 +49,30 @@ def quoted(value: object, limit: int = QUOTED_CHARS) -> str:
     return text
 
 
+# A run of text with no space longer than a quoted value may be, and the length that
+# `quoted` puts after a value it already cut (such a run is left as it is).
+_LONG_RUN = re.compile(rf"(\S{{{QUOTED_CHARS + 1},}})( \([\d,]+ (?:characters|bytes)\))?")
+
+
+def cut_values(text: str) -> str:
+    """`text` with every run of more than QUOTED_CHARS non-space characters that `quoted`
+    did not already cut cut the same way (its start and its length): the last guard on
+    an error line, for values put in a message from wherever (a path in an OSError, a
+    name in a library's message)."""
+
+    def cut(match: re.Match[str]) -> str:
+        run, length = match.groups()
+        if length is not None:
+            return match.group(0)
+        return f"{run[:QUOTED_CHARS]}... ({len(run):,} characters)"
+
+    return _LONG_RUN.sub(cut, text)
+
+
 def one_line(exc: BaseException) -> str:
-    """An exception as one line for the user: its message with whitespace collapsed."""
-    return " ".join(str(exc).split()) or type(exc).__name__
+    """An exception as one line for the user: its message with whitespace collapsed and
+    long values cut (`cut_values`)."""
+    return cut_values(" ".join(str(exc).split())) or type(exc).__name__
 
 
 class NodeError(Exception):

@@ -1,5 +1,7 @@
 """Which tags a flow reads: explicit paths, a group and a regex, or browse patterns.
 
+Patterns are matched here by RE2, in time linear in each path (`pipelines/patterns.py`).
+
 Tags are keyed by full path everywhere. The spec keys `tag?cmd=details` (and `read`) by
 tag *name*, and names repeat across groups in real plants (`/Line 1/Temp.PV`,
 `/Line 2/Temp.PV`): a recursive details answer over a group can hold only one of them.
@@ -20,7 +22,6 @@ would still have to ask the node to refuse an unknown path and to notice a delet
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from connectors.fetch import FilterQuery
 from connectors.normalise.details import parse_tag_details, tag_details_paths
 from connectors.schema import TAG_METADATA_SCHEMA
 from pipelines.config.models import TagSelectionConfig
+from pipelines.patterns import compile_pattern
 
 log = logging.getLogger("historian.selection")
 
@@ -189,7 +191,7 @@ def _exact(
     if listing is None:
         groups = _tree_groups(client, group, recurrent)
     else:
-        pattern = re.compile(regex) if regex is not None else None
+        pattern = compile_pattern(regex) if regex is not None else None
         left_out = {p for p in listing - described if pattern is None or pattern.search(p)}
         groups = sorted({_parent(path) for path in left_out})
         if groups:
@@ -271,8 +273,8 @@ def _explicit(client: DetailsClient, node: str, wanted: list[str], *, where: str
 
 def _matching(tags: Iterable[str], include: list[str], exclude: list[str]) -> tuple[str, ...]:
     """The tags (sorted) that match any `include` pattern (all when none) and no `exclude`."""
-    keep = [re.compile(p) for p in include]
-    drop = [re.compile(p) for p in exclude]
+    keep = [compile_pattern(p) for p in include]
+    drop = [compile_pattern(p) for p in exclude]
     return tuple(
         tag
         for tag in sorted(set(tags))

@@ -21,7 +21,7 @@ import orjson
 import typer
 from rich.console import Console
 
-from connectors.errors import NodeError, one_line, quoted
+from connectors.errors import NodeError, cut_values, one_line, quoted
 
 if TYPE_CHECKING:  # config pulls in pandas and pyarrow: imported when needed
     from pipelines.config.models import Config
@@ -116,7 +116,9 @@ class UserError(Exception):
 
 
 def fail(message: str, code: int) -> NoReturn:
-    """Print `error: message` (one line on stderr) and exit with `code`."""
+    """Print `error: message` (one line on stderr, long values cut: `cut_values`, wherever
+    the message was built) and exit with `code`."""
+    message = cut_values(message)
     if log_format.get() == "json":
         _json_line("ERROR", message, current_flow.get(), None)
     else:

@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from pipelines.cli.base import DEFAULT_CONFIG, ConfigOption, app, load, out, user_errors
+from pipelines.cli.base import (
+    DEFAULT_CONFIG,
+    ConfigOption,
+    UserError,
+    app,
+    load,
+    out,
+    user_errors,
+)
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -145,21 +153,44 @@ def lowest_watermark(config: Config, name: str, sinks: SinkSet, base: Path) -> d
     return min(mark for mark in marks if mark is not None)
 
 
+def unreadable_line(flows: list[str]) -> str:
+    """The error line of a listing whose rows show a sink's error for `flows`."""
+    plural = "s" * (len(flows) != 1)
+    return f"cannot read the sinks of flow{plural} {', '.join(flows)} (the rows say why)"
+
+
+def sink_error_cell(exc: Exception) -> str:
+    """A sink's error as a table cell: one line, long values cut, no rich markup."""
+    from rich.markup import escape
+
+    from connectors.errors import one_line
+
+    return f"[red]{escape(one_line(exc))}[/]"
+
+
 @app.command("flows")
 def flows_command(config: ConfigOption = Path(DEFAULT_CONFIG)) -> None:
     """List every flow: node, kind, tag or alarm selection, mode, sinks, schedule and
-    watermark (where its next run starts; `-`: nothing extracted yet)."""
+    watermark (where its next run starts; `-`: nothing extracted yet). A flow whose sink
+    cannot be read shows that sink's error in its row; the command then exits 1."""
     with user_errors():
         from pipelines.config.destinations import SinkSet
+        from sinks.base import SinkError
 
         cfg = load(config)
         table = Table(title=f"flows in {config}", title_justify="left")
         for column in ("flow", "node", "kind", "selection", "mode", "sinks", "schedule"):
             table.add_column(column)
         table.add_column("watermark")
+        unreadable: list[str] = []
         with SinkSet(cfg, config.resolve().parent) as sinks:
             for name, flow in cfg.flows.items():
-                mark = lowest_watermark(cfg, name, sinks, config.resolve().parent)
+                try:
+                    mark = lowest_watermark(cfg, name, sinks, config.resolve().parent)
+                    watermark = mark.strftime("%Y-%m-%d %H:%M:%SZ") if mark else "-"
+                except SinkError as exc:
+                    unreadable.append(name)
+                    watermark = sink_error_cell(exc)
                 table.add_row(
                     name,
                     describe_nodes(cfg, name),
@@ -168,6 +199,8 @@ def flows_command(config: ConfigOption = Path(DEFAULT_CONFIG)) -> None:
                     describe_mode(flow),
                     ", ".join(flow.sinks),
                     describe_schedule(flow),
-                    mark.strftime("%Y-%m-%d %H:%M:%SZ") if mark else "-",
+                    watermark,
                 )
         out.print(table)
+        if unreadable:
+            raise UserError(unreadable_line(unreadable))

@@ -80,10 +80,12 @@ def state_show(
     first, with rows fetched and committed and when), windows the node left a tag out of,
     and progress marked complete past now - settle. A flow on several nodes has a line
     per node (`flow@node`); --node shows only those. Works while a run writes: a DuckDB
-    warehouse held by the run is shown as busy, the other sinks as usual."""
+    warehouse held by the run is shown as busy, the other sinks as usual; a sink that
+    cannot be read shows its error in its rows (the command then exits 1)."""
     if ctx.invoked_subcommand is not None:
         return
     with user_errors():
+        from pipelines.cli.flows import unreadable_line
         from pipelines.config.destinations import SinkSet
 
         cfg = load(config)
@@ -94,41 +96,70 @@ def state_show(
         names = [flow] if flow else list(cfg.flows)
         units = [(name, key) for name in names for _, key in cfg.flow_units(name, node)]
         shown = [(name, key, sink) for name, key in units for sink in cfg.flows[name].sinks]
-        now = datetime.now(UTC)
         with SinkSet(cfg, config.resolve().parent) as sinks:
-            table = Table(title="historian state", title_justify="left")
-            for column in ("flow", "sink", "tags", "complete up to", "per tag (behind .. ahead)"):
-                table.add_column(column)
-            logs: list[tuple[str, str, list[ChunkRecord]]] = []
-            warnings: list[str] = []
+            view = _StateView(cfg, sinks, chunks)
             for name, key, sink_name in shown:
-                sink, busy = _open(sinks, sink_name)
-                if sink is None:
-                    table.add_row(key, sink_name, "-", "-", f"[yellow]{busy}[/]")
-                    continue
-                progress = sink.progress(key)
-                table.add_row(key, sink_name, *_progress_cells(cfg.flows[name], progress))
-                records = sorted(sink.chunk_log(key, chunks), key=lambda r: r.window.start)
-                logs.append((key, sink_name, records))
-                warnings += _warnings(
-                    sink,
-                    key,
-                    progress,
-                    cfg.flows[name].settle,
-                    where=f"{key} -> {sink_name}",
-                    repair=_command_args(name, key),
-                    now=now,
-                )
-            out.print(table)
+                view.add(name, key, sink_name)
+            out.print(view.table)
             out.print(LEGEND.format(noun="tag"), highlight=False, soft_wrap=True)
-            for line in warnings:
+            for line in view.warnings:
                 out.print(line, highlight=False, soft_wrap=True)
-            mismatches = _print_logs(cfg, logs)
+            mismatches = _print_logs(cfg, view.logs)
             from pipelines.cli.fleet import print_last_backfills
 
             print_last_backfills(names)
+            if view.unreadable:
+                raise UserError(unreadable_line(list(dict.fromkeys(view.unreadable))))
             if mismatches:
                 raise UserError(f"{mismatches} chunks committed a different row count than fetched")
+
+
+class _StateView:
+    """The rows, chunk logs and warnings of `historian state`, a (flow, sink) at a time; a
+    sink's error is that row's, and the flow is remembered as unreadable."""
+
+    def __init__(self, cfg: Config, sinks: SinkSet, chunks: int) -> None:
+        self.cfg = cfg
+        self.sinks = sinks
+        self.chunks = chunks
+        self.now = datetime.now(UTC)
+        self.table = Table(title="historian state", title_justify="left")
+        for column in ("flow", "sink", "tags", "complete up to", "per tag (behind .. ahead)"):
+            self.table.add_column(column)
+        self.logs: list[tuple[str, str, list[ChunkRecord]]] = []
+        self.warnings: list[str] = []
+        self.unreadable: list[str] = []
+
+    def add(self, name: str, key: str, sink_name: str) -> None:
+        from pipelines.cli.flows import sink_error_cell
+        from sinks.base import SinkError
+
+        try:
+            sink, busy = _open(self.sinks, sink_name)
+            if sink is not None:
+                self._add_read(name, key, sink_name, sink)
+                return
+            cell = f"[yellow]{busy}[/]"
+        except SinkError as exc:
+            self.unreadable.append(name)
+            cell = sink_error_cell(exc)
+        self.table.add_row(key, sink_name, "-", "-", cell)
+
+    def _add_read(self, name: str, key: str, sink_name: str, sink: Sink) -> None:
+        fc = self.cfg.flows[name]
+        progress = sink.progress(key)
+        records = sorted(sink.chunk_log(key, self.chunks), key=lambda r: r.window.start)
+        self.warnings += _warnings(
+            sink,
+            key,
+            progress,
+            fc.settle,
+            where=f"{key} -> {sink_name}",
+            repair=_command_args(name, key),
+            now=self.now,
+        )
+        self.table.add_row(key, sink_name, *_progress_cells(fc, progress))
+        self.logs.append((key, sink_name, records))
 
 
 def _progress_cells(fc: FlowConfig, progress: Progress) -> tuple[str, str, str]:

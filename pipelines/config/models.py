@@ -152,6 +152,8 @@ def _checked(check: Callable[[str], None]) -> AfterValidator:
 
 NodeUrl = Annotated[str, _checked(check_node_url)]
 Regex = Annotated[str, _checked(lambda text: _check_regex(text))]
+# A pattern we match ourselves (tag selections): RE2, linear in the text (pipelines/patterns.py).
+OurPattern = Annotated[str, _checked(lambda text: _check_ours(text))]
 
 
 class NodeConfig(_Strict):
@@ -284,11 +286,11 @@ class TagSelectionConfig(_Strict):
 
     paths: list[str] | None = None
     group: str | None = None
-    regex: Regex | None = None
+    regex: OurPattern | None = None
     recurrent: bool = True
     browse: str | None = None
-    include: list[str] = Field(default_factory=list)
-    exclude: list[str] = Field(default_factory=list)
+    include: list[OurPattern] = Field(default_factory=list)
+    exclude: list[OurPattern] = Field(default_factory=list)
 
     @field_validator("paths")
     @classmethod
@@ -301,13 +303,6 @@ class TagSelectionConfig(_Strict):
                     raise ValueError(f"tag path {quoted(path)} does not start with /")
             if len(set(value)) != len(value):
                 raise ValueError("paths lists a tag twice")
-        return value
-
-    @field_validator("include", "exclude")
-    @classmethod
-    def _patterns(cls, value: list[str]) -> list[str]:
-        for pattern in value:
-            _check_regex(pattern)
         return value
 
     @model_validator(mode="after")
@@ -689,19 +684,26 @@ class Config(_Strict):
 class _KeyedError(ValueError):
     """A cross-reference error that knows its own key path."""
 
-    def __init__(self, loc: Sequence[str], message: str) -> None:
+    def __init__(self, loc: Sequence[str | int], message: str) -> None:
         self.loc = tuple(loc)
         super().__init__(message)
 
 
 def _check_regex(pattern: str) -> None:
+    """A pattern the node matches (sent on the wire): its syntax only."""
     try:
         re.compile(pattern)
     except re.error as exc:
         raise ValueError(f"invalid regex {quoted(pattern)}: {exc}") from None
 
 
-def _resolve_env(value: Any, loc: tuple[str, ...], env: Mapping[str, str]) -> Any:
+def _check_ours(pattern: str) -> None:
+    from pipelines.patterns import compile_pattern
+
+    compile_pattern(pattern)
+
+
+def _resolve_env(value: Any, loc: tuple[str | int, ...], env: Mapping[str, str]) -> Any:
     if isinstance(value, str):
 
         def substitute(match: re.Match[str]) -> str:
@@ -714,7 +716,7 @@ def _resolve_env(value: Any, loc: tuple[str, ...], env: Mapping[str, str]) -> An
     if isinstance(value, dict):
         return {key: _resolve_env(item, (*loc, str(key)), env) for key, item in value.items()}
     if isinstance(value, list):
-        return [_resolve_env(item, (*loc, str(index)), env) for index, item in enumerate(value)]
+        return [_resolve_env(item, (*loc, index), env) for index, item in enumerate(value)]
     return value
 
 
@@ -726,13 +728,17 @@ def _names(names: Iterable[str], shown: int = 10) -> str:
 
 
 def _format_loc(loc: Sequence[object]) -> str:
-    parts = [str(part) for part in loc if not str(part).startswith("function-")]
-    parts = [part if len(part) <= 40 else quoted(part, 40) for part in parts]
+    """A key path as the user reads it: `flows.f.tags.exclude[0]`."""
+    kept = [part for part in loc if not str(part).startswith("function-")]
+    parts = [str(part) if len(str(part)) <= 40 else quoted(part, 40) for part in kept]
     # pydantic names the branch of a discriminated union (a sink's type, a flow's kind)
     # after the entry's name: not a key the user wrote.
     if len(parts) > 2 and parts[2] in _UNION_TAGS.get(parts[0], ()):
-        del parts[2]
-    return ".".join(parts)
+        del parts[2], kept[2]
+    text = ""
+    for part, raw in zip(parts, kept, strict=True):
+        text += f"[{part}]" if isinstance(raw, int) else f".{part}" if text else part
+    return text
 
 
 def _other_kind(loc: Sequence[object]) -> str | None:

@@ -3,6 +3,8 @@ bounded time, nothing written (issue 21)."""
 
 from __future__ import annotations
 
+import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ import pytest
 import yaml
 
 from connectors.simulator import SimConfig, SimulatedNode, run_server
-from tests.cli.test_cli import assert_clean_failure, historian, small_flow
+from tests.cli.test_cli import START, assert_clean_failure, historian, small_flow
 from tests.fixtures import write_config
 from tests.hostile_node import trickling_node
 
@@ -180,3 +182,85 @@ def test_a_prefect_api_that_cannot_be_reached_is_one_line_naming_it(
         "cannot be reached",
     )
     assert nothing_written(tmp_path)
+
+
+TOKEN_ENV = ({"token_env": "T" * LONG}, "lake", "T")
+LAKE_PATH = ({}, "l" * LONG, "l")
+
+
+@pytest.mark.parametrize(
+    ("command", "node", "lake", "letter"),
+    [
+        (("run", "f", "--direct"), *TOKEN_ENV),
+        (("check",), *TOKEN_ENV),
+        (("run", "f", "--direct"), *LAKE_PATH),
+        (("state",), *LAKE_PATH),
+        (("flows",), *LAKE_PATH),
+        (("check",), *LAKE_PATH),
+    ],
+    ids=["run-token-env", "check-token-env", "run-lake", "state-lake", "flows-lake", "check-lake"],
+)
+def test_a_100000_character_value_from_anywhere_is_cut_in_the_error_line(
+    tmp_path: Path,
+    sim_url: str,
+    command: tuple[str, ...],
+    node: dict[str, Any],
+    lake: str,
+    letter: str,
+) -> None:
+    """The value is cut to its start and its length (the lake's as a path under tmp_path)."""
+    path = write_config(tmp_path, node={"url": sim_url, **node}, flows={"f": small_flow()})
+    document = yaml.safe_load(path.read_text())
+    document["sinks"] = {"lake": {"type": "parquet", "url": lake}}
+    document["flows"]["f"]["sinks"] = ["lake"]
+    path.write_text(yaml.safe_dump(document))
+    result = historian(*command, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert max(len(line) for line in output.splitlines()) < 300, output[:600]
+    flat = re.sub(r"[\s│]+", " ", output)  # a table cell's wrapped lines joined
+    said = re.search(rf"{letter}\.\.\. \(([\d,]+) characters\)", flat)
+    assert said is not None, output[:600]
+    assert int(said[1].replace(",", "")) >= LONG
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def cells(table: str, column: int) -> dict[str, str]:
+    """A rich table's `column` per row, keyed by the row's first cell (wrapped lines
+    joined)."""
+    found: dict[str, str] = {}
+    row = ""
+    for line in table.splitlines():
+        parts = [part.strip() for part in line.split("│")[1:-1]]
+        if len(parts) <= column:
+            continue
+        row = parts[0] or row
+        found[row] = " ".join(filter(None, [found.get(row, ""), parts[column]]))
+    return found
+
+
+def test_an_unreachable_sink_is_shown_in_its_flows_row_and_the_others_are_listed(
+    tmp_path: Path, sim_url: str
+) -> None:
+    down = f"postgresql+psycopg://postgres@127.0.0.1:{closed_port()}/test"
+    flows = {"good": small_flow(sinks=["lake"]), "bad": small_flow(sinks=["pg"])}
+    write_config(tmp_path, node={"url": sim_url}, flows=flows, pg=(down, "historian"))
+    ran = historian("run", "good", "--direct", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+
+    listed = historian("flows", cwd=tmp_path)
+    assert_clean_failure(listed, 1, "cannot read the sinks of flow bad (the rows say why)")
+    marks = cells(listed.stdout, 7)
+    assert marks["good"].startswith(START[:4]), listed.stdout
+    assert marks["bad"].startswith("sink pg: connect"), listed.stdout
+
+    state = historian("state", cwd=tmp_path)
+    assert_clean_failure(state, 1, "cannot read the sinks of flow bad (the rows say why)")
+    complete = cells(state.stdout, 3)
+    assert complete["good"].startswith(START[:4]), state.stdout
+    assert cells(state.stdout, 4)["bad"].startswith("sink pg: connect"), state.stdout

@@ -24,6 +24,8 @@ from connectors.errors import (
     TLSVerificationError,
     TransientNodeError,
     UnknownTag,
+    cut_values,
+    one_line,
     quoted,
 )
 from connectors.pager import ContinuationStuck
@@ -100,3 +102,11 @@ def test_a_long_string_is_cut_with_its_length() -> None:
 def test_any_long_repr_is_cut_too() -> None:
     assert quoted(list(range(10_000)), limit=10) == "[0, 1, 2, ... (58,890 characters)"
     assert quoted(10**5000) == "<int>"
+
+
+def test_cut_values_cuts_a_long_run_once_and_leaves_what_quoted_cut() -> None:
+    already = f"tag {quoted('x' * 100_000)} missing"
+    assert cut_values(already) == already
+    line = cut_values("open /lake/" + "l" * 100_000 + " failed")
+    assert line == f"open {'/lake/' + 'l' * 74}... (100,006 characters) failed"
+    assert one_line(OSError("name " + "n" * 500)) == f"name {'n' * 80}... (500 characters)"

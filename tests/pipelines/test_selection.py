@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -108,3 +110,40 @@ def test_an_unknown_group_is_named_by_its_config_key(client: NodeClient) -> None
     with pytest.raises(UnknownTag) as caught:
         resolve_tags(client, "n", TagSelectionConfig(group="/Nowhere/"), where="flows.f.tags")
     assert "flows.f.tags.group: group '/Nowhere/' not found on node n" in str(caught.value)
+
+
+# Python's backtracking `re` takes 2^len(path) steps on every tag path that holds no `!`.
+CATASTROPHIC = "^([^!]|[^!])*!$"
+
+_RESOLVE_UNDER_A_HOSTILE_PATTERN = """
+import sys
+from connectors.client import NodeClient
+from connectors.settings import NodeSettings
+from connectors.simulator import SimConfig, SimulatedNode, run_server
+from pipelines.config.models import TagSelectionConfig
+from pipelines.selection import resolve_tags
+
+node = SimulatedNode(SimConfig(seed=7, tags=3000))
+selection = TagSelectionConfig(browse="/", include=[sys.argv[1]], exclude=[sys.argv[1]])
+with run_server(node, http_port=0, https_port=None) as server:
+    with NodeClient(NodeSettings(name="n", url=server.http_url)) as client:
+        try:
+            resolve_tags(client, "n", selection, where="flows.f.tags")
+        except Exception as exc:
+            print(len(node.tag_paths()), exc)
+"""
+
+
+def test_a_catastrophic_pattern_over_thousands_of_tags_is_matched_in_bounded_time() -> None:
+    """Include and exclude are both the hostile pattern: it matches no tag, so nothing is
+    selected; the subprocess's timeout is the bound (the answer comes in seconds)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _RESOLVE_UNDER_A_HOSTILE_PATTERN, CATASTROPHIC],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=True,
+    )
+    count, message = done.stdout.strip().split(" ", 1)
+    assert int(count) >= 3000
+    assert message == "tag.details: flows.f.tags.browse: no tag under '/' matches include/exclude"

@@ -515,3 +515,20 @@ def test_an_alarm_flow_that_forgot_its_kind_is_told_so_first() -> None:
 )
 def test_flow_shape_errors_name_their_key(path: str, value: Any, expected: str) -> None:
     assert error_of(with_change(path, value)).startswith(f"flows.yaml: {expected}")
+
+
+@pytest.mark.parametrize(
+    ("tags", "key"),
+    [
+        ({"browse": "/", "exclude": ["Temp", r"(a)\1"]}, "flows.hourly.tags.exclude[1]"),
+        ({"browse": "/", "include": ["(?=Temp)"]}, "flows.hourly.tags.include[0]"),
+        ({"group": "/Plant/", "regex": r"(?<!x)Temp"}, "flows.hourly.tags.regex"),
+    ],
+)
+def test_a_pattern_the_linear_engine_cannot_take_is_one_line_naming_its_key(
+    tags: dict[str, Any], key: str
+) -> None:
+    message = error_of(with_change("flows.hourly.tags", tags))
+    assert message.startswith(f"flows.yaml: {key}: ")
+    assert "(matched by RE2, in linear time" in message
+    assert "\n" not in message
