@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -36,6 +37,7 @@ from sinks.sql.locks import SessionLock, advisory_lock
 from sinks.sql.mysql import NamedLock
 from sinks.sql.pg_copy import encode_binary_copy
 from sinks.sql.warehouse import SqlWarehouse
+from tests.pg_server import Sessions
 from tests.sinks.sql.sql_frames import ATTRS, alarms, history, hours, rows, scope, sort_key
 
 REPO = Path(__file__).resolve().parents[3]
@@ -581,6 +583,46 @@ def test_writers_taking_a_lost_flow_lock_again_at_once_take_it_once(
     finally:
         engine.dispose()
         admin.dispose()
+
+
+@pytest.mark.postgres
+def test_a_flow_lock_its_own_lost_session_still_holds_is_waited_for_not_another_runs(
+    pg_url: str,
+) -> None:
+    """Dropped as a failover drops it, the lock's session tells the client at once but
+    holds the lock until its backend has exited: taking the lock again meanwhile is
+    `SinkUnavailable` (the sink's retries wait), never FlowLocked; then it is taken."""
+    engine, admin = sa.create_engine(pg_url, pool_pre_ping=True), sa.create_engine(pg_url)
+    sessions = Sessions(engine)
+    try:
+        with advisory_lock(engine, "f1", f"historian:lost-{uuid.uuid4().hex}:f1", "here") as lock:
+            for _ in range(3):
+                lost = lock.pid
+                assert sessions.drop(pg_url) >= 1
+                with pytest.raises(SinkUnavailable, match="lost session of this run") as caught:
+                    lock.ensure()
+                assert f"backend pid {lost}" in str(caught.value)
+                wait_until_ended(admin, lost)
+                lock.ensure()
+                assert lock.pid != lost
+                with engine.connect() as conn:
+                    sql, params = lock.held_sql()
+                    assert conn.execute(sa.text(sql), params).scalar()
+    finally:
+        engine.dispose()
+        admin.dispose()
+
+
+def wait_until_ended(admin: sa.Engine, pid: int | None, timeout_s: float = 30) -> None:
+    """Until backend `pid` has exited (gone from pg_stat_activity)."""
+    deadline = time.monotonic() + timeout_s
+    with admin.connect() as conn:
+        while conn.execute(
+            sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"), {"p": pid}
+        ).scalar():
+            conn.rollback()
+            assert time.monotonic() < deadline, f"backend {pid} ended"
+            time.sleep(0.02)
 
 
 def write_with_its_connection_killed(
