@@ -333,7 +333,7 @@ def _closed_port() -> int:
 
 def test_unreachable_server_is_unavailable_in_one_line_without_password() -> None:
     url = f"postgresql+psycopg://etl:s3cr%40t-pw@127.0.0.1:{_closed_port()}/plant"
-    sink = SqlWarehouse(url, name="wh", schema="hist")
+    sink = SqlWarehouse(url, name="wh", schema="hist", retry_s=0)
     assert (
         sink.describe()
         == f"postgresql+psycopg://etl:***@127.0.0.1:{sink.url.port}/plant (schema hist)"
@@ -346,6 +346,18 @@ def test_unreachable_server_is_unavailable_in_one_line_without_password() -> Non
     assert "\n" not in message
     assert "s3cr" not in message
     assert caught.value.__cause__ is None
+
+
+def test_a_refused_connection_is_tried_again_until_the_retry_budget_is_spent() -> None:
+    url = f"postgresql+psycopg://etl:s3cr%40t-pw@127.0.0.1:{_closed_port()}/plant"
+    sink = SqlWarehouse(url, name="wh", retry_s=0.6)
+    with pytest.raises(SinkError) as caught:
+        sink.open()
+    assert not isinstance(caught.value, SinkUnavailable), "retried here: not again above"
+    message = str(caught.value)
+    assert message.startswith("sink wh: connect: database unavailable:")
+    assert re.search(r"still after [2-9] attempts", message), message
+    assert "s3cr" not in message
 
 
 def test_unsupported_urls_are_refused() -> None:
@@ -623,6 +635,60 @@ def wait_until_ended(admin: sa.Engine, pid: int | None, timeout_s: float = 30) -
             conn.rollback()
             assert time.monotonic() < deadline, f"backend {pid} ended"
             time.sleep(0.02)
+
+
+@pytest.mark.postgres
+def test_a_session_ended_while_the_sink_connects_is_connected_again(
+    pg_url: str, pg_schema: str
+) -> None:
+    """The sink's first session terminated while it creates the state tables (it waits on
+    the DDL lock this test holds): opening is tried again, not stopped by that."""
+    sink = SqlWarehouse(pg_url, schema=pg_schema)
+    failed: list[BaseException] = []
+
+    def open_sink() -> None:
+        try:
+            sink.open()
+        except BaseException as exc:
+            failed.append(exc)
+
+    admin = sa.create_engine(pg_url)
+    opener = threading.Thread(target=open_sink)
+    try:
+        with admin.connect() as holder:
+            ddl = f"historian-ddl:{sink.layout.catalog_schema}"
+            holder.execute(sa.text("SELECT pg_advisory_lock(hashtext(:k))"), {"k": ddl})
+            opener.start()
+            victim = waiting_session(holder, f"historian {pg_schema}")
+            holder.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": victim})
+            holder.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": ddl})
+            holder.commit()
+            opener.join(timeout=60)
+        assert not opener.is_alive(), "open came back"
+        assert failed == []
+        assert "historian_progress" in tables_of(sink)
+    finally:
+        sink.close()
+        admin.dispose()
+
+
+def waiting_session(conn: sa.Connection, application: str, timeout_s: float = 15) -> int:
+    """The backend of `application` once it waits on a lock (session locks held by `conn`
+    outlive its commits)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pid = conn.execute(
+            sa.text(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = :a "
+                "AND wait_event_type = 'Lock'"
+            ),
+            {"a": application},
+        ).scalar()
+        conn.commit()  # the next look, a new snapshot of pg_stat_activity
+        if pid is not None:
+            return int(pid)
+        assert time.monotonic() < deadline, f"{application} waits on a lock"
+        time.sleep(0.02)
 
 
 def write_with_its_connection_killed(
