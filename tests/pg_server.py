@@ -19,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,53 @@ def throwaway_postgres(bindir: Path, attempts: int = 3) -> Iterator[ThrowawayPos
         yield server
     finally:
         server.remove()
+
+
+# Temporary tables over large temp_buffers: a backend drops each at exit, scanning every
+# local buffer for each, before it releases its locks (PostgreSQL runs before_shmem_exit
+# callbacks last-registered first: temporary relations, then ShutdownPostgres). About a
+# second on a 2-core machine.
+_SLOW_TO_END = (
+    "SET temp_buffers = '8GB'; "
+    "DO $$ BEGIN FOR i IN 1..250 LOOP "
+    "EXECUTE format('CREATE TEMP TABLE slow_to_end_%s (a int)', i); END LOOP; "
+    "INSERT INTO slow_to_end_1 VALUES (1); END $$"
+)
+
+
+class Sessions:
+    """The connections an engine opens, to drop them all at once as a failover does: each
+    is terminated (`pg_terminate_backend`, not waited for) and its socket shut, so the
+    client learns at once. A session that took an advisory lock is made slow to end: it
+    holds its locks about a second after its client learned it was gone, as on a loaded
+    server."""
+
+    def __init__(self, engine: Any) -> None:
+        import sqlalchemy as sa
+
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        sa.event.listen(engine, "checkout", self._used)
+        sa.event.listen(engine, "after_cursor_execute", self._executed)
+
+    def _used(self, dbapi_connection: Any, *args: Any) -> None:
+        self._connections.add(dbapi_connection)
+
+    def _executed(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "pg_try_advisory_lock" in statement:
+            conn.connection.driver_connection.execute(_SLOW_TO_END)
+
+    def drop(self, admin_url: str) -> int:
+        """Terminate every open session and shut its socket; how many there were."""
+        import psycopg
+
+        alive: list[tuple[int, int]] = []  # (backend pid, socket) of each open session
+        for connection in list(self._connections):
+            with contextlib.suppress(psycopg.Error):
+                alive.append((connection.info.backend_pid, connection.fileno()))
+        with psycopg.connect(admin_url.replace("+psycopg", ""), autocommit=True) as admin:
+            for pid, _ in alive:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        for _, fd in alive:
+            with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        return len(alive)

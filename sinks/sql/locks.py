@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from sinks.base import FlowLocked
+from sinks.base import FlowLocked, SinkError, SinkUnavailable
 from sinks.store.locks import flow_flock
 
 _PLAIN_FLOW = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
@@ -50,6 +50,12 @@ class SessionLock(ABC):
     beside another run of its flow. The sink's concurrent writers all call `ensure()`
     after a restart: they take turns, or the second would drop the session the first
     just took the lock on, then find the lock held by that dying session.
+
+    A session the client has lost may still hold the lock while its backend exits (a
+    failover or a dropped connection tells the client first; a terminated backend drops
+    its temporary tables before its locks). The lock remembers the backends of its lost
+    sessions: found holding it, one of them is `SinkUnavailable`, waited for by the
+    caller's retries, not another run.
     """
 
     def __init__(self, engine: Engine, flow: str, where: str) -> None:
@@ -59,6 +65,7 @@ class SessionLock(ABC):
         self.pid: int | None = None  # the backend (connection) holding the lock
         self._conn: sa.Connection | None = None
         self._turns = threading.Lock()
+        self._lost: set[int] = set()  # backends of this lock's sessions, dropped holding it
 
     @abstractmethod
     def acquire(self, *, again: bool = False) -> None:
@@ -86,7 +93,36 @@ class SessionLock(ABC):
     def release(self) -> None:
         if self._conn is not None:
             drop_session(self._conn)
+        if self.pid is not None:
+            self.dropped_holding(self.pid)
         self._conn, self.pid = None, None
+
+    def dropped_holding(self, pid: int) -> None:
+        """`pid`'s session, which held the lock, was dropped: ending, it may hold it a while."""
+        self._lost.add(pid)
+
+    def took(self, conn: sa.Connection, pid: int) -> None:
+        """The lock is held by `pid`'s session from now on (the lost ones have ended)."""
+        self._conn, self.pid = conn, pid
+        self._lost.clear()
+
+    def refusal(self, holder: int | None, by: str, *, again: bool) -> SinkError:
+        """Why the lock was not taken: taking it again, a lost session of its own still
+        ending (or the lock freed meanwhile) is transient; anything else is another run."""
+        if again and holder is None:
+            return SinkUnavailable(
+                f"the lock of flow '{self.flow}' in {self.where} was released while being "
+                "taken; taking it again"
+            )
+        if again and holder in self._lost:
+            return SinkUnavailable(
+                f"the lock of flow '{self.flow}' in {self.where} is still held by a lost "
+                f"session of this run{by}; waiting for it to end"
+            )
+        lost = " since the database went away" if again else ""
+        return FlowLocked(
+            f"flow '{self.flow}' is already running (lock held in {self.where}{by}){lost}"
+        )
 
 
 class AdvisoryLock(SessionLock):
@@ -98,23 +134,24 @@ class AdvisoryLock(SessionLock):
 
     def acquire(self, *, again: bool = False) -> None:
         conn = self.engine.connect()
+        pid = None
         try:
-            got = conn.execute(
+            got, pid = conn.execute(
                 sa.text("SELECT pg_try_advisory_lock(hashtext(:k)), pg_backend_pid()"),
                 {"k": self.key},
             ).one()
-            if not got[0]:
+            if not got:
+                pid = None
                 holder = _advisory_holder(conn, self.key)
-                lost = " since the database went away" if again else ""
-                raise FlowLocked(
-                    f"flow '{self.flow}' is already running (lock held in {self.where}"
-                    f"{holder}){lost}"
-                )
+                by = f" by backend pid {holder}" if holder is not None else ""
+                raise self.refusal(holder, by, again=again)
             conn.commit()
         except BaseException:
             drop_session(conn)
+            if pid is not None:
+                self.dropped_holding(int(pid))
             raise
-        self._conn, self.pid = conn, int(got[1])
+        self.took(conn, int(pid))
 
     def held_sql(self) -> tuple[str, dict[str, object]]:
         return (
@@ -144,21 +181,18 @@ def advisory_lock(engine: Engine, flow: str, key: str, where: str) -> Iterator[A
         lock.release()
 
 
-def _advisory_holder(conn: sa.Connection, key: str) -> str:
-    """' by backend pid N' when pg_locks says who holds the lock (best effort)."""
-    try:
-        pid = conn.execute(
-            sa.text(
-                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                "AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) "
-                "= hashtext(:k)::bigint LIMIT 1"
-            ),
-            {"k": key},
-        ).scalar()
-        conn.rollback()
-    except SQLAlchemyError:
-        return ""
-    return f" by backend pid {pid}" if pid is not None else ""
+def _advisory_holder(conn: sa.Connection, key: str) -> int | None:
+    """The backend holding the lock, as pg_locks says (None: released meanwhile)."""
+    pid = conn.execute(
+        sa.text(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) "
+            "= hashtext(:k)::bigint LIMIT 1"
+        ),
+        {"k": key},
+    ).scalar()
+    conn.rollback()
+    return None if pid is None else int(pid)
 
 
 def lock_file_path(database: str, flow: str) -> str:

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from sinks.base import FlowLocked, SinkError
+from sinks.base import SinkError
 from sinks.sql.dialects import MySQL, quote
 from sinks.sql.locks import SessionLock, drop_session
 
@@ -155,22 +155,24 @@ class NamedLock(SessionLock):
 
     def acquire(self, *, again: bool = False) -> None:
         conn = self.engine.connect()
+        pid = None
         try:
             got, pid = conn.execute(
                 sa.text("SELECT GET_LOCK(:k, 0), CONNECTION_ID()"), {"k": self.name}
             ).one()
             if got != 1:
+                pid = None
                 holder = conn.execute(sa.text("SELECT IS_USED_LOCK(:k)"), {"k": self.name}).scalar()
-                lost = " since the database went away" if again else ""
+                holder = None if holder is None else int(holder)
                 by = f" by connection {holder}" if holder is not None else ""
-                raise FlowLocked(
-                    f"flow '{self.flow}' is already running (lock held in {self.where}{by}){lost}"
-                )
+                raise self.refusal(holder, by, again=again)
             conn.commit()
         except BaseException:
             drop_session(conn)
+            if pid is not None:
+                self.dropped_holding(int(pid))
             raise
-        self._conn, self.pid = conn, int(pid)
+        self.took(conn, int(pid))
 
     def held_sql(self) -> tuple[str, dict[str, object]]:
         return (

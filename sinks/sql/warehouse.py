@@ -233,11 +233,15 @@ class SqlWarehouse:
                 time.sleep(delay)
 
     def open(self) -> None:
-        """Connect and create the state tables. A DuckDB file another process writes
-        (DuckDB allows one writing process) is waited for, up to `busy_wait_s`, with one
-        warning naming the holder; past that, or with no wait, the lock error as it is."""
-        if self._engine is not None:
-            return
+        """Connect and create the state tables, tried again while the database is away
+        (refused, or the session ended while connecting: `_retrying`)."""
+        if self._engine is None:
+            self._retrying(self._open_when_free)
+
+    def _open_when_free(self) -> None:
+        """Open; a DuckDB file another process writes (DuckDB allows one writing process)
+        is waited for, up to `busy_wait_s`, with one warning naming the holder; past that,
+        or with no wait, the lock error as it is."""
         deadline = time.monotonic() + self.busy_wait_s
         delay = RETRY_FIRST_DELAY_S
         warned = False
@@ -324,16 +328,15 @@ class SqlWarehouse:
             # MariaDB's named locks are server-wide: the database is part of the key.
             schema = self.layout.catalog_schema if self.dialect == "mysql" else self.schema
             key, where = advisory_key(flow, schema), self.describe()
-            with contextlib.ExitStack() as stack:
+            take = sql_mysql.named_lock if self.dialect == "mysql" else advisory_lock
+
+            def enter(stack: contextlib.ExitStack) -> SessionLock:
                 with self._errors("lock"):
-                    held: SessionLock
-                    if self.dialect == "mysql":
-                        held = stack.enter_context(
-                            sql_mysql.named_lock(self.engine, flow, key, where)
-                        )
-                    else:
-                        held = stack.enter_context(advisory_lock(self.engine, flow, key, where))
-                self._locks[flow] = held
+                    return stack.enter_context(take(self.engine, flow, key, where))
+
+            with contextlib.ExitStack() as stack:
+                # A session ended while the lock is taken is retried; FlowLocked is not.
+                self._locks[flow] = self._retrying(lambda: enter(stack))
                 try:
                     yield
                 finally:

@@ -344,6 +344,32 @@ def test_postgres_gone_after_every_chunk_committed_leaves_the_run_complete(
     assert contents(path)["pg"] == reference
 
 
+@pytest.mark.slow
+def test_postgres_sessions_dropped_again_and_again_mid_run_and_the_run_completes_exactly(
+    tmp_path: Path, server: Any, reference: list[Any], own_pg: Any
+) -> None:
+    """Every session of the run terminated and cut after each of five chunks, the flow
+    lock's among them, each holding its locks a second after the run learned it was gone:
+    the run takes its own lock again once that session has ended, and completes exactly."""
+    from tests.pg_server import Sessions
+
+    path = pg_flow_config(tmp_path, server, own_pg)
+    config = load(path)
+    dropped: list[int] = []
+    with NodePool(config) as nodes, SinkSet(config, path.parent) as sinks:
+        sessions = Sessions(sinks.get("pg").engine)
+
+        def drop(outcome: Any, summary: Any) -> None:
+            if len(dropped) < 5:
+                dropped.append(sessions.drop(own_pg.url))
+
+        summary = run_flow(config, "f", nodes=nodes, sinks=sinks, now=NOW, on_chunk=drop)
+    assert len(dropped) == 5
+    assert min(dropped) >= 1, "the lock's session, at least, every time"
+    assert summary.chunks_done == summary.chunks_planned
+    assert contents(path)["pg"] == reference
+
+
 def test_an_explicit_range_rerun_after_faults_is_still_exact(
     tmp_path: Path, node: SimulatedNode, server: Any, reference: list[Any]
 ) -> None:

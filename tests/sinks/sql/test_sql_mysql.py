@@ -67,7 +67,9 @@ def test_an_unreachable_server_is_unavailable_in_one_line_without_the_password()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
-    sink = SqlWarehouse(f"mysql+pymysql://etl:s3cr%40t@127.0.0.1:{port}/plant", name="wh")
+    sink = SqlWarehouse(
+        f"mysql+pymysql://etl:s3cr%40t@127.0.0.1:{port}/plant", name="wh", retry_s=0
+    )
     with pytest.raises(SinkUnavailable) as caught:
         sink.open()
     message = str(caught.value)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -36,6 +37,7 @@ from sinks.sql.locks import SessionLock, advisory_lock
 from sinks.sql.mysql import NamedLock
 from sinks.sql.pg_copy import encode_binary_copy
 from sinks.sql.warehouse import SqlWarehouse
+from tests.pg_server import Sessions
 from tests.sinks.sql.sql_frames import ATTRS, alarms, history, hours, rows, scope, sort_key
 
 REPO = Path(__file__).resolve().parents[3]
@@ -331,7 +333,7 @@ def _closed_port() -> int:
 
 def test_unreachable_server_is_unavailable_in_one_line_without_password() -> None:
     url = f"postgresql+psycopg://etl:s3cr%40t-pw@127.0.0.1:{_closed_port()}/plant"
-    sink = SqlWarehouse(url, name="wh", schema="hist")
+    sink = SqlWarehouse(url, name="wh", schema="hist", retry_s=0)
     assert (
         sink.describe()
         == f"postgresql+psycopg://etl:***@127.0.0.1:{sink.url.port}/plant (schema hist)"
@@ -344,6 +346,18 @@ def test_unreachable_server_is_unavailable_in_one_line_without_password() -> Non
     assert "\n" not in message
     assert "s3cr" not in message
     assert caught.value.__cause__ is None
+
+
+def test_a_refused_connection_is_tried_again_until_the_retry_budget_is_spent() -> None:
+    url = f"postgresql+psycopg://etl:s3cr%40t-pw@127.0.0.1:{_closed_port()}/plant"
+    sink = SqlWarehouse(url, name="wh", retry_s=0.6)
+    with pytest.raises(SinkError) as caught:
+        sink.open()
+    assert not isinstance(caught.value, SinkUnavailable), "retried here: not again above"
+    message = str(caught.value)
+    assert message.startswith("sink wh: connect: database unavailable:")
+    assert re.search(r"still after [2-9] attempts", message), message
+    assert "s3cr" not in message
 
 
 def test_unsupported_urls_are_refused() -> None:
@@ -581,6 +595,100 @@ def test_writers_taking_a_lost_flow_lock_again_at_once_take_it_once(
     finally:
         engine.dispose()
         admin.dispose()
+
+
+@pytest.mark.postgres
+def test_a_flow_lock_its_own_lost_session_still_holds_is_waited_for_not_another_runs(
+    pg_url: str,
+) -> None:
+    """Dropped as a failover drops it, the lock's session tells the client at once but
+    holds the lock until its backend has exited: taking the lock again meanwhile is
+    `SinkUnavailable` (the sink's retries wait), never FlowLocked; then it is taken."""
+    engine, admin = sa.create_engine(pg_url, pool_pre_ping=True), sa.create_engine(pg_url)
+    sessions = Sessions(engine)
+    try:
+        with advisory_lock(engine, "f1", f"historian:lost-{uuid.uuid4().hex}:f1", "here") as lock:
+            for _ in range(2):
+                lost = lock.pid
+                assert sessions.drop(pg_url) >= 1
+                with pytest.raises(SinkUnavailable, match="lost session of this run") as caught:
+                    lock.ensure()
+                assert f"backend pid {lost}" in str(caught.value)
+                wait_until_ended(admin, lost)
+                lock.ensure()
+                assert lock.pid != lost
+                with engine.connect() as conn:
+                    sql, params = lock.held_sql()
+                    assert conn.execute(sa.text(sql), params).scalar()
+    finally:
+        engine.dispose()
+        admin.dispose()
+
+
+def wait_until_ended(admin: sa.Engine, pid: int | None, timeout_s: float = 30) -> None:
+    """Until backend `pid` has exited (gone from pg_stat_activity)."""
+    deadline = time.monotonic() + timeout_s
+    with admin.connect() as conn:
+        while conn.execute(
+            sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"), {"p": pid}
+        ).scalar():
+            conn.rollback()
+            assert time.monotonic() < deadline, f"backend {pid} ended"
+            time.sleep(0.02)
+
+
+@pytest.mark.postgres
+def test_a_session_ended_while_the_sink_connects_is_connected_again(
+    pg_url: str, pg_schema: str
+) -> None:
+    """The sink's first session terminated while it creates the state tables (it waits on
+    the DDL lock this test holds): opening is tried again, not stopped by that."""
+    sink = SqlWarehouse(pg_url, schema=pg_schema)
+    failed: list[BaseException] = []
+
+    def open_sink() -> None:
+        try:
+            sink.open()
+        except BaseException as exc:
+            failed.append(exc)
+
+    admin = sa.create_engine(pg_url)
+    opener = threading.Thread(target=open_sink)
+    try:
+        with admin.connect() as holder:
+            ddl = f"historian-ddl:{sink.layout.catalog_schema}"
+            holder.execute(sa.text("SELECT pg_advisory_lock(hashtext(:k))"), {"k": ddl})
+            opener.start()
+            victim = waiting_session(holder, f"historian {pg_schema}")
+            holder.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": victim})
+            holder.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": ddl})
+            holder.commit()
+            opener.join(timeout=60)
+        assert not opener.is_alive(), "open came back"
+        assert failed == []
+        assert "historian_progress" in tables_of(sink)
+    finally:
+        sink.close()
+        admin.dispose()
+
+
+def waiting_session(conn: sa.Connection, application: str, timeout_s: float = 15) -> int:
+    """The backend of `application` once it waits on a lock (session locks held by `conn`
+    outlive its commits)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pid = conn.execute(
+            sa.text(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = :a "
+                "AND wait_event_type = 'Lock'"
+            ),
+            {"a": application},
+        ).scalar()
+        conn.commit()  # the next look, a new snapshot of pg_stat_activity
+        if pid is not None:
+            return int(pid)
+        assert time.monotonic() < deadline, f"{application} waits on a lock"
+        time.sleep(0.02)
 
 
 def write_with_its_connection_killed(
