@@ -149,7 +149,7 @@ def _check_sinks(cfg: Config, base: Path, fail: Callable[[str, Exception], None]
 
     for name, sink_config in cfg.sinks.items():
         try:
-            sink = make_sink(name, sink_config, base)
+            sink = make_sink(name, sink_config, base, patient=False)
             found = sink.probe() if isinstance(sink, Probes) else "not checked before a run"
             out.print(f"[green]ok[/] sink {name}: {sink.describe()}: {found}", highlight=False)
         except SinkError as exc:

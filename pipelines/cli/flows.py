@@ -183,7 +183,7 @@ def flows_command(config: ConfigOption = Path(DEFAULT_CONFIG)) -> None:
             table.add_column(column)
         table.add_column("watermark")
         unreadable: list[str] = []
-        with SinkSet(cfg, config.resolve().parent) as sinks:
+        with SinkSet(cfg, config.resolve().parent, patient=False) as sinks:
             for name, flow in cfg.flows.items():
                 try:
                     mark = lowest_watermark(cfg, name, sinks, config.resolve().parent)

@@ -133,7 +133,7 @@ def plan(
         stored: dict[str, dict[str, _ReadOnlySink]] = {}
         from pipelines.config.destinations import SinkSet
 
-        with SinkSet(cfg, base) as opened:
+        with SinkSet(cfg, base, patient=False) as opened:
             for _, key in units:
                 stored[key] = {}
                 for sink_name, found in stored_progress(cfg, flow, opened, base, key).items():

@@ -96,7 +96,7 @@ def state_show(
         names = [flow] if flow else list(cfg.flows)
         units = [(name, key) for name in names for _, key in cfg.flow_units(name, node)]
         shown = [(name, key, sink) for name, key in units for sink in cfg.flows[name].sinks]
-        with SinkSet(cfg, config.resolve().parent) as sinks:
+        with SinkSet(cfg, config.resolve().parent, patient=False) as sinks:
             view = _StateView(cfg, sinks, chunks)
             for name, key, sink_name in shown:
                 view.add(name, key, sink_name)
@@ -267,7 +267,7 @@ def state_repair(
         settle = cfg.flows[flow].settle
         now = datetime.now(UTC)
         repaired = 0
-        with SinkSet(cfg, config.resolve().parent) as sinks:
+        with SinkSet(cfg, config.resolve().parent, patient=False) as sinks:
             for (_, key), sink_name in product(cfg.flow_units(flow, node), cfg.flows[flow].sinks):
                 sink = sinks.get(sink_name)
                 with sink.lock(key):
@@ -332,7 +332,7 @@ def state_reset(
         what = f"tag {tag!r} of flow {flow!r}" if tag else f"flow {flow!r}"
         if node:
             what += f" on node{'s' * (len(keys) > 1)} {', '.join(sorted(set(node)))}"
-        with SinkSet(cfg, config.resolve().parent) as sinks:
+        with SinkSet(cfg, config.resolve().parent, patient=False) as sinks:
             if tag is not None and tag not in _known_members(cfg, flow, keys, sinks):
                 raise UserError(
                     f"--tag: {quoted(tag)} is not a tag of flow {quoted(flow)} "

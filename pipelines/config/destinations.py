@@ -32,9 +32,13 @@ def _sql_url(url: str, base: Path) -> str:
     return url
 
 
-def make_sink(name: str, config: SinkConfig, base: Path, *, writing: bool = False) -> Sink:
+def make_sink(
+    name: str, config: SinkConfig, base: Path, *, writing: bool = False, patient: bool = True
+) -> Sink:
     """A sink object for one configured sink (not opened yet). `writing`: for a run, which
-    waits for a DuckDB file another process writes (`busy_wait`); readers never wait."""
+    waits for a DuckDB file another process writes (`busy_wait`); readers never wait.
+    `patient`: a database that is away is waited for (a restart, a failover: the warehouse's
+    `retry_s`); a command that only looks (flows, state, plan, report) says so at once."""
     if isinstance(config, DeltaSinkConfig):
         from sinks.tables.delta import DeltaLake
 
@@ -73,21 +77,28 @@ def make_sink(name: str, config: SinkConfig, base: Path, *, writing: bool = Fals
         name=name,
         schema=config.schema_,
         busy_wait_s=config.busy_wait.total_seconds() if writing else 0.0,
+        retry_s=None if patient else 0.0,
     )
 
 
 class SinkSet:
-    """Sinks by name, opened on first use and closed together; `writing` for a run's."""
+    """Sinks by name, opened on first use and closed together; `writing` for a run's,
+    `patient=False` for a command that only looks (`make_sink`)."""
 
-    def __init__(self, config: Config, base: Path, *, writing: bool = False) -> None:
+    def __init__(
+        self, config: Config, base: Path, *, writing: bool = False, patient: bool = True
+    ) -> None:
         self.config = config
         self.base = base
         self.writing = writing
+        self.patient = patient
         self._open: dict[str, Sink] = {}
 
     def get(self, name: str) -> Sink:
         if name not in self._open:
-            sink = make_sink(name, self.config.sinks[name], self.base, writing=self.writing)
+            sink = make_sink(
+                name, self.config.sinks[name], self.base, writing=self.writing, patient=self.patient
+            )
             sink.open()
             self._open[name] = sink
         return self._open[name]
