@@ -174,8 +174,8 @@ class Compactor:
 
     def partitions(self, dataset: str, kind: str) -> list[str]:
         """Partition directories (relative to the dataset) holding data files, after
-        removing the emptied ones past the grace period (one listing for all: on local
-        disk an emptied file's age is that of the newest, `LakeStore.copy_over`)."""
+        retiring the 0-row files not retired yet and removing those retired longer ago
+        than the grace (`LakeFiles.swept`, one listing for all)."""
         top = self.store.path(dataset)
         prefix = top.rstrip("/") + "/"
         listing = []
@@ -183,8 +183,13 @@ class Compactor:
             parts = entry.path[len(prefix) :].split("/")
             if not any(p.startswith((".", "_")) for p in parts[:-1]):
                 listing.append(("/".join(parts[:-1]), entry))
-        kept = {entry.path for entry in self.files.swept([entry for _, entry in listing], kind)}
-        return sorted({label for label, entry in listing if entry.path in kept})
+        kept, _ = self.files.swept(
+            [entry for _, entry in listing],
+            kind,
+            lambda paths: self.journal.retire(dataset, paths),
+        )
+        paths = {entry.path for entry in kept}
+        return sorted({label for label, entry in listing if entry.path in paths})
 
     def compact_partition(self, dataset: str, kind: str, label: str, min_rows: int) -> int:
         """One pass over a partition: merge its small files in bounded batches."""

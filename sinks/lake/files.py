@@ -7,9 +7,12 @@ or directory is unchanged (its version): footers, partition listings and, within
 budget, the decoded rows of files a write had to read. A re-extraction over a compacted
 partition then reads the compacted file once, not once per chunk.
 
-Emptied files (0 rows) stay until they are older than the reader grace period, so a
-reader that listed them before a write still opens them; `LakeFiles.swept` removes the
-older ones when their partition is listed.
+A 0-row file (an emptied one) goes in two steps, so that a reader that listed it still
+opens it: the first write or compaction of its partition that finds it retires it (puts
+a 0-row file stamped with that moment over it, `RETIRED_KEY`), and one after
+`grace_s` from that stamp removes it (`LakeFiles.swept`). The grace counts from the
+commit that retired it, never from the file's own age: a lake left alone for hours
+keeps its 0-row files through the grace of the re-extraction that finds them.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +39,12 @@ ROW_GROUP_ROWS = 256 * 1024
 DECODED_MAX_ROWS = 2_000_000
 OWNERS_KEY = b"historian.owners"
 DATASET_KEY = b"historian"
+# In a retired 0-row file: when a commit retired it (epoch ns); removed `grace_s` after.
+RETIRED_KEY = b"historian.retired_ns"
+
+# Retire 0-row files (paths in the store) now: a 0-row file stamped with this moment
+# replaces each (`Journal.retire`).
+Retire = Callable[[Sequence[str]], None]
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,7 @@ class FileInfo:
     key_min: str | None
     key_max: str | None
     owners: tuple[Owner, ...]
+    retired_ns: int | None = None
 
 
 def _column_range(meta: pq.FileMetaData, index: int, *, raw: bool) -> tuple[Any, Any] | None:
@@ -81,6 +91,7 @@ def footer_info(meta: pq.FileMetaData, kind: str) -> FileInfo:
         ts = key = None  # one range without statistics: the file is read, not skipped
     owners_raw = (meta.metadata or {}).get(OWNERS_KEY)
     owners = tuple(tuple(o) for o in orjson.loads(owners_raw)) if owners_raw else ()
+    retired = (meta.metadata or {}).get(RETIRED_KEY)
     return FileInfo(
         rows=meta.num_rows,
         ts_min=ts[0] if ts else None,
@@ -88,6 +99,7 @@ def footer_info(meta: pq.FileMetaData, kind: str) -> FileInfo:
         key_min=key[0] if key else None,
         key_max=key[1] if key else None,
         owners=owners,  # type: ignore[arg-type]
+        retired_ns=int(retired) if retired and retired.isdigit() else None,
     )
 
 
@@ -158,8 +170,8 @@ class LakeFiles:
         """The data files of a directory as listed now (no sweeping, no cache)."""
         return [e for e in self.store.listdir(directory) if not e.is_dir and is_data_file(e.name)]
 
-    def listing(self, directory: str, kind: str) -> list[Entry]:
-        """A partition's data files, stale emptied ones removed (`swept`); listed again
+    def listing(self, directory: str, kind: str, retire: Retire) -> list[Entry]:
+        """A partition's data files, 0-row ones retired or removed (`swept`); listed again
         only when the directory changed. Writes that change nothing (a re-extraction over
         a compacted partition, whose emptied inputs are still there) would otherwise list
         and stat every file of the partition per chunk. The directory's own version (local
@@ -168,28 +180,44 @@ class LakeFiles:
         held = self._listings.get(directory)
         if held is not None and version is not None and held[0] == version:
             return held[1]
-        listing = self.swept(self.store.listdir(directory), kind)
+        listing, retired = self.swept(self.store.listdir(directory), kind, retire)
+        if retired:  # their new versions (a write may place its rows over one)
+            listing = self.data_files(directory)
         version = self.store.dir_version(directory)
         if version is not None:
             self._listings[directory] = (version, listing)
         return listing
 
-    def swept(self, entries: list[Entry], kind: str) -> list[Entry]:
-        """The data files of `entries`, after removing the emptied ones (and stray link
-        temps) older than the grace period: by then no reader still holds a listing that
-        names them."""
-        cutoff = time.time() - self.grace_s
-        kept = []
+    def swept(self, entries: list[Entry], kind: str, retire: Retire) -> tuple[list[Entry], bool]:
+        """The data files of `entries` once 0-row files are dealt with, and whether some
+        were retired: one not retired yet is retired now (`retire`), one retired at least
+        `grace_s` ago is removed - a reader that listed it before it was retired has had
+        the grace to open it. Stray link temps older than the grace are removed too. With
+        no grace, a 0-row file is removed at once."""
+        grace_ns = int(self.grace_s * 1e9)
+        now_ns = time.time_ns()
+        kept: list[Entry] = []
+        unretired: list[str] = []
         for entry in entries:
-            if not entry.is_dir and entry.modified_s <= cutoff:
-                stray = entry.name.startswith(".part-") and entry.name.endswith(".tmp")
-                if stray or (is_data_file(entry.name) and self.info(entry, kind).rows == 0):
+            if entry.is_dir:
+                continue
+            if entry.name.startswith(".part-") and entry.name.endswith(".tmp"):
+                if entry.modified_s <= now_ns / 1e9 - self.grace_s:
                     self.store.remove(entry.path)
-                    self.forget(entry.path)
-                    continue
-            if not entry.is_dir and is_data_file(entry.name):
-                kept.append(entry)
-        return kept
+                continue
+            if not is_data_file(entry.name):
+                continue
+            info = self.info(entry, kind)
+            if info.rows == 0 and info.retired_ns is None and grace_ns > 0:
+                unretired.append(entry.path)
+            elif info.rows == 0 and (info.retired_ns or 0) + grace_ns <= now_ns:
+                self.store.remove(entry.path)
+                self.forget(entry.path)
+                continue
+            kept.append(entry)
+        if unretired:
+            retire(unretired)
+        return kept, bool(unretired)
 
     def decoded(self, entry: Entry, kind: str) -> pa.Table:
         """A file's rows, strings dictionary-encoded, kept while the file is unchanged and

@@ -36,7 +36,7 @@ import pyarrow as pa
 from connectors import schema as tables
 from sinks.base import SinkError
 from sinks.lake.dataset import DatasetFacts
-from sinks.lake.files import FileFormat, LakeFiles
+from sinks.lake.files import RETIRED_KEY, FileFormat, LakeFiles
 from sinks.lake.state import LakeState
 from sinks.store.layout import LOCKS_DIR, STATE_DIR, Owner, check_dataset
 from sinks.store.objects import Entry, LakeStore, token
@@ -255,17 +255,37 @@ class Journal:
         path = self._state_dir(dataset, "empty.parquet")
         if self.store.exists(path):
             return path
+        temp = self._write_empty(dataset, {})
+        self.store.replace(temp, path)
+        return path
+
+    def _write_empty(self, dataset: str, extra: dict[bytes, bytes]) -> str:
+        """A 0-row file of the dataset's schema in its temp directory, `extra` in its
+        metadata; returns its path."""
         facts = self.datasets.get(dataset) or {}
         kind = str(facts.get("kind", tables.KIND_TAG_HISTORY))
         empty = tables.SCHEMAS[kind].empty_table()
+        metadata = {**self.datasets.file_metadata(dataset, kind, []), **extra}
         temp = self._state_dir(dataset, "tmp", f"{token()}-empty.parquet.tmp")
         self.store.write_parquet(
-            empty.replace_schema_metadata(self.datasets.file_metadata(dataset, kind, [])),
-            temp,
-            **self.format.options(empty.schema),
+            empty.replace_schema_metadata(metadata), temp, **self.format.options(empty.schema)
         )
-        self.store.replace(temp, path)
-        return path
+        return temp
+
+    def retire(self, dataset: str, paths: Sequence[str]) -> None:
+        """Retire 0-row data files of `dataset` now: each becomes a 0-row file stamped
+        with this moment (`RETIRED_KEY`), atomically, so a reader that listed it still
+        opens it; `LakeFiles.swept` removes it once the grace has passed since. Called
+        under the dataset's write lock; a crash half-way leaves some files retired and
+        the others as they were (retired by the next write)."""
+        stamp = str(time.time_ns()).encode()
+        template = self._write_empty(dataset, {RETIRED_KEY: stamp})
+        try:
+            for path in paths:
+                self.store.copy_over(template, path)
+                self.files.forget(path)
+        finally:
+            self.store.remove(template)
 
     # -- roll back and recover ------------------------------------------------------------
 

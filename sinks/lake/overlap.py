@@ -155,7 +155,11 @@ class WritePlanner:
         for period in sorted(set(partitions_of_window(scope.window, scheme)) | set(rows_of)):
             new = rows_of.get(period, table.slice(0, 0))
             label = join(top, period)
-            listing = self.files.listing(self.store.path(dataset, label), kind)
+            listing = self.files.listing(
+                self.store.path(dataset, label),
+                kind,
+                lambda paths: self.journal.retire(dataset, paths),
+            )
             hits = self.hits(scope, listing, members)
             if unchanged(hits, new, owner, kind):
                 # The rows are already there, as this chunk wrote them: nothing to move.

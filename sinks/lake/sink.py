@@ -51,12 +51,17 @@ markers and progress are `sinks.lake.state`, a dataset's stored facts
 
 What a reader of the plain folder sees (pyarrow.dataset, DuckDB, pandas, Polars):
 
-* Every change of a data file is an atomic rename over its path, and no data file is
-  removed while a reader may still hold a listing naming it: a file whose rows all left
-  becomes an empty Parquet file (0 rows, the dataset's schema; `_historian/<dataset>/
-  empty.parquet`), which a later write to its partition or compaction removes once it is
-  older than `reader_grace_s` (60 s). So a read that takes less than that never fails
-  with FileNotFoundError because of a write.
+* Every change of a data file is an atomic rename over its path, and a file whose rows
+  all left becomes an empty Parquet file (0 rows, the dataset's schema; `_historian/
+  <dataset>/empty.parquet`) instead of being removed. A 0-row file goes in two steps
+  (`sinks.lake.files`): the first write or compaction of its partition that finds it
+  retires it (a 0-row file stamped with that moment, renamed over it), and one at least
+  `reader_grace_s` (60 s) after that removes it. The grace counts from the write that
+  retired it, never from the file's age, so a read that began before a write and takes
+  less than the grace never fails with FileNotFoundError because of that write, however
+  long the lake was left alone. The removal itself, a grace later, can still race a
+  listing taken in the instant before it (no plain folder can rule that out): once per
+  0-row file, not once per write.
 * New rows appear before the rows they replace leave: files of new rows first, then the
   file the new rows join, then the other earlier files. No instant lacks a row that was
   complete before the write began. The usual writes (a new chunk, a re-written chunk, a
@@ -126,9 +131,10 @@ from sinks.store.layout import (
 )
 from sinks.store.objects import LakeStore, redacted_url
 
-# Emptied files stay (0 rows) this long before a write or a compaction of their partition
-# removes them: a reader that listed the lake before a write still opens every file it
-# listed, as long as it reads within this time. Until then each costs a reader an open.
+# A 0-row file stays this long after the write or compaction that retired it (the first
+# of its partition to find it) before a later one removes it: a reader that listed the
+# lake before that write still opens every file it listed, as long as it reads within
+# this time. Until then each costs a reader an open.
 READER_GRACE_S = 60.0
 
 
@@ -272,8 +278,8 @@ class ParquetLake(FileSink):
                 f"to commit but {rows_fetched} fetched; nothing written"
             )
         table = sorted_rows(table, tables.KEYS[scope.kind])
+        parts = self.parts  # opened first: opening recovers under the lock taken next
         with self._errors(what), self._dataset_lock(dataset):
-            parts = self.parts
             parts.journal.recover(dataset)
             parts.datasets.check(scope)
             plan = Plan(ident=chunk, dataset=dataset)
@@ -303,14 +309,14 @@ class ParquetLake(FileSink):
 
         Returns how many files were merged away. Crash-safe like a write (an intent first);
         the markers of the merged chunks are pointed at the new files. Memory is bounded
-        by `sinks.lake.compact` whatever the number of files. Emptied files older than
-        `reader_grace_s` are removed first.
+        by `sinks.lake.compact` whatever the number of files. 0-row files are retired
+        first, and those retired longer ago than `reader_grace_s` removed.
         """
         check_dataset(dataset)
         if min_rows is None:
             min_rows = self.small_file_rows()
+        parts = self.parts  # opened first: opening recovers under the lock taken next
         with self._errors(f"compact dataset '{dataset}'"), self._dataset_lock(dataset):
-            parts = self.parts
             parts.journal.recover(dataset)
             facts = parts.datasets.get(dataset)
             if facts is None:
@@ -324,8 +330,8 @@ class ParquetLake(FileSink):
         kind = tables.KIND_TAG_METADATA
         frame = frame.drop_duplicates(subset=list(tables.TAG_METADATA_KEY), keep="last")
         table = table_of(frame, kind, f"lake '{self.name}': write tag metadata")
+        journal = self.parts.journal  # opened first: opening recovers under the lock
         with self._errors("write tag metadata"), self._dataset_lock(METADATA_DATASET):
-            journal = self.parts.journal
             journal.recover(METADATA_DATASET)
             rel = join(METADATA_DATASET, METADATA_FILE)
             path = self.store.path(rel)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from connectors import schema
-from sinks.lake.files import FileFormat, LakeFiles, file_metadata, footer_info
+from sinks.lake.files import RETIRED_KEY, FileFormat, LakeFiles, file_metadata, footer_info
 from sinks.store.objects import Entry, LakeStore
 from tests.sinks.lake.lake_frames import T0, history_frame, window
 from tests.sinks.lake.stores import HookedStore
@@ -117,28 +118,49 @@ def test_decoded_rows_are_kept_within_the_budget_least_recent_out(
     assert len(reads) == 5, "a forgotten file is read again"
 
 
-def test_a_listing_is_kept_until_its_directory_changes_and_sweeps_old_empty_files(
+def retired_empty(path: Path, ago_s: float) -> None:
+    """A 0-row file retired `ago_s` seconds ago (`RETIRED_KEY`)."""
+    put(path, schema.TAG_HISTORY_SCHEMA.empty_table(), [])
+    stamp = str(time.time_ns() - int(ago_s * 1e9)).encode()
+    table = pq.read_table(path)
+    metadata = {**(table.schema.metadata or {}), RETIRED_KEY: stamp}
+    pq.write_table(table.replace_schema_metadata(metadata), path)
+
+
+def test_a_listing_is_kept_until_its_directory_changes_and_retires_then_removes_empty_files(
     tmp_path: Path,
 ) -> None:
     store = HookedStore(str(tmp_path))
-    files = LakeFiles(store, grace_s=0.5, decoded_rows=100)
+    listings: list[str] = []
+
+    def aged(listdir: Any, path: str) -> list[Entry]:
+        """Every file looks an hour old: a 0-row file's age does not count, its retirement
+        does (a stray link temp goes by its age)."""
+        listings.append(path)
+        return [replace(e, modified_s=e.modified_s - 3600) for e in listdir(path)]
+
+    store.hook("listdir", aged)
+    files = LakeFiles(store, grace_s=60.0, decoded_rows=100)
     directory = tmp_path / "d"
     put(directory / "part-a.parquet", history(["/a"], 0, 3), [("f", "a")])
-    put(directory / "part-old.parquet", schema.TAG_HISTORY_SCHEMA.empty_table(), [])
+    put(directory / "part-new.parquet", schema.TAG_HISTORY_SCHEMA.empty_table(), [])
+    retired_empty(directory / "part-gone.parquet", ago_s=61)
+    retired_empty(directory / "part-late.parquet", ago_s=59)
     (directory / ".part-x.parquet.1.tmp").write_bytes(b"")
     (directory / "notes.txt").write_text("not data")
-    time.sleep(0.7)  # past the grace: ages are the store's (ctime on local disk)
-    put(directory / "part-new.parquet", schema.TAG_HISTORY_SCHEMA.empty_table(), [])
-    listings = counting(store, "listdir")
-    names = [e.name for e in files.listing(str(directory), KIND)]
-    assert sorted(names) == ["part-a.parquet", "part-new.parquet"]
+    retired: list[str] = []
+    names = [e.name for e in files.listing(str(directory), KIND, retired.extend)]
+    assert sorted(names) == ["part-a.parquet", "part-late.parquet", "part-new.parquet"]
+    assert [Path(p).name for p in retired] == ["part-new.parquet"], "retired, not removed"
     assert sorted(p.name for p in directory.iterdir()) == [
         "notes.txt",
         "part-a.parquet",
+        "part-late.parquet",
         "part-new.parquet",
-    ], "an emptied file past the grace and a stray link temp are removed; young ones stay"
-    files.listing(str(directory), KIND)
-    assert len(listings) == 1, "unchanged directory: listed once"
+    ], "a 0-row file retired longer ago than the grace and a stray link temp are removed"
+    assert len(listings) == 2, "listed again after retiring (the retired files changed)"
+    files.listing(str(directory), KIND, retired.extend)
+    assert len(listings) == 2, "unchanged directory: listed once"
     put(directory / "part-b.parquet", history(["/b"], 0, 3), [("f", "b")])
-    assert len(files.listing(str(directory), KIND)) == 3
-    assert len(listings) == 2
+    assert len(files.listing(str(directory), KIND, retired.extend)) == 4
+    assert len(listings) == 4

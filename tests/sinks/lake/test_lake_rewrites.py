@@ -10,11 +10,13 @@ from typing import Any
 
 import orjson
 import pyarrow.parquet as pq
+import pytest
 
+from sinks.lake.files import RETIRED_KEY
 from sinks.lake.sink import ParquetLake
 from sinks.store.objects import LakeStore
 from tests.sinks.lake.lake_frames import concat, history_frame, in_scope, rows_of, scope, window
-from tests.sinks.lake.stores import HookedStore
+from tests.sinks.lake.stores import Crash, Crasher, HookedStore
 
 TAGS = ("/plant/a", "/plant/b", "/plant/c", "/plant/d")
 MINUTES = 60
@@ -73,7 +75,9 @@ def test_reextracting_unchanged_rows_over_a_compacted_file_writes_no_data(
     ops.start()
     for m in range(MINUTES):  # the same chunks again, same rows
         write_minute(lake, m)
-    assert ops.calls["write_parquet"] == 0, "no data file written"
+    assert ops.rows_written == 0, "no data file written"
+    assert ops.calls["write_parquet"] == 1, "one 0-row file, retiring the merged inputs"
+    assert ops.calls["copy_over"] == MINUTES - 1, "each input retired in place, once"
     assert ops.calls["replace"] == 0, "no file moved"
     assert ops.calls["read_table"] == 1, "the compacted file was read once, not once a chunk"
     after = merged.stat()
@@ -90,6 +94,7 @@ def test_a_changed_chunk_over_a_compacted_file_joins_it_in_one_rename(
 ) -> None:
     ops = FileOps(tmp_lake)
     lake, merged = compacted_hour(tmp_lake, ops.store)
+    write_minute(lake, 30)  # unchanged rows: the first write retires the merged inputs
     others = {p: p.stat().st_mtime_ns for p in (tmp_lake / "hist").rglob("*.parquet")}
     ops.start()
     write_minute(lake, 30, value=0.5)  # a late correction of one minute
@@ -136,3 +141,42 @@ def test_a_compaction_past_the_grace_removes_emptied_files_of_every_partition(
     assert len(list((tmp_lake / "hist").rglob("*.parquet"))) == 12
     ParquetLake(str(tmp_lake), reader_grace_s=0).compact("hist")
     assert len(list((tmp_lake / "hist").rglob("*.parquet"))) == 3, "one per day, all swept"
+
+
+def retired(root: Path) -> tuple[int, int]:
+    """How many 0-row data files the lake holds, and how many of them are retired."""
+    empty = [p for p in (root / "hist").rglob("*.parquet") if not pq.read_metadata(p).num_rows]
+    stamped = [p for p in empty if RETIRED_KEY in (pq.read_schema(p).metadata or {})]
+    return len(empty), len(stamped)
+
+
+def test_0_row_files_are_retired_then_removed_past_the_grace_whatever_kills_the_writer(
+    tmp_lake: Path,
+) -> None:
+    """A write retires the 0-row files it finds (the grace starts then) and a write past
+    the grace removes them; killed half-way through either, no row is lost, and the next
+    write finishes the job: no 0-row file stays forever."""
+    lake, merged = compacted_hour(tmp_lake)
+    before = rows_of(lake.read("hist", "tag_history"))
+    assert retired(tmp_lake) == (MINUTES - 1, 0)
+    crasher = Crasher(("copy_over", "remove"))
+    crasher.arm(10)  # the tenth retirement: killed while retiring
+    with pytest.raises(Crash):
+        write_minute(ParquetLake(str(tmp_lake), store=crasher.store(str(tmp_lake))), 5)
+    assert retired(tmp_lake) == (MINUTES - 1, 9), "some retired, none removed"
+    write_minute(ParquetLake(str(tmp_lake)), 5)
+    assert retired(tmp_lake) == (MINUTES - 1, MINUTES - 1), "the next write retires the rest"
+    write_minute(ParquetLake(str(tmp_lake)), 6)
+    assert retired(tmp_lake) == (MINUTES - 1, MINUTES - 1), "kept within the grace"
+    crasher.arm(5)  # killed while removing, past the grace
+    with pytest.raises(Crash):
+        write_minute(
+            ParquetLake(str(tmp_lake), reader_grace_s=0, store=crasher.store(str(tmp_lake))), 5
+        )
+    assert retired(tmp_lake) == (MINUTES - 5, MINUTES - 5)
+    assert rows_of(ParquetLake(str(tmp_lake)).read("hist", "tag_history")) == before
+    write_minute(ParquetLake(str(tmp_lake), reader_grace_s=0), 5)
+    assert list((tmp_lake / "hist").rglob("*.parquet")) == [merged]
+    assert [p.name for p in (tmp_lake / "hist").rglob("*") if p.is_file()] == [merged.name]
+    assert not list((tmp_lake / "_historian/hist/tmp").iterdir())
+    assert rows_of(ParquetLake(str(tmp_lake)).read("hist", "tag_history")) == before
