@@ -33,8 +33,10 @@ def test_a_run_waits_out_a_database_that_is_away_a_look_does_not(tmp_path: Path)
     config = _config(f"duckdb:///{tmp_path / 'w.duckdb'}")
     patient = make_sink("wh", config.sinks["wh"], tmp_path)
     looking = make_sink("wh", config.sinks["wh"], tmp_path, patient=False)
-    assert isinstance(patient, SqlWarehouse) and isinstance(looking, SqlWarehouse)
+    assert isinstance(patient, SqlWarehouse)
+    assert isinstance(looking, SqlWarehouse)
     assert (patient.retry_s, looking.retry_s) == (RETRY_S, 0.0)
     with SinkSet(config, tmp_path, patient=False) as sinks:
         opened = sinks.get("wh")
-        assert isinstance(opened, SqlWarehouse) and opened.retry_s == 0.0
+        assert isinstance(opened, SqlWarehouse)
+        assert opened.retry_s == 0.0
