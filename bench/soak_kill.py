@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/soak_kill.py --kills 20 --sinks lake,duck
     .venv/bin/python bench/soak_kill.py --kills 10 --sinks pg
-    .venv/bin/python bench/soak_kill.py --kills 30 --path prefect
+    .venv/bin/python bench/soak_kill.py --kills 30 --path prefect --kill-within 15
 
 Each cycle starts a backfill into a fresh directory (and, for PostgreSQL, a fresh
 schema), kills it with SIGKILL after a random delay (seeded) across the clean run's
@@ -10,7 +10,8 @@ duration — sometimes several times in a row — then lets it finish, and compa
 sink row for row with the reference. `--path direct` runs in the command's process
 (`--direct`); `--path prefect` through Prefect's ephemeral server, on a fresh Prefect
 home per cycle, so kills land in the server's start-up and its database's first set-up
-too. Every process a cycle starts carries a marker in its environment: after the resume,
+too (`--kill-within S` draws the kill points from the first S seconds, where the server
+starts, instead of the reference's whole duration). Every process a cycle starts carries a marker in its environment: after the resume,
 any such process still alive (after a bound for SIGTERM'd servers to stop) counts as
 left behind. Prints rows lost, rows duplicated and processes left per cycle (all must be
 0) and a summary line for RELIABILITY.md.
@@ -124,6 +125,11 @@ def main() -> None:
     parser.add_argument("--sinks", default="lake,duck")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--path", choices=["direct", "prefect"], default="direct")
+    parser.add_argument(
+        "--kill-within",
+        type=float,
+        help="kill in the first S seconds (default: the reference's duration)",
+    )
     args = parser.parse_args()
     sinks = args.sinks.split(",")
     rng = random.Random(args.seed)
@@ -165,7 +171,7 @@ def main() -> None:
             mark = uuid.uuid4().hex
             for _ in range(rng.choice([1, 1, 2, 3])):
                 process = backfill(work, args.path, mark)
-                time.sleep(rng.uniform(0.02, 1.0) * duration)  # the random point to kill at
+                time.sleep(rng.uniform(0.02, 1.0) * (args.kill_within or duration))  # where to kill
                 if process.poll() is None:
                     process.send_signal(signal.SIGKILL)
                     kills += 1
