@@ -20,7 +20,7 @@ from types import TracebackType
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+def die_with_parent() -> Callable[[], None] | None:
     """A pre-exec hook that makes the child receive SIGTERM when its parent dies (Linux)."""
     if not sys.platform.startswith("linux"):
         return None
@@ -60,7 +60,7 @@ class Child:
             env=dict(env) if env is not None else None,
             stdout=stdout,
             stderr=stderr,
-            preexec_fn=_die_with_parent(),
+            preexec_fn=die_with_parent(),
             start_new_session=True,
         )
 

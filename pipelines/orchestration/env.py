@@ -45,6 +45,7 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 from pipelines.orchestration.children import end_with_this_process
 
@@ -124,15 +125,19 @@ def _user_set(*names: str) -> bool:
 
 def _ephemeral_server_ends_with_us(record_task_runs: bool) -> None:
     """Start Prefect's ephemeral server now, as its client would on first use (the same
-    instance: Prefect keeps one per process), and make it end with this process even on
-    SIGKILL, which leaves Prefect's own `atexit` no chance to stop it."""
+    instance: Prefect keeps one per process), ending with this process from its first
+    instant, even on SIGKILL, which leaves Prefect's own `atexit` no chance to stop it
+    (`pipelines/orchestration/ephemeral.py`); the first start on a home one at a time."""
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import (
         PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED,
+        get_current_settings,
         temporary_settings,
     )
 
-    server = SubprocessASGIServer()
+    from pipelines.orchestration.ephemeral import BoundEphemeralServer, first_setup
+
+    server: SubprocessASGIServer = BoundEphemeralServer()
     with ExitStack() as stack:
         if not record_task_runs and not _user_set(RECORDER_SETTING):
             # The server takes the settings set now (Prefect passes them to its process).
@@ -141,11 +146,15 @@ def _ephemeral_server_ends_with_us(record_task_runs: bool) -> None:
                     updates={PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED: False}
                 )
             )
+        if not server.running:
+            stack.enter_context(first_setup(Path(get_current_settings().home).expanduser()))
         server.start()
     process = server.server_process
-    if process is None or getattr(server, "_historian_watchdog", None) is not None:
+    if process is None or isinstance(server, BoundEphemeralServer):
         return
-    server._historian_watchdog = end_with_this_process(process.pid)  # type: ignore[attr-defined]
+    # Started earlier by Prefect's client itself: a watchdog ends it with us from now on.
+    if getattr(server, "_historian_watchdog", None) is None:
+        server._historian_watchdog = end_with_this_process(process.pid)  # type: ignore[attr-defined]
 
 
 def _on_ephemeral_server() -> bool:

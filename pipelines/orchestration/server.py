@@ -132,15 +132,19 @@ def local_server(
         home = prefect_home()
         home.mkdir(parents=True, exist_ok=True)
         log_path = home / LOG_NAME
+    from pipelines.orchestration.ephemeral import first_setup
+
     timeout = float(os.environ.get(STARTUP_TIMEOUT_ENV) or STARTUP_TIMEOUT_S)
+    home = Path((env or {}).get("PREFECT_HOME") or prefect_home()).expanduser()
     attempts = 3  # another process may take the free port before the server binds it
-    for attempt in range(attempts):
-        try:
-            child, api_url = _start(log_path, timeout, env or {})
-            break
-        except ServerExited:
-            if attempt == attempts - 1:
-                raise
+    with first_setup(home):  # its database's migrations, one server at a time
+        for attempt in range(attempts):
+            try:
+                child, api_url = _start(log_path, timeout, env or {})
+                break
+            except ServerExited:
+                if attempt == attempts - 1:
+                    raise
     with child:
         yield api_url
 
