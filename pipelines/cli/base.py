@@ -186,6 +186,13 @@ def prefect_api_error(exc: BaseException) -> str | None:
         return None
     if isinstance(exc, RuntimeError) and str(exc).startswith("Failed to reach API at"):
         return f"{where} cannot be reached"
+    if isinstance(exc, RuntimeError) and "ephemeral Prefect API server" in str(exc):
+        waited = get_current_settings().server.ephemeral.startup_timeout_seconds
+        return (
+            f"Prefect's temporary server did not start within {waited} s: raise "
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, point PREFECT_API_URL at a "
+            "running server, or run with --direct"
+        )
     return None
 
 

@@ -264,3 +264,27 @@ def test_an_unreachable_sink_is_shown_in_its_flows_row_and_the_others_are_listed
     complete = cells(state.stdout, 3)
     assert complete["good"].startswith(START[:4]), state.stdout
     assert cells(state.stdout, 4)["bad"].startswith("sink pg: connect"), state.stdout
+
+
+def test_a_temporary_prefect_server_that_does_not_start_in_time_is_one_line() -> None:
+    """Prefect raises a RuntimeError carrying the server's whole output when its ephemeral
+    server does not answer within its start-up timeout: the user reads one line saying
+    which setting to raise and the ways around it, never that traceback."""
+    from prefect.settings import (
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
+
+    from pipelines.cli.base import prefect_api_error
+
+    output = "INFO: Started server process\n" * 50
+    error = RuntimeError(
+        f"Timed out while attempting to connect to ephemeral Prefect API server. stdout: {output}"
+    )
+    with temporary_settings(updates={PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 7}):
+        line = prefect_api_error(error)
+    assert line is not None
+    assert "\n" not in line
+    assert "within 7 s" in line
+    assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in line
+    assert "--direct" in line
