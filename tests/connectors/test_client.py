@@ -78,7 +78,11 @@ def test_tag_details_of_a_hostile_path_names_it_exactly(
 def test_details_and_browse_bytes_are_the_answers_as_sent(client: NodeClient) -> None:
     details = client.tag_details("/Plant A/", recurrent=True)
     raw = orjson.loads(client.tag_details_bytes("/Plant A/", recurrent=True))
-    assert models.TagDetails.model_validate(raw) == details
+    # The two answers are two requests apart: a tag's live value and status may move.
+    live = {"tags": {"__all__": {"data", "status"}}}
+    assert models.TagDetails.model_validate(raw).model_dump(exclude=live) == details.model_dump(
+        exclude=live
+    )
     flat = client.tag_browse_bytes("/Plant A/", flat=True, recurrent=True, hide_groups=True)
     assert orjson.loads(flat) == client.tag_browse(
         "/Plant A/", flat=True, recurrent=True, hide_groups=True
