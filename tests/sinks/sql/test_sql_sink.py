@@ -560,6 +560,13 @@ def end_lock_session(admin: sa.Engine, lock: SessionLock) -> None:
         conn.commit()
 
 
+def assert_held(engine: sa.Engine, lock: SessionLock) -> None:
+    """The database says the lock is held (by the session `lock` holds it in)."""
+    with engine.connect() as conn:
+        sql, params = lock.held_sql()
+        assert conn.execute(sa.text(sql), params).scalar()
+
+
 @pytest.mark.parametrize(
     "dialect",
     [
@@ -589,9 +596,7 @@ def test_writers_taking_a_lost_flow_lock_again_at_once_take_it_once(
                 with ThreadPoolExecutor(max_workers=2) as pool:
                     for future in [pool.submit(ensure) for _ in range(2)]:
                         future.result()
-                with engine.connect() as conn:
-                    sql, params = lock.held_sql()
-                    assert conn.execute(sa.text(sql), params).scalar()
+                assert_held(engine, lock)
     finally:
         engine.dispose()
         admin.dispose()
@@ -617,9 +622,7 @@ def test_a_flow_lock_its_own_lost_session_still_holds_is_waited_for_not_another_
                 wait_until_ended(admin, lost)
                 lock.ensure()
                 assert lock.pid != lost
-                with engine.connect() as conn:
-                    sql, params = lock.held_sql()
-                    assert conn.execute(sa.text(sql), params).scalar()
+                assert_held(engine, lock)
     finally:
         engine.dispose()
         admin.dispose()
