@@ -89,6 +89,10 @@ TAG_METADATA_KEY = ("node", "tag")
 
 HISTORY_ATTRS = ("kind", "node", "mode", "method", "interval_ms", "deadband", "invalid_as_null")
 
+# A sample whose `quality` is at least this is good (OPC quality codes); less, or none, is
+# bad or uncertain: what the summary and the coverage report count as bad.
+GOOD_QUALITY = 192
+
 KIND_TAG_HISTORY = "tag_history"
 KIND_ALARM_HISTORY = "alarm_history"
 KIND_TAG_METADATA = "tag_metadata"

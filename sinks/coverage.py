@@ -17,10 +17,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.schema import KIND_TAG_HISTORY
+from connectors.schema import GOOD_QUALITY, KIND_TAG_HISTORY
 from sinks.base import Buckets
 
-GOOD_QUALITY = 192
 TS = pa.timestamp("ms", tz="UTC")
 BATCH_ROWS = 262_144  # rows reduced at a time
 

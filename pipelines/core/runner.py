@@ -40,6 +40,7 @@ from connectors.normalise.alarms import parse_alarm_history_answer
 from connectors.normalise.history import parse_history_answer
 from connectors.options import HistoryOptions
 from connectors.schema import (
+    GOOD_QUALITY,
     KIND_ALARM_HISTORY,
     KIND_TAG_HISTORY,
     KIND_TAG_METADATA,
@@ -81,8 +82,6 @@ from pipelines.state import flow_watermark, incremental_span, lacking_members, p
 from sinks.base import ChunkScope, Compacts, Progress, Sink, SinkError
 
 log = logging.getLogger("historian.runner")
-
-GOOD_QUALITY = 192
 
 
 class RunFailed(Exception):

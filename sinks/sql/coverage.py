@@ -13,10 +13,10 @@ import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from connectors.schema import KIND_TAG_HISTORY
+from connectors.schema import GOOD_QUALITY, KIND_TAG_HISTORY
 from connectors.timewindow import Window, from_ms
 from sinks.base import Buckets
-from sinks.coverage import ALARM_KEYS, ALARM_PARTS, BATCH_ROWS, GOOD_QUALITY, TAG_PARTS
+from sinks.coverage import ALARM_KEYS, ALARM_PARTS, BATCH_ROWS, TAG_PARTS
 from sinks.sql.load import epoch_ms_sql
 from sinks.sql.tables import Layout
 
