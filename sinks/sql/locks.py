@@ -15,6 +15,7 @@ import re
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -27,6 +28,7 @@ _PLAIN_FLOW = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 # Locks of in-memory DuckDB databases: the database lives and dies with this process.
 _MEMORY_LOCKS: set[str] = set()
 _MEMORY_GUARD = threading.Lock()
+_Lock = TypeVar("_Lock", bound="SessionLock")
 
 
 def advisory_key(flow: str, schema: str | None) -> str:
@@ -67,9 +69,29 @@ class SessionLock(ABC):
         self._turns = threading.Lock()
         self._lost: set[int] = set()  # backends of this lock's sessions, dropped holding it
 
+    # How the database names the session holding a lock, in a refusal.
+    holder_noun = "backend pid"
+
     @abstractmethod
+    def try_take(self, conn: sa.Connection) -> tuple[int | None, int | None]:
+        """Ask for the lock once on `conn`: (our session's pid, None) when taken, or
+        (None, the holder's pid; None when it was released meanwhile) when refused."""
+
     def acquire(self, *, again: bool = False) -> None:
         """Take the lock on a new session, or FlowLocked at once (`again`: after losing it)."""
+        conn = self.engine.connect()
+        pid = None
+        try:
+            pid, holder = self.try_take(conn)
+            if pid is None:
+                raise self.refusal(holder, again=again)
+            conn.commit()
+        except BaseException:
+            drop_session(conn)
+            if pid is not None:
+                self.dropped_holding(pid)
+            raise
+        self.took(conn, pid)
 
     @abstractmethod
     def held_sql(self) -> tuple[str, dict[str, object]]:
@@ -106,9 +128,10 @@ class SessionLock(ABC):
         self._conn, self.pid = conn, pid
         self._lost.clear()
 
-    def refusal(self, holder: int | None, by: str, *, again: bool) -> SinkError:
+    def refusal(self, holder: int | None, *, again: bool) -> SinkError:
         """Why the lock was not taken: taking it again, a lost session of its own still
         ending (or the lock freed meanwhile) is transient; anything else is another run."""
+        by = f" by {self.holder_noun} {holder}" if holder is not None else ""
         if again and holder is None:
             return SinkUnavailable(
                 f"the lock of flow '{self.flow}' in {self.where} was released while being "
@@ -132,26 +155,12 @@ class AdvisoryLock(SessionLock):
         super().__init__(engine, flow, where)
         self.key = key
 
-    def acquire(self, *, again: bool = False) -> None:
-        conn = self.engine.connect()
-        pid = None
-        try:
-            got, pid = conn.execute(
-                sa.text("SELECT pg_try_advisory_lock(hashtext(:k)), pg_backend_pid()"),
-                {"k": self.key},
-            ).one()
-            if not got:
-                pid = None
-                holder = _advisory_holder(conn, self.key)
-                by = f" by backend pid {holder}" if holder is not None else ""
-                raise self.refusal(holder, by, again=again)
-            conn.commit()
-        except BaseException:
-            drop_session(conn)
-            if pid is not None:
-                self.dropped_holding(int(pid))
-            raise
-        self.took(conn, int(pid))
+    def try_take(self, conn: sa.Connection) -> tuple[int | None, int | None]:
+        got, pid = conn.execute(
+            sa.text("SELECT pg_try_advisory_lock(hashtext(:k)), pg_backend_pid()"),
+            {"k": self.key},
+        ).one()
+        return (int(pid), None) if got else (None, _advisory_holder(conn, self.key))
 
     def held_sql(self) -> tuple[str, dict[str, object]]:
         return (
@@ -171,14 +180,20 @@ def drop_session(conn: sa.Connection) -> None:
 
 
 @contextlib.contextmanager
-def advisory_lock(engine: Engine, flow: str, key: str, where: str) -> Iterator[AdvisoryLock]:
-    """Hold the flow's advisory lock for the block, or FlowLocked."""
-    lock = AdvisoryLock(engine, flow, key, where)
+def holding(lock: _Lock) -> Iterator[_Lock]:
+    """Hold `lock` for the block (FlowLocked at once when another run holds it)."""
     lock.acquire()
     try:
         yield lock
     finally:
         lock.release()
+
+
+def advisory_lock(
+    engine: Engine, flow: str, key: str, where: str
+) -> contextlib.AbstractContextManager[AdvisoryLock]:
+    """Hold the flow's advisory lock for the block, or FlowLocked."""
+    return holding(AdvisoryLock(engine, flow, key, where))
 
 
 def _advisory_holder(conn: sa.Connection, key: str) -> int | None:

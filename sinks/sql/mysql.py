@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from sinks.base import SinkError
 from sinks.sql.dialects import MySQL, quote
-from sinks.sql.locks import SessionLock, drop_session
+from sinks.sql.locks import SessionLock, holding
 
 NULL = "\\N"
 
@@ -153,26 +153,16 @@ class NamedLock(SessionLock):
         super().__init__(engine, flow, where)
         self.name = lock_name(key)
 
-    def acquire(self, *, again: bool = False) -> None:
-        conn = self.engine.connect()
-        pid = None
-        try:
-            got, pid = conn.execute(
-                sa.text("SELECT GET_LOCK(:k, 0), CONNECTION_ID()"), {"k": self.name}
-            ).one()
-            if got != 1:
-                pid = None
-                holder = conn.execute(sa.text("SELECT IS_USED_LOCK(:k)"), {"k": self.name}).scalar()
-                holder = None if holder is None else int(holder)
-                by = f" by connection {holder}" if holder is not None else ""
-                raise self.refusal(holder, by, again=again)
-            conn.commit()
-        except BaseException:
-            drop_session(conn)
-            if pid is not None:
-                self.dropped_holding(int(pid))
-            raise
-        self.took(conn, int(pid))
+    holder_noun = "connection"
+
+    def try_take(self, conn: sa.Connection) -> tuple[int | None, int | None]:
+        got, pid = conn.execute(
+            sa.text("SELECT GET_LOCK(:k, 0), CONNECTION_ID()"), {"k": self.name}
+        ).one()
+        if got == 1:
+            return int(pid), None
+        holder = conn.execute(sa.text("SELECT IS_USED_LOCK(:k)"), {"k": self.name}).scalar()
+        return None, None if holder is None else int(holder)
 
     def held_sql(self) -> tuple[str, dict[str, object]]:
         return (
@@ -181,14 +171,11 @@ class NamedLock(SessionLock):
         )
 
 
-@contextlib.contextmanager
-def named_lock(engine: Engine, flow: str, key: str, where: str) -> Iterator[NamedLock]:
-    lock = NamedLock(engine, flow, key, where)
-    lock.acquire()
-    try:
-        yield lock
-    finally:
-        lock.release()
+def named_lock(
+    engine: Engine, flow: str, key: str, where: str
+) -> contextlib.AbstractContextManager[NamedLock]:
+    """Hold the flow's named lock for the block, or FlowLocked."""
+    return holding(NamedLock(engine, flow, key, where))
 
 
 def probe(engine: Engine, database: str) -> str:
