@@ -33,6 +33,13 @@ from typing import TypeVar
 
 import pandas as pd
 import pyarrow as pa
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_fixed,
+)
 
 from connectors.client import NodeClient
 from connectors.errors import TransientNodeError, UnknownTag
@@ -98,16 +105,19 @@ def retrying(
     when its failure may pass (`chunk_retry_may_help`); the last failure is raised. `what`
     names it in the log."""
     pause = CHUNK_RETRY_DELAY_S if delay_s is None else delay_s
-    attempt = 0
-    while True:
-        try:
-            return call()
-        except Exception as exc:
-            if attempt >= retries or not chunk_retry_may_help(exc):
-                raise
-            log.warning("%s failed (%s): run again in %.0f s", what, exc, pause)
-        attempt += 1
-        time.sleep(pause)  # a pause for a passing failure to pass, not a wait on anything
+
+    def say(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        log.warning("%s failed (%s): run again in %.0f s", what, error, pause)
+
+    runs = Retrying(
+        stop=stop_after_attempt(retries + 1),
+        wait=wait_fixed(pause),
+        retry=retry_if_exception(chunk_retry_may_help),
+        before_sleep=say,
+        reraise=True,
+    )
+    return runs(call)
 
 
 @dataclass
