@@ -862,9 +862,3 @@ def _document(text: str, source: str) -> object:
 
 def flow_dataset(name: str, flow: FlowConfig) -> str:
     return flow.dataset or name
-
-
-def flow_kind(flow: FlowConfig) -> str:
-    """The table kind of the flow's dataset (connectors/schema.py): its kind names it
-    (pipelines/core/kinds.py)."""
-    return flow.kind

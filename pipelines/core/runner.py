@@ -56,7 +56,6 @@ from pipelines.config.models import (
     FlowConfig,
     TagHistoryFlow,
     flow_dataset,
-    flow_kind,
     unit_key,
 )
 from pipelines.config.nodes import ConnectedNode, NodePool
@@ -356,7 +355,7 @@ class FlowRun:
             node = fleet[0]
         self.node_name = node
         self.key = unit_key(name, node, self.flow_config)
-        self.kind = flow_kind(self.flow_config)
+        self.kind = self.flow_config.kind
         self.dataset = flow_dataset(name, self.flow_config)
         self.request = request or RunRequest()
         self.now = now or datetime.now(UTC)

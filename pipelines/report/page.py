@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from connectors.schema import KIND_TAG_HISTORY
 from connectors.timewindow import Window
 from pipelines.config.destinations import SinkSet
-from pipelines.config.models import Config, flow_dataset, flow_kind
+from pipelines.config.models import Config, TagHistoryFlow, flow_dataset
 from pipelines.planning import parse_duration
 from pipelines.report.charts import (
     MAX_ROWS_DRAWN,
@@ -211,7 +210,7 @@ def flow_coverage(
     dataset = flow_dataset(flow_name, flow)
     keys = [key for _, key in config.flow_units(flow_name)]
     progress = common_progress(flow_name, [sink.progress(key) for key in keys])
-    measure = tag_coverage if flow_kind(flow) == KIND_TAG_HISTORY else alarm_coverage
+    measure = tag_coverage if isinstance(flow, TagHistoryFlow) else alarm_coverage
     cov = measure(
         sink,
         flow_name,
