@@ -62,19 +62,19 @@ def test_tag_details_become_the_tag_dimension() -> None:
     assert bare["history_enabled"] is None
 
 
+# Any JSON, and details-shaped answers whose tag entries are any JSON.
+DETAILS_ANSWERS = st.one_of(
+    json_values,
+    st.fixed_dictionaries({"tags": st.dictionaries(st.text(max_size=3), json_values, max_size=3)}),
+)
+
+
 def test_tag_details_accept_a_parsed_mapping() -> None:
     assert parse_tag_details(DETAILS, "n", T0).num_rows == 2
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.one_of(
-        json_values,
-        st.fixed_dictionaries(
-            {"tags": st.dictionaries(st.text(max_size=3), json_values, max_size=3)}
-        ),
-    )
-)
+@given(DETAILS_ANSWERS)
 def test_any_details_json_either_parses_or_raises_malformed_answer(answer: Any) -> None:
     try:
         body = orjson.dumps(answer)
@@ -92,14 +92,7 @@ def test_details_paths_name_the_tags_the_full_reading_names() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.one_of(
-        json_values,
-        st.fixed_dictionaries(
-            {"tags": st.dictionaries(st.text(max_size=3), json_values, max_size=3)}
-        ),
-    )
-)
+@given(DETAILS_ANSWERS)
 def test_details_paths_agree_with_the_full_reading(answer: Any) -> None:
     try:
         body = orjson.dumps(answer)
