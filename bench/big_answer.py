@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import re
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,34 +24,16 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import simulator
+
 ROOT = Path(__file__).resolve().parents[1]
 HISTORIAN = [str(Path(sys.executable).with_name("historian"))]
 START = "2026-11-20T00:00:00Z"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _wait_listening(port: int, server: subprocess.Popen[bytes]) -> None:
-    """Until the simulator accepts connections (it prints before it listens)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError("the simulator exited")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)  # polling a port that is not there yet; nothing to wait on
-    raise RuntimeError("the simulator did not listen within 60 s")
-
-
-def _config(folder: Path, port: int, max_answer: int | None) -> Path:
-    node: dict[str, object] = {"url": f"http://127.0.0.1:{port}", "read_timeout": "300s"}
+def _config(folder: Path, url: str, max_answer: int | None) -> Path:
+    node: dict[str, object] = {"url": url, "read_timeout": "300s"}
     if max_answer is not None:
         node["max_answer_mb"] = max_answer
     document = {
@@ -112,32 +93,12 @@ def main() -> None:
     parser.add_argument("--minutes", type=int, default=42, help="the window: 42 min, 2.5 M rows")
     parser.add_argument("-v", action="store_true", help="show the backfill's log")
     args = parser.parse_args()
-    port = _free_port()
-    server = subprocess.Popen(
-        [
-            *HISTORIAN,
-            "simulate",
-            "--port",
-            str(port),
-            "--https-port",
-            "0",
-            "--tags",
-            "10",
-            "--period-ms",
-            "1",
-            "--raw-cap",
-            "100000000",
-            "--profile",
-            "raw-uncapped",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    server, url = simulator(
+        "--tags", "10", "--period-ms", "1", "--raw-cap", "100000000", "--profile", "raw-uncapped"
     )
     try:
-        _wait_listening(port, server)
         with tempfile.TemporaryDirectory() as folder:
-            config = _config(Path(folder), port, args.max_answer_mb)
+            config = _config(Path(folder), url, args.max_answer_mb)
             peak, seconds, err = backfill(config, args.minutes)
     finally:
         server.terminate()

@@ -207,27 +207,19 @@ class Measure:
 
 
 def start_simulator(workload: Workload) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
     options = ["--period-ms", str(workload.period_ms)] if workload.period_ms else []
     if workload.replay_limit_mb:
         options += ["--replay-limit-mb", str(workload.replay_limit_mb)]
+    tags = str(workload.tags)
+    return simulator("--tags", tags, "--seed", "42", "--replay", "--raw-cap", "1000000", *options)
+
+
+def simulator(*options: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`historian simulate` with `options` on a free loopback port, once it answers: the
+    process and the node's URL."""
+    port = free_port()
     process = subprocess.Popen(
-        [
-            HISTORIAN,
-            "simulate",
-            "--port",
-            str(port),
-            "--https-port",
-            "0",
-            "--tags",
-            str(workload.tags),
-            "--seed",
-            "42",
-            "--replay",
-            "--raw-cap",
-            "1000000",
-            *options,
-        ],
+        [HISTORIAN, "simulate", "--port", str(port), "--https-port", "0", *options],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
