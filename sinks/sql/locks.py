@@ -112,8 +112,19 @@ class SessionLock(ABC):
                 self.release()
             self.acquire(again=True)
 
+    @abstractmethod
+    def free_sql(self) -> tuple[str, dict[str, object]]:
+        """A statement that releases the lock on our session before it is dropped: a
+        closed session's backend ends after the client has moved on, and until then the
+        lock would refuse the next run."""
+
     def release(self) -> None:
         if self._conn is not None:
+            if self.pid is not None:
+                with contextlib.suppress(SQLAlchemyError):
+                    sql, params = self.free_sql()
+                    self._conn.execute(sa.text(sql), params)
+                    self._conn.commit()
             drop_session(self._conn)
         if self.pid is not None:
             self.dropped_holding(self.pid)
@@ -169,6 +180,9 @@ class AdvisoryLock(SessionLock):
             "objid::bigint) = hashtext(:lock_key)::bigint)",
             {"lock_pid": self.pid, "lock_key": self.key},
         )
+
+    def free_sql(self) -> tuple[str, dict[str, object]]:
+        return "SELECT pg_advisory_unlock(hashtext(:k))", {"k": self.key}
 
 
 def drop_session(conn: sa.Connection) -> None:

@@ -170,6 +170,9 @@ class NamedLock(SessionLock):
             {"lock_name": self.name, "lock_pid": self.pid},
         )
 
+    def free_sql(self) -> tuple[str, dict[str, object]]:
+        return "SELECT RELEASE_LOCK(:k)", {"k": self.name}
+
 
 def named_lock(
     engine: Engine, flow: str, key: str, where: str

@@ -602,6 +602,38 @@ def test_writers_taking_a_lost_flow_lock_again_at_once_take_it_once(
         admin.dispose()
 
 
+@pytest.mark.parametrize(
+    "dialect",
+    [
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+    ],
+)
+def test_a_released_flow_lock_is_free_before_its_session_has_ended(
+    request: pytest.FixtureRequest, dialect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A closed session's backend exits after the client has moved on (CI once met the
+    lock of a shard still held right after its block ended): an orderly release frees
+    the lock on its session first. Here the dropped session is kept open to the end, as
+    a slow backend exit would keep it."""
+    url = request.getfixturevalue("mariadb_url" if dialect == "mariadb" else "pg_url")
+    engine = sa.create_engine(url)
+    take = sql_mysql.named_lock if dialect == "mariadb" else advisory_lock
+    lingering: list[sa.Connection] = []
+    monkeypatch.setattr("sinks.sql.locks.drop_session", lingering.append)
+    key = f"historian:free-{uuid.uuid4().hex}:f1"
+    try:
+        with take(engine, "f1", key, "here"):
+            pass
+        assert len(lingering) == 1, "the lock's session was dropped (and lingers)"
+        with take(engine, "f1", key, "here") as again:
+            assert again.pid is not None
+    finally:
+        for conn in lingering:
+            conn.close()
+        engine.dispose()
+
+
 @pytest.mark.postgres
 def test_a_flow_lock_its_own_lost_session_still_holds_is_waited_for_not_another_runs(
     pg_url: str,
