@@ -423,21 +423,8 @@ class Admin:
 
     def link_get(self, params: Params) -> Answer:
         tree = self._node.tree(params.get("options.remoteNode"))
-        remote_tags = sum(1 for spec in self._node.tree().specs if spec.remote_lag_ms)
-        side = {
-            "subscription": "all",
-            "view": {"name": "default", "ro": True, "ae": True, "ack": False},
-            "sf": {"enabled": True, "paused": False},
-            "tagCount": remote_tags,
-        }
-        link = {
-            "name": "to-remote",
-            "type": "out",
-            "online": True,
-            "local": {**side, "gzip": True},
-            "remote": {**side, "endpoint": "127.0.0.1:3800"},
-        }
-        return json_answer({"nodeInfo": {"name": tree.node_name}, "links": {"to-remote": link}})
+        remote = [spec for spec in self._node.tree().specs if spec.remote_lag_ms]
+        return json_answer(self._node.link.answer(tree.node_name, remote, self._node.now_ms()))
 
     def _install_license(self, data: str, name: str) -> None:
         document = orjson.loads(data)

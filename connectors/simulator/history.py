@@ -139,6 +139,8 @@ def _stored(
         keep = (ts >= lower) & (ts <= upper)
     # Gaps: whole blocks of samples that the node never stored.
     stored = _hash_blocks(k, GAP_BLOCK, spec.salt + 2, 20) != 0
+    if spec.hidden is not None:  # still in a link's buffer
+        stored &= (ts < spec.hidden[0]) | (ts >= spec.hidden[1])
     keep = stored if keep is None else keep & stored
     if keep.all():
         return k, ts

@@ -21,6 +21,7 @@ from connectors.simulator.admin import Admin
 from connectors.simulator.alarms import AlarmQuery, AlarmService, alarm_in_seconds, build_alarms
 from connectors.simulator.config import SimConfig
 from connectors.simulator.faults import Faults
+from connectors.simulator.links import LinkState
 from connectors.simulator.protocol import Answer, Handler, RequestError, error_answer, parse_list
 from connectors.simulator.subscriptions import Subscriptions
 from connectors.simulator.tags import TagService
@@ -101,6 +102,12 @@ class SimulatedNode:
         self._cache: dict[str, bytes | tuple[bytes, int]] = {}  # body, or (zstd, size)
         self._cache_bytes = 0
         self.faults = Faults()
+        # The link the remote tags come through (`link_outage`: it goes down for a while).
+        self.link = LinkState(
+            self.now_ms(),
+            outage=self.behaves("link_outage"),
+            online_only=self.behaves("link_online_only"),
+        )
         self.requests_served = 0
         # Requests being answered now, and the most at once since start or `reset_peak`:
         # how a test sees that several workers never asked more than a node's limit.
@@ -153,6 +160,7 @@ class SimulatedNode:
     ) -> list[list[Any]]:
         """Exactly the rows the node holds for [start_ms, end_ms): uncapped, in order.
 
+        Every sample, also those a link's buffer still holds (`link`).
         Raw, delta and filter rows have ts < end_ms (the wire's raw answer also holds a
         sample exactly on `end`); aggregated rows are the buckets whose start is in range.
         `limit` is ignored: this is everything there is.
@@ -241,6 +249,8 @@ class SimulatedNode:
         are as wide as the node's profile makes them (2, 3 or 4 elements), on the wire and
         in the ground truth alike.
         """
+        if capped and tree is self.tree():  # the wire: what the link has delivered
+            spec = self.link.shown(spec, self.now_ms())
         rows = self._rows(tree, spec, start_ms, end_ms, options, capped=capped)
         width = self.row_width()
         if width < 4:
@@ -297,6 +307,8 @@ class SimulatedNode:
         """(value, quality) of the last visible event stamped before `before_ms`."""
         with self._lock:
             late = tuple(self._late.get((tree.node_name, spec.path), ()))
+        if tree is self.tree():
+            spec = self.link.shown(spec, self.now_ms())
         return history.previous_event(
             spec,
             before_ms,
@@ -377,8 +389,10 @@ class SimulatedNode:
         time and the ones kept stay (a benchmark that repeats more than fits is still
         served from memory as far as it goes, instead of evicting what it asks next).
         """
-        if not self.config.cache_answers or self.behaves("flaky_tags"):
-            return produce()  # a flaky node answers a question differently the second time
+        if not self.config.cache_answers or self.behaves("flaky_tags") or self.link.outage:
+            # a flaky node answers a question differently the second time; a link's
+            # outage changes what history holds as time passes
+            return produce()
         with self._lock:
             kept = self._cache.get(key)
         if kept is not None:

@@ -39,6 +39,10 @@ BEHAVIOURS: dict[str, str] = {
     "(it is in browse and details)",
     "garbled_timestamps": "every fifth tag's history answers hold one more row stamped "
     "outside the query (negative, 1913 or 2200)",
+    "link_outage": "the link to the remote site goes offline 60 s after the node starts, for "
+    "240 s, then drains its store-and-forward buffer for 60 s: the remote tags' samples of "
+    "the outage appear late, stamped in the past",
+    "link_online_only": "link?cmd=get shows only `online` (no sf, no sides)",
 }
 
 # Named profiles: each is a set of behaviours. `default` is the simulator's own reading.
@@ -61,6 +65,8 @@ PROFILES: dict[str, frozenset[str]] = {
     "flaky-tags-renamed": frozenset({"flaky_tags", "dropped_as_name"}),
     "lost-tags": frozenset({"loses_tags"}),
     "garbled-timestamps": frozenset({"garbled_timestamps"}),
+    "link-outage": frozenset({"link_outage"}),
+    "link-outage-online-only": frozenset({"link_outage", "link_online_only"}),
 }
 
 # Behaviours that cannot hold at once.

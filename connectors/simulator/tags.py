@@ -273,7 +273,7 @@ class TagService:
         """A tag read entry, or (details) a tag details entry (spec: Tag)."""
         value, quality, ts = self.current(spec)
         entry: dict[str, Any] = {
-            "status": {"value": 1, "ts": ts},
+            "status": self._node.link.status(spec, self._node.now_ms(), ts),
             "data": {"value": value, "quality": quality, "ts": ts},
         }
         if not details:

@@ -77,6 +77,9 @@ class TagSpec:
     default_method: str
     units: str
     salt: int
+    # Stamps [lo, hi) not in history now: a link's store-and-forward buffer holds them
+    # (connectors/simulator/links.py).
+    hidden: tuple[int, int] | None = None
 
     @property
     def name(self) -> str:
