@@ -90,6 +90,11 @@ class ResolvedTags:
         self._node = node
         self._answers = answers
 
+    def details_answers(self) -> list[tuple[bytes, str | None]]:
+        """The details answers the tags came from (body, group of a non-recursive answer),
+        for what else they say of a tag (`remote`, `status`: pipelines/core/holds.py)."""
+        return [(answer.body, answer.group) for answer in self._answers]
+
     @cached_property
     def metadata(self) -> pa.Table:
         """TAG_METADATA_SCHEMA rows of the members, one per tag (the first answer's)."""

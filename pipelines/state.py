@@ -11,6 +11,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from urllib.parse import quote, unquote
 
 from connectors.timewindow import Window
 from pipelines.planning import Chunk
@@ -20,6 +21,10 @@ from sinks.base import ChunkRecord, Progress, merge_windows
 # write as the chunk's rows, as progress of the member `missing:<tag path>`: tag paths
 # start with `/`, so it can never be a tag's own progress.
 MISSING_PREFIX = "missing:"
+# A window held for a tag behind a link that has not delivered it yet (pipelines/core/
+# holds.py) is recorded the same way, as progress of `held:<link, percent-encoded>:<tag>`.
+HELD_PREFIX = "held:"
+_RECORDS = (MISSING_PREFIX, HELD_PREFIX)
 
 
 class _Coverage:
@@ -170,10 +175,41 @@ def missing_member(tag: str) -> str:
     return MISSING_PREFIX + tag
 
 
+def held_member(tag: str, link: str) -> str:
+    """The progress member that records windows held for `tag` behind `link`."""
+    return f"{HELD_PREFIX}{quote(link, safe='')}:{tag}"
+
+
+def held_members(progress: Progress, tag: str) -> list[str]:
+    """The members recording windows held for `tag` (behind any link)."""
+    return [
+        member
+        for member in progress.completed
+        if member.startswith(HELD_PREFIX) and member[len(HELD_PREFIX) :].partition(":")[2] == tag
+    ]
+
+
 def tag_members(progress: Progress) -> list[str]:
     """The members of a flow's progress that are tags or alarm selections (not records of
-    missing windows), sorted."""
-    return sorted(m for m in progress.completed if not m.startswith(MISSING_PREFIX))
+    missing or held windows), sorted."""
+    return sorted(m for m in progress.completed if not m.startswith(_RECORDS))
+
+
+def held_windows(progress: Progress) -> dict[str, tuple[str, list[Window]]]:
+    """Per tag, its link and the windows held for it that are neither complete since nor
+    recorded missing (a hold past `hold_max`)."""
+    held: dict[str, tuple[str, list[Window]]] = {}
+    for member, windows in progress.completed.items():
+        if not member.startswith(HELD_PREFIX):
+            continue
+        link, _, tag = member[len(HELD_PREFIX) :].partition(":")
+        done = merge_windows([*progress.windows_of(tag), *progress.windows_of(missing_member(tag))])
+        own = _Coverage(done)
+        left = [window for window in merge_windows(list(windows)) if not own.covers(window)]
+        if left:
+            before = held.get(tag, ("", []))[1]
+            held[tag] = (unquote(link), merge_windows([*before, *left]))
+    return held
 
 
 def missing_windows(progress: Progress) -> dict[str, list[Window]]:

@@ -190,9 +190,9 @@ def _warnings(
     now: datetime,
 ) -> list[str]:
     """A line for progress marked complete past what the node could have had (with the
-    `state repair` arguments that forget it), and one per tag the node left out of some
-    windows."""
-    from pipelines.state import missing_windows
+    `state repair` arguments that forget it), one per tag the node left out of some
+    windows, and one per tag held behind a link (pipelines/core/holds.py)."""
+    from pipelines.state import held_windows, missing_windows
 
     lines: list[str] = []
     poisoned = poisoned_from(sink, key, settle, now)
@@ -208,6 +208,14 @@ def _warnings(
         lines.append(
             f"[yellow]MISSING[/] {where}: tag {tag!r} left out of the node's "
             f"answers in {shown}{more}"
+        )
+    for tag, (link, windows) in held_windows(progress).items():
+        shown = ", ".join(str(w) for w in windows[:3])
+        more = f" (+{len(windows) - 3} more)" if len(windows) > 3 else ""
+        lines.append(
+            f"[yellow]HELD[/] {where}: tag {tag!r} behind link {link!r} (held since "
+            f"{_time(windows[0].start, True)}; not complete until the link is back and "
+            f"drained, missing after hold_max) in {shown}{more}"
         )
     return lines
 
@@ -324,7 +332,7 @@ def state_reset(
     several nodes). The data stays until it is re-extracted."""
     with user_errors():
         from pipelines.config.destinations import SinkSet
-        from pipelines.state import missing_member
+        from pipelines.state import held_members, missing_member
 
         cfg = load(config)
         check_flow(cfg, flow, config)
@@ -350,4 +358,6 @@ def state_reset(
                     removed += sink.reset(key, tag)
                     if tag is not None:
                         sink.reset(key, missing_member(tag))
+                        for member in held_members(sink.progress(key), tag):
+                            sink.reset(key, member)
         out.print(f"reset {what}: {removed} progress entries removed", highlight=False)

@@ -463,8 +463,12 @@ class TagHistoryFlow(_FlowBase):
     limit: int | None = Field(default=None, ge=1)
     batch: int = Field(default=200, ge=1, le=10_000)
     metadata: bool = True
+    # How long after its end a window of a tag behind a link still offline or draining
+    # stays held (pipelines/core/holds.py) before it is recorded missing.
+    hold_max: timedelta = timedelta(hours=6)
 
     _interval = field_validator("interval", mode="before")(_duration)
+    _hold_max = field_validator("hold_max", mode="before")(_duration)
 
     @field_validator("tags", mode="before")
     @classmethod

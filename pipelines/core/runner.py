@@ -61,6 +61,7 @@ from pipelines.config.models import (
 from pipelines.config.nodes import ConnectedNode, NodePool
 from pipelines.core.coalesce import coalesce
 from pipelines.core.engine import AlarmEngine, ChunkResult, FetchJob, HistoryEngine, retrying
+from pipelines.core.holds import Holds, read_holds
 from pipelines.core.kinds import kind_of
 from pipelines.core.memory import release_memory
 from pipelines.planning import (
@@ -130,6 +131,8 @@ class ChunkOutcome:
     # Tags the node left out of its answers for this window (recorded missing, not complete).
     missing: tuple[str, ...] = ()
     rows_out_of_range: int = 0
+    # Tags held for this window behind a link not yet drained (pipelines/core/holds.py).
+    held: tuple[str, ...] = ()
 
     @property
     def part_ids(self) -> tuple[str, ...]:
@@ -194,6 +197,9 @@ class RunSummary:
     units: list[RunSummary] = field(default_factory=list)
     # `2-of-4` for a shard of a sharded backfill.
     shard: str | None = None
+    # Windows held per tag behind a link not yet drained, and why per link.
+    held: dict[str, list[Window]] = field(default_factory=dict)
+    holds: dict[str, str] = field(default_factory=dict)
 
     @property
     def window_label(self) -> str:
@@ -219,6 +225,13 @@ class RunSummary:
             )
         if self.rows_out_of_range:
             lines.append(f"{self.rows_out_of_range} rows stamped outside their query were dropped")
+        if self.held:
+            windows = sum(len(w) for w in self.held.values())
+            why = "; ".join(f"link {link!r} {reason}" for link, reason in self.holds.items())
+            lines.append(
+                f"{len(self.held)} remote tags held in {windows} windows ({why}): not complete "
+                "until the link is back and drained; `historian state` lists them"
+            )
         return lines
 
     @property
@@ -234,6 +247,8 @@ class RunSummary:
         self.bad_quality_per_tag.update(outcome.bad_quality_per_tag)
         for tag in outcome.missing:
             self.missing.setdefault(tag, []).append(outcome.window)
+        for tag in outcome.held:
+            self.held.setdefault(tag, []).append(outcome.window)
         self.rows_out_of_range += outcome.rows_out_of_range
 
     def as_dict(self) -> dict[str, object]:
@@ -258,6 +273,8 @@ class RunSummary:
             "watermark_after": iso_utc(self.watermark_after) if self.watermark_after else None,
             "missing": {tag: [str(w) for w in windows] for tag, windows in self.missing.items()},
             "rows_out_of_range": self.rows_out_of_range,
+            "held": {tag: [str(w) for w in windows] for tag, windows in self.held.items()},
+            "holds": self.holds,
             "notes": self.remarks,
             "window": self.window_label,
             "shard": self.shard,
@@ -370,6 +387,8 @@ class FlowRun:
         # their own, and a sink's connection serves one caller at a time.
         self._sink_guard = sink_guard or nullcontext()
         self.plan_: Plan | None = None
+        # Remote tags whose windows are held this run (read when the tags are resolved).
+        self.holds = Holds()
         self.summary = RunSummary(self.name, self.dataset, self.kind, node, key=self.key)
         self.shard = self.request.shard
         self.summary.shard = self.shard.label if self.shard is not None else None
@@ -477,6 +496,7 @@ class FlowRun:
         assert flow.tags is not None
         check_method(flow.method, version, where=f"flows.{self.name}.method")
         resolved = resolve_tags(node.client, node.name, flow.tags, where=f"flows.{self.name}.tags")
+        self._read_holds(flow, resolved.details_answers())
         first = self.shard is None or self.shard.writes_metadata()
         if flow.metadata and first and resolved.metadata.num_rows:
             frame = resolved.metadata.to_pandas(types_mapper=pd.ArrowDtype)
@@ -495,6 +515,13 @@ class FlowRun:
             )
         )
         return resolved.members
+
+    def _read_holds(self, flow: TagHistoryFlow, answers: list[tuple[bytes, str | None]]) -> None:
+        """Which remote tags are behind a link that has not delivered yet (holds.py)."""
+        remote = flow.history_options().remote_node
+        self.holds, note = read_holds(self.node.client, answers, flow, remote, now=self.now)
+        self.summary.notes.extend([note] if note else [])
+        self.summary.holds = self.holds.reasons()
 
     def _use(self, job: FetchJob) -> None:
         self._job = job
@@ -589,10 +616,13 @@ class FlowRun:
         )
         if span is None:
             return None, None
-        # The span starts at watermark - lookback: all of it before the watermark is the
-        # look-back, re-read on every run even where already complete.
-        relook = watermark is not None and flow.lookback > timedelta(0)
-        return span, span if relook else None
+        # The span starts at watermark - lookback: the part before the watermark is the
+        # look-back, re-read on every run even where already complete. After it only what
+        # some member lacks is read (a tag's held or missing windows keep the watermark
+        # back, and the other tags' complete windows are not read again).
+        if watermark is None or flow.lookback <= timedelta(0) or watermark <= span.start:
+            return span, None
+        return span, Window(span.start, min(watermark, span.end))
 
     def _end(self, watermark: datetime | None) -> datetime:
         """Where this run ends: `now - settle`, or an explicit end no later than that.
@@ -705,6 +735,7 @@ class FlowRun:
     def write(self, result: ChunkResult) -> ChunkOutcome:
         """Write a fetched chunk to every sink; each write is atomic and idempotent."""
         committed: dict[str, int] = {}
+        result, held = self.holds.take_out(result, SCOPE_COLUMN[self.kind])
         scope = self.scope(result.chunk)
         for sink in self.sinks:
             committed[sink.name] = sink.write(scope, result.table, result.rows_fetched)
@@ -724,6 +755,7 @@ class FlowRun:
             parts=tuple(chunk.chunk_id for chunk in result.parts),
             missing=result.missing,
             rows_out_of_range=result.rows_out_of_range,
+            held=held,
         )
 
     def results(self, submit: Submitter = THREADS) -> Iterator[ChunkResult]:
