@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from typer.testing import CliRunner
 
@@ -220,6 +221,46 @@ def test_a_node_showing_only_online_is_held_for_the_lookback_after_it_is_back(
         assert sorted(rows) == want, sink
 
 
+def test_the_simulated_link_hides_the_outage_then_drains_it_oldest_first() -> None:
+    node = SimulatedNode(SimConfig(seed=21, tags=60, profile="link-outage"))
+    remote, local = chosen_tags(node)
+    start = NOW + MINUTE
+    node.link.set_outage(ms(start), offline_s=240, drain_s=60)
+    truth = node.ground_truth(remote[0], ms(start), ms(start) + 240_000, RAW)
+    assert truth
+
+    def seen(now: datetime, tag: str = remote[0]) -> list[int]:
+        node.set_clock(ms(now))
+        answer = node.handle(
+            "GET",
+            "tag",
+            "history",
+            {
+                "path": tag,
+                "start": str(ms(start)),
+                "end": str(ms(start) + 239_999),
+                "options.mode": "raw",
+            },
+            None,
+        )
+        return [row[0] for row in orjson.loads(answer.body)["data"]]
+
+    def link(now: datetime) -> dict[str, Any]:
+        node.set_clock(ms(now))
+        answer = orjson.loads(node.handle("GET", "link", "get", {}, None).body)
+        return dict(answer["links"]["to-remote"])
+
+    assert seen(NOW + 3 * MINUTE) == []
+    assert link(NOW + 3 * MINUTE)["online"] is False
+    half = seen(NOW + 5 * MINUTE + timedelta(seconds=30))  # half the buffer drained
+    assert half == [row[0] for row in truth][: len(half)]
+    assert 0 < len(half) < len(truth)
+    assert link(NOW + 5 * MINUTE + timedelta(seconds=30))["remote"]["sf"]["backlog"] > 0
+    assert seen(NOW + 7 * MINUTE) == [row[0] for row in truth]
+    assert link(NOW + 7 * MINUTE)["remote"]["sf"]["backlog"] == 0
+    assert seen(NOW + 3 * MINUTE, local[0]), "local tags are not behind the link"
+
+
 # -- reading what the node shows (pure) ------------------------------------------------------
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -239,8 +280,6 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 def test_any_non_null_remote_marker_is_remote_and_maps_to_a_link_when_it_names_one(
     marker: Any, link: str | None
 ) -> None:
-    import orjson
-
     body = orjson.dumps(
         {"tags": {"a": {"fullPath": "/g/a", "remote": marker}, "b": {"remote": None}}}
     )
