@@ -24,7 +24,7 @@ from connectors.simulator.faults import Faults
 from connectors.simulator.protocol import Answer, Handler, RequestError, error_answer, parse_list
 from connectors.simulator.subscriptions import Subscriptions
 from connectors.simulator.tags import TagService
-from connectors.simulator.tagtree import TagSpec, TagTree, build_tags, tag_paths
+from connectors.simulator.tagtree import TagSpec, TagTree, build_tags, tag_paths, without_history
 
 # Remote nodes reachable with `options.remoteNode`: same shapes, a different seed.
 REMOTE_NODES = ("sim-remote",)
@@ -241,6 +241,8 @@ class SimulatedNode:
         are as wide as the node's profile makes them (2, 3 or 4 elements), on the wire and
         in the ground truth alike.
         """
+        if self.behaves("null_without_history") and without_history(spec):
+            return []  # no history at all: answers say `data: null` (tags.py)
         rows = self._rows(tree, spec, start_ms, end_ms, options, capped=capped)
         width = self.row_width()
         if width < 4:

@@ -39,6 +39,12 @@ BEHAVIOURS: dict[str, str] = {
     "(it is in browse and details)",
     "garbled_timestamps": "every fifth tag's history answers hold one more row stamped "
     "outside the query (negative, 1913 or 2200)",
+    "raw_cap_per_answer": "limit and the node's own raw cap count the samples of a whole "
+    "historyMany/historyFilter answer (tags in order), not of each tag",
+    "browse_always_recurses": "options.recurrent ignored: browse, details, read and "
+    "historyFilter always include the tags of subgroups",
+    "null_without_history": "every fifth tag has no history: its history answers hold "
+    "`data: null` (the spec's own example of `request.data`)",
 }
 
 # Named profiles: each is a set of behaviours. `default` is the simulator's own reading.
@@ -61,6 +67,9 @@ PROFILES: dict[str, frozenset[str]] = {
     "flaky-tags-renamed": frozenset({"flaky_tags", "dropped_as_name"}),
     "lost-tags": frozenset({"loses_tags"}),
     "garbled-timestamps": frozenset({"garbled_timestamps"}),
+    "raw-cap-per-answer": frozenset({"raw_cap_per_answer"}),
+    "browse-always-recurses": frozenset({"browse_always_recurses"}),
+    "null-without-history": frozenset({"null_without_history"}),
 }
 
 # Behaviours that cannot hold at once.
