@@ -20,9 +20,10 @@ node may count the whole `historyMany`/`historyFilter` answer: its first tags wh
 cut, the rest with no rows. So each answer is also read as a whole: when its total stands
 at `limit` or at a learned per-answer cap, every tag of it that stops short of the
 window's end continues (a tag with no rows from the window's start: its 0 rows are the
-cap's, not the node's "no data"). Without such certainty, an answer whose last tags hold no
-rows after a tag cut short is the signature of that cut: those tags are asked again, and
-rows found for them confirm the per-answer cap (`CapGuess.kind`, `CapGuess.size`).
+cap's, not the node's "no data"). Without such certainty, the largest answer yet whose last
+tag with rows stops short of the window's end may be such a cut: that tag and the tags
+after it (no rows) are asked again, and rows found for them confirm the per-answer cap
+(`CapGuess.kind`, `CapGuess.size`); none found raises the least such a cap could be.
 """
 
 from __future__ import annotations
@@ -241,12 +242,16 @@ class RawPager:
         busiest = max((page.returned for page in pages.values()), default=0)
         if total is None:
             total = sum(page.returned for page in pages.values())
+        cursors = [
+            (tag, page, cursor)
+            for tag, page in pages.items()
+            if (cursor := self._cursors.get(tag)) is not None and cursor.more
+        ]
+        for _, page, cursor in cursors:  # what earlier guesses meet, before this answer is read
+            self._learn(cursor, moved=page.fresh_last_ms is not None)
         whole = self._whole(pages, total)
         moved = False
-        for tag, page in pages.items():
-            cursor = self._cursors.get(tag)
-            if cursor is None or not cursor.more:
-                continue
+        for tag, page, cursor in cursors:
             moved = self._step(tag, cursor, page, busiest, operation, whole) or moved
         if whole.certain and not moved:
             raise ContinuationStuck(
@@ -266,7 +271,8 @@ class RawPager:
 
     def _whole(self, pages: Mapping[str, TagPage], total: int) -> _Whole:
         """The answer as a whole (see the module docstring): certainly cut per answer, or
-        suspected of it when its last tags hold no rows after a tag cut short."""
+        suspected of it (the largest answer yet) when its last tag with rows stops short of
+        the window's end: that tag and the tags after it (no rows) are the suspects."""
         if self._start_ms is None or len(pages) < 2:
             return _Whole(total)
         if self._cap.answer_capped(total, self._limit):
@@ -275,9 +281,20 @@ class RawPager:
             return _Whole(total)
         order = list(pages)
         last = max((i for i, tag in enumerate(order) if pages[order[i]].returned), default=-1)
-        if last < 0 or last == len(order) - 1 or pages[order[last]].reached_end:
+        if last < 0:
             return _Whole(total)
+        if pages[order[last]].reached_end:  # whole; the tags after it are still suspects
+            last += 1
         return _Whole(total, suspects=frozenset(order[last:]))
+
+    def _learn(self, cursor: _Cursor, *, moved: bool) -> None:
+        """A guess made on the tag's previous page, met by this one (`moved`: it held more)."""
+        if cursor.guessed_rows is not None:
+            self._cap.learn(cursor.guessed_rows, found_more=moved)
+            cursor.guessed_rows = None
+        if cursor.answer_total is not None:
+            self._cap.learn_answer(cursor.answer_total, found_more=moved)
+            cursor.answer_total = None
 
     def _step(
         self, tag: str, cursor: _Cursor, page: TagPage, busiest: int, operation: str, whole: _Whole
@@ -285,12 +302,6 @@ class RawPager:
         """Move one tag's cursor by its page; whether the page added rows."""
         first = cursor.last_ms is None
         moved = cursor.move(page)
-        if cursor.guessed_rows is not None:
-            self._cap.learn(cursor.guessed_rows, found_more=moved)
-            cursor.guessed_rows = None
-        if cursor.answer_total is not None:
-            self._cap.learn_answer(cursor.answer_total, found_more=moved)
-            cursor.answer_total = None
         maybe, certain = self._cap.capped(page.returned, busiest, self._limit)
         if not page.reached_end and (whole.certain or tag in whole.suspects):
             # Cut per answer (or suspected): continued whatever its own rows say; rows

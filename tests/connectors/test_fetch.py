@@ -78,8 +78,9 @@ def test_tags_left_out_once_are_asked_again_and_arrive(node_client: Any) -> None
     got = HistoryFetcher(client, "n", raw).fetch(paths, WINDOW, "20 tags")
     assert got.missing == ()
     assert fetched_keys(got.table) == truth(node, paths, raw)
-    assert got.requests == 2, "one answer, one question for what it left out"
-    asked_again = orjson.loads(recording.urls[-1].params["paths"])
+    # (A continuation may follow: the run's first answer may have been cut as a whole.)
+    assert got.requests - got.continuations == 2, "one answer, one question for what it left out"
+    asked_again = orjson.loads(recording.urls[1].params["paths"])
     assert 0 < len(asked_again) < len(paths)
 
 

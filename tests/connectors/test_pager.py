@@ -205,19 +205,46 @@ def test_a_suspected_cut_refuted_is_not_suspected_below_that_total_again() -> No
 
 
 @pytest.mark.parametrize(
-    "pages",
+    ("pages", "starts"),
     [
-        pytest.param({"/a": TagPage(5, 900, 1), "/b": TagPage(3, 400, 1)}, id="no-empty-tail"),
         pytest.param(
-            {"/a": TagPage(5, END, 1, reached_end=True), "/b": TagPage(0)}, id="cut-tag-whole"
+            {"/a": TagPage(5, 900, 1), "/b": TagPage(3, 400, 1)},
+            {400: {"/b": 1}, 900: {"/a": 1}},
+            id="cut-in-the-last-tag-suspected",
         ),
-        pytest.param({"/a": TagPage(0), "/b": TagPage(0)}, id="no-rows-at-all"),
+        pytest.param(
+            {"/a": TagPage(5, END, 1, reached_end=True), "/b": TagPage(0)},
+            {START: {"/b": 0}},
+            id="an-empty-tail-after-a-whole-tag",
+        ),
+        pytest.param(
+            {"/a": TagPage(0), "/b": TagPage(5, END, 1, reached_end=True)},
+            {},
+            id="the-last-tag-whole",
+        ),
+        pytest.param({"/a": TagPage(0), "/b": TagPage(0)}, {}, id="no-rows-at-all"),
     ],
 )
-def test_answers_without_the_cut_signature_are_read_per_tag(pages: dict[str, TagPage]) -> None:
+def test_the_last_tag_with_rows_decides_a_suspected_cut(
+    pages: dict[str, TagPage], starts: dict[int, dict[str, int]]
+) -> None:
     paging = whole_pager(tuple(pages))
     paging.advance(pages, operation=MANY)
-    assert paging.next_starts() == ({900: {"/a": 1}} if pages["/a"].fresh_last_ms == 900 else {})
+    assert paging.next_starts() == starts
+
+
+def test_the_answer_that_confirms_a_cut_per_answer_is_read_with_it() -> None:
+    cap = CapGuess()
+    paging = whole_pager(("/a", "/b", "/c"), cap=cap)
+    paging.advance(
+        {"/a": TagPage(5, END, 1, reached_end=True), "/b": TagPage(0), "/c": TagPage(0)},
+        operation=MANY,
+    )
+    assert cap.kind is None
+    # /b and /c asked again: /b now has rows and /c is cut inside, not the busiest.
+    paging.advance({"/b": TagPage(4, 700, 1), "/c": TagPage(1, 300, 1)}, operation=MANY)
+    assert (cap.kind, cap.size) == ("per answer", 5)
+    assert paging.next_starts() == {300: {"/c": 1}, 700: {"/b": 1}}
 
 
 def test_an_answer_above_a_learned_per_answer_cap_unlearns_it() -> None:
