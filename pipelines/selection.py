@@ -188,6 +188,14 @@ def _exact(
     leaf names that repeat across groups resolved (see the module docstring)."""
     paths, answer = _details(client, group, regex=regex, recurrent=recurrent)
     described = _within(paths, group, recurrent)
+    if len(described) < len(set(paths)):
+        log.info(
+            "tag.details over %s answered %d tags outside the selection (recurrent: %s): "
+            "kept only what the selection means",
+            group,
+            len(set(paths)) - len(described),
+            recurrent,
+        )
     answers = [answer]
     listing = _flat_listing(client, group, recurrent)
     if listing is not None:

@@ -8,6 +8,7 @@ before the pipeline handled it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -124,7 +125,7 @@ def test_an_answer_capped_as_a_whole_loses_no_row_of_any_tag(
 LINE = (
     "/HO/Line 1/Temp.PV",
     "/HO/Line 1/Flow, Rate",
-    "/HO/Line 1/Cell 2/Temp.PV",
+    "/HO/Line 1/Cell 2/Pressure",
     "/HO/Line 1/Cell 2/Sub/Level",
     "/HO/Line 10/Temp.PV",
     "/HO/Line 2/Débit",
@@ -133,12 +134,19 @@ LINE = (
 
 @pytest.mark.parametrize("warehouse", WAREHOUSES)
 def test_a_group_without_recursion_holds_its_direct_children_only(
-    tmp_path: Path, warehouse: str, request: pytest.FixtureRequest
+    tmp_path: Path,
+    warehouse: str,
+    request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     with served("browse-always-recurses", tag_paths=LINE) as (node, url):
         flows = {"f": flow_of({"group": "/HO/Line 1/", "recurrent": False})}
         path = configured(tmp_path, url, flows, warehouse, request)
-        summary = run(path, "f")
+        with caplog.at_level(logging.INFO, logger="historian.selection"):
+            summary = run(path, "f")
+    said = [record.getMessage() for record in caplog.records]
+    assert not [line for line in said if "repeated" in line], "no false diagnosis"
+    assert any("2 tags outside the selection (recurrent: False)" in line for line in said)
     children = ["/HO/Line 1/Flow, Rate", "/HO/Line 1/Temp.PV"]
     assert summary.tags == 2
     assert_sinks_hold(path, "f", truth_history_rows(node, children, [SPAN], RAW))
