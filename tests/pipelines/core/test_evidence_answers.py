@@ -9,7 +9,7 @@ before the pipeline handled it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,13 +18,16 @@ from typing import Any
 import pytest
 
 from connectors.options import HistoryOptions
+from connectors.pager import CapGuess
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from connectors.simulator.tagtree import without_history
 from connectors.timewindow import Window
 from pipelines.config.destinations import SinkSet
 from pipelines.config.nodes import NodePool
-from pipelines.core.runner import RunSummary
+from pipelines.core.engine import ChunkResult
+from pipelines.core.runner import FlowRun, RunSummary, Threads
 from pipelines.core.units import run_flow
+from pipelines.planning import Chunk
 from pipelines.state import missing_windows, tag_members
 from sinks.base import merge_windows
 from tests.fixtures import history_rows, load, truth_history_rows, write_config
@@ -177,3 +180,39 @@ def test_a_tag_without_history_is_complete_with_no_rows_not_missing(
     assert_sinks_hold(path, "named", truth_history_rows(node, named, [SPAN], RAW))
     for flow, tags in (("group", under), ("named", named)):
         assert all(got == (tags, []) for got in members_of(path, flow).values()), flow
+
+
+def test_a_cap_per_answer_learned_on_another_process_comes_back_and_goes_along(
+    tmp_path: Path,
+) -> None:
+    """A Dask worker fetches with the run's `FetchJob`: the per-answer cap it learns comes
+    back with its chunk, and later jobs carry it (`CapGuess.kind`, `CapGuess.size`)."""
+    with served("raw-cap-per-answer", tags=30, raw_cap=1000) as (_, url):
+        flows = {"f": flow_of({"group": "/Plant B/", "recurrent": True}, window="2h")}
+        path = write_config(tmp_path, node={"url": url}, flows=flows, sinks=["lake"])
+        config = load(path)
+        with (
+            NodePool(config) as nodes,
+            SinkSet(config, tmp_path) as sinks,
+            FlowRun(config, "f", nodes=nodes, sinks=sinks, now=NOW) as unit,
+        ):
+            (chunk,) = unit.plan().pending
+            before = unit.fetch_job()
+            elsewhere = before.fetch(chunk)  # as a Dask worker does: its own client
+            assert before.raw_answer_cap is None
+            assert elsewhere.raw_answer_cap == 1000
+            assert list(unit.results(Done([elsewhere])))
+            cap = unit.engine.raw_cap
+            assert isinstance(cap, CapGuess)
+            assert (cap.kind, cap.size) == ("per answer", 1000)
+            assert unit.fetch_job().raw_answer_cap == 1000, "learned there, known here"
+
+
+class Done(Threads):
+    """A submitter whose fetches were done elsewhere: these results."""
+
+    def __init__(self, results: list[ChunkResult]) -> None:
+        self.results = results
+
+    def fetch(self, unit: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResult]:
+        return iter(self.results)
