@@ -364,7 +364,7 @@ class HistoryFetcher:
                 for tag in page.tags
                 if tag in take
             }
-            total = sum(seen.rows for seen in returned.values()) + sum(
+            total = sum(each.rows for each in returned.values()) + sum(
                 stats.rows for tag, stats in page.tags.items() if tag not in take
             )
             pager.advance(pages, operation=ask.operation, total=total)

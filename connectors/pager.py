@@ -280,7 +280,7 @@ class RawPager:
         if not self._cap.may_cap_answer(total):
             return _Whole(total)
         order = list(pages)
-        last = max((i for i, tag in enumerate(order) if pages[order[i]].returned), default=-1)
+        last = max((i for i, tag in enumerate(order) if pages[tag].returned), default=-1)
         if last < 0:
             return _Whole(total)
         if pages[order[last]].reached_end:  # whole; the tags after it are still suspects
