@@ -13,7 +13,10 @@ paths and a `Window` of datetimes; epoch milliseconds stay here.
   the answer keyed by other tags) is asked for again, on its own, up to `reasks` times,
   since nodes drop tags transiently. One that stays missing is returned in `missing`, its
   rows dropped: the caller decides (stop, or record it as missing); it is never complete.
-* **Continuation** (raw): `connectors.pager` says which tags may have more and from where.
+  Present with `data: null` when asked again alone is the node's "no history": no rows,
+  complete (a tag asked alone is not one a batch crowded out).
+* **Continuation** (raw): `connectors.pager` says which tags may have more and from where,
+  reading each answer per tag and as a whole (a node may cap the whole answer).
 * **delta / filter** results depend on where a query starts (docs/node-behaviour.md): the
   query starts exactly on the window's start; the planner puts windows on a grid.
 * **Size.** An answer longer than the node's `max_answer_bytes` is left unread
@@ -213,7 +216,12 @@ class HistoryFetcher:
         state = _Window(tuple(members), window.start_ms, window.end_ms, _ms(lower), label)
         first = _Ask(None if self.filter_query else state.members, state.lower_ms, state.end_ms)
         pager = RawPager(
-            state.members, state.end_ms, cap=self.cap, limit=self.options.limit, where=label
+            state.members,
+            state.end_ms,
+            cap=self.cap,
+            limit=self.options.limit,
+            where=label,
+            start_ms=state.start_ms,
         )
         self._answer(state, first, state.members, pager if raw else None, seen=None)
         while raw and pager.has_more:
@@ -234,13 +242,22 @@ class HistoryFetcher:
         wanted: tuple[str, ...],
         pager: RawPager | None,
         seen: tuple[int, dict[str, int]] | None,
+        first_attempt: int = 0,
     ) -> None:
         """Ask, keep what the answer holds of `wanted`, and ask again (by path) for the
-        tags it left out; those still left out after `reasks` are missing for the window."""
+        tags it left out; those still left out after `reasks` are missing for the window.
+
+        A tag present with `data: null` is left out too (nodes drop tags so, transiently),
+        unless it is asked again alone and still answered null: then the node holds no
+        history for it (the spec's own `request.data` is null), which is no rows, complete.
+        Still null after one re-ask with others, each such tag is asked alone.
+        """
         left = wanted
-        for attempt in range(self.reasks + 1):
+        for attempt in range(first_attempt, self.reasks + 1):
             page = self._page(state, ask)
             answered = page.answered()
+            if attempt and len(left) == 1 and left[0] in page.tags:
+                answered.add(left[0])  # asked again, alone, and null: no history
             take = [tag for tag in left if tag in answered]
             self._keep(state, page, set(take), ask, pager, seen)
             left = tuple(tag for tag in left if tag not in answered)
@@ -258,10 +275,32 @@ class HistoryFetcher:
                     attempt + 1,
                     self.reasks,
                 )
+                if attempt and len(left) > 1:
+                    left = self._alone(state, ask, left, page, pager, seen, attempt + 1)
+                    if not left:
+                        return
                 ask = _Ask(left, ask.start_ms, ask.end_ms)
         state.missing.update(left)
         if pager is not None:
             pager.finish(left)
+
+    def _alone(
+        self,
+        state: _Window,
+        ask: _Ask,
+        left: tuple[str, ...],
+        page: HistoryPage,
+        pager: RawPager | None,
+        seen: tuple[int, dict[str, int]] | None,
+        attempt: int,
+    ) -> tuple[str, ...]:
+        """Ask each tag of `left` that `page` held with `data: null` alone; the others."""
+        nulls = [tag for tag in left if tag in page.tags]
+        for tag in nulls:
+            self._answer(
+                state, _Ask((tag,), ask.start_ms, ask.end_ms), (tag,), pager, seen, attempt
+            )
+        return tuple(tag for tag in left if tag not in page.tags)
 
     def _page(self, state: _Window, ask: _Ask) -> HistoryPage:
         """One request, its answer read (a malformed one raised: see `counted`)."""
@@ -319,10 +358,16 @@ class HistoryFetcher:
             table = _after_cursor(table, seen[0], seen[1])
             fresh = _tag_stats(table, take)
         if pager is not None:
+            # In the answer's order, and its total of every tag: a node may cap the whole.
             pages = {
-                tag: _tag_page(returned.get(tag), fresh.get(tag), state.end_ms) for tag in take
+                tag: _tag_page(returned.get(tag), fresh.get(tag), state.end_ms)
+                for tag in page.tags
+                if tag in take
             }
-            pager.advance(pages, operation=ask.operation)
+            total = sum(each.rows for each in returned.values()) + sum(
+                stats.rows for tag, stats in page.tags.items() if tag not in take
+            )
+            pager.advance(pages, operation=ask.operation, total=total)
         state.kept.append(table)
         state.kept_tags.update(take)
 

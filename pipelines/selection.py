@@ -12,7 +12,9 @@ in its own group, where names are unique, so its metadata comes too. Without a u
 flat listing, the groups are walked through the tree browse (groups are keyed by name
 within their parent, exact) and details are asked per group. Explicit paths are checked
 per parent group the same way; one the node does not know is an error naming the config
-key and the path, not a silent gap.
+key and the path, not a silent gap. A selection means what it says whatever the node
+answered: a group without `recurrent` is its direct children (a node may recurse anyway),
+a group or browse only what is under it.
 
 The paths are read at once (msgspec, skipping the configurations); the metadata table is
 built only when a flow writes it. The resolved list is not cached between runs: a cache
@@ -190,9 +192,19 @@ def _exact(
     """Every tag path under `group` and the details answers that describe them, with
     leaf names that repeat across groups resolved (see the module docstring)."""
     paths, answer = _details(client, group, regex=regex, recurrent=recurrent)
-    described = set(paths)
+    described = _within(paths, group, recurrent)
+    if len(described) < len(set(paths)):
+        log.info(
+            "tag.details over %s answered %d tags outside the selection (recurrent: %s): "
+            "kept only what the selection means",
+            group,
+            len(set(paths)) - len(described),
+            recurrent,
+        )
     answers = [answer]
     listing = _flat_listing(client, group, recurrent)
+    if listing is not None:
+        listing = _within(listing, group, recurrent)
     if listing is None:
         groups = _tree_groups(client, group, recurrent)
     else:
@@ -214,8 +226,18 @@ def _exact(
         except UnknownTag:
             continue
         answers.append(per_group)
-        tags.update(found if listing is None else set(found) & listing)
+        tags.update(_within(found, group, recurrent) if listing is None else set(found) & listing)
     return tags, answers
+
+
+def _within(paths: Iterable[str], group: str, recurrent: bool) -> set[str]:
+    """The paths a selection of `group` means whatever the node answered: under `group`,
+    and (not `recurrent`) its direct children only. A node may ignore `options.recurrent`
+    (the spec does not say it must honour it); the meaning is enforced here."""
+    depth = len(group)
+    return {
+        path for path in paths if path.startswith(group) and (recurrent or "/" not in path[depth:])
+    }
 
 
 def resolve_tags(

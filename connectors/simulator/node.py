@@ -25,7 +25,7 @@ from connectors.simulator.links import LinkState
 from connectors.simulator.protocol import Answer, Handler, RequestError, error_answer, parse_list
 from connectors.simulator.subscriptions import Subscriptions
 from connectors.simulator.tags import TagService
-from connectors.simulator.tagtree import TagSpec, TagTree, build_tags, tag_paths
+from connectors.simulator.tagtree import TagSpec, TagTree, build_tags, tag_paths, without_history
 
 # Remote nodes reachable with `options.remoteNode`: same shapes, a different seed.
 REMOTE_NODES = ("sim-remote",)
@@ -251,6 +251,8 @@ class SimulatedNode:
         """
         if capped and tree is self.tree():  # the wire: what the link has delivered
             spec = self.link.shown(spec, self.now_ms())
+        if self.behaves("null_without_history") and without_history(spec):
+            return []  # no history at all: answers say `data: null` (tags.py)
         rows = self._rows(tree, spec, start_ms, end_ms, options, capped=capped)
         width = self.row_width()
         if width < 4:

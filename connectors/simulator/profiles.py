@@ -43,6 +43,12 @@ BEHAVIOURS: dict[str, str] = {
     "240 s, then drains its store-and-forward buffer for 60 s: the remote tags' samples of "
     "the outage appear late, stamped in the past",
     "link_online_only": "link?cmd=get shows only `online` (no sf, no sides)",
+    "raw_cap_per_answer": "limit and the node's own raw cap count the samples of a whole "
+    "historyMany/historyFilter answer (tags in order), not of each tag",
+    "browse_always_recurses": "options.recurrent ignored: browse, details, read and "
+    "historyFilter always include the tags of subgroups",
+    "null_without_history": "every fifth tag has no history: its history answers hold "
+    "`data: null` (the spec's own example of `request.data`)",
 }
 
 # Named profiles: each is a set of behaviours. `default` is the simulator's own reading.
@@ -67,6 +73,9 @@ PROFILES: dict[str, frozenset[str]] = {
     "garbled-timestamps": frozenset({"garbled_timestamps"}),
     "link-outage": frozenset({"link_outage"}),
     "link-outage-online-only": frozenset({"link_outage", "link_online_only"}),
+    "raw-cap-per-answer": frozenset({"raw_cap_per_answer"}),
+    "browse-always-recurses": frozenset({"browse_always_recurses"}),
+    "null-without-history": frozenset({"null_without_history"}),
 }
 
 # Behaviours that cannot hold at once.

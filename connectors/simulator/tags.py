@@ -29,7 +29,7 @@ from connectors.simulator.protocol import (
     parse_time,
     required_str,
 )
-from connectors.simulator.tagtree import TagSpec, TagTree, mix1
+from connectors.simulator.tagtree import TagSpec, TagTree, mix1, without_history
 
 if TYPE_CHECKING:
     from connectors.simulator.node import SimulatedNode
@@ -188,12 +188,20 @@ class TagService:
         `data: null` or keyed by name) and rows stamped outside the query added."""
         node = self._node
         garbled = node.behaves("garbled_timestamps") and options.mode != "aggregated"
+        # `raw_cap_per_answer`: the caps count the whole answer, its tags in order.
+        room = self._answer_cap(options)
         answer: dict[str, Any] = {}
         for spec in specs:
-            rows = node.history_rows(tree, spec, start, end, options, capped=True)
+            rows: list[Any] = []
+            if room is None or room > 0:
+                rows = node.history_rows(tree, spec, start, end, options, capped=True)
+            if room is not None:
+                rows = rows[:room]
+                room -= len(rows)
             if garbled and spec.index % 5 == 2:
                 rows.append(_garbled_row(spec, start, node.row_width()))
-            entry = {"request": request_echo(spec.path, start, end, options, extra), "data": rows}
+            data: list[Any] | None = None if self._without_history(spec) else rows
+            entry = {"request": request_echo(spec.path, start, end, options, extra), "data": data}
             if not self._leaves_out(tree, spec, start, end, options):
                 answer[spec.path] = entry
             elif node.behaves("dropped_as_null"):
@@ -201,6 +209,24 @@ class TagService:
             elif node.behaves("dropped_as_name"):
                 answer[spec.name] = entry
         return orjson.dumps(answer)
+
+    def _answer_cap(self, options: HistoryOptions) -> int | None:
+        """Samples a whole raw answer may hold (`raw_cap_per_answer`: limit and the node's
+        own cap count the answer, not each tag); None: only per-tag caps."""
+        if options.mode != "raw" or not self._node.behaves("raw_cap_per_answer"):
+            return None
+        caps = [cap for cap in (options.limit, self._node.config.node_raw_cap()) if cap]
+        return min(caps) if caps else None
+
+    def _without_history(self, spec: TagSpec) -> bool:
+        """`null_without_history`: this tag has no history; its answers hold `data: null`."""
+        return self._node.behaves("null_without_history") and without_history(spec)
+
+    def _recurrent(self, params: Params) -> bool:
+        """`options.recurrent` (default false); always true on `browse_always_recurses`."""
+        if self._node.behaves("browse_always_recurses"):
+            return True
+        return parse_bool(params.get("options.recurrent"), False)
 
     def _leaves_out(
         self, tree: TagTree, spec: TagSpec, start: int, end: int, options: HistoryOptions
@@ -227,7 +253,8 @@ class TagService:
         start, end = self._window(params)
         options = self._options(params)
         rows = self._node.history_rows(tree, spec, start, end, options, capped=True)
-        return json_answer({"request": request_echo(path, start, end, options), "data": rows})
+        data = None if self._without_history(spec) else rows
+        return json_answer({"request": request_echo(path, start, end, options), "data": data})
 
     def history_many(self, params: Params) -> Answer:
         paths = parse_list(params.get("paths"))
@@ -255,7 +282,7 @@ class TagService:
         options = self._options(params)
         pattern = parse_regex(params.get("options.filter"), "options.filter")
         recurrent = parse_bool(params.get("options.recurrent"), False)
-        specs = tree.select(roots, pattern, recurrent)
+        specs = tree.select(roots, pattern, self._recurrent(params))
         body = self._render(tree, specs, start, end, options, {"recurrent": recurrent})
         return Answer(body=body)
 
@@ -295,7 +322,7 @@ class TagService:
 
     def browse(self, params: Params) -> Answer:
         path = required_str(params, "path")
-        recurrent = parse_bool(params.get("options.recurrent"), False)
+        recurrent = self._recurrent(params)
         flat = parse_bool(params.get("options.flat"), False)
         hide_tags = parse_bool(params.get("options.hideTags"), False)
         hide_groups = parse_bool(params.get("options.hideGroups"), False)
@@ -324,7 +351,7 @@ class TagService:
         exact = self._local.get(path)
         if exact is not None:
             return [exact]
-        recurrent = parse_bool(params.get("options.recurrent"), False)
+        recurrent = self._recurrent(params)
         pattern = parse_regex(params.get("options.filter"), "options.filter")
         root = path[:-1] if path.endswith("/*") else path
         chosen = self._local.select([root], pattern, recurrent)

@@ -101,6 +101,12 @@ def _tag_type(index: int, h: int) -> str:
     return "boolean" if pick == 0 else "string" if pick == 1 else "number"
 
 
+def without_history(spec: TagSpec) -> bool:
+    """Whether a node of the `null_without_history` profile holds no history for this tag
+    (every fifth): its history answers hold `data: null`, its ground truth no rows."""
+    return spec.index % 5 == 4
+
+
 def tag_paths(count: int, *, hostile: bool = False, repeated_names: bool = False) -> list[str]:
     """The generated tag paths: `count` tags spread over GROUPS. Names are unique unless
     `repeated_names`: then every group holds the same leaf names (`Temp. 000` in each), as

@@ -143,8 +143,9 @@ class ChunkResult:
     # Rows stamped outside the query (negative, garbled), dropped.
     rows_out_of_range: int = 0
     # The node's raw cap as the fetcher knew it after this chunk (a chunk fetched on
-    # another process tells the run what it learned).
+    # another process tells the run what it learned); `raw_answer_cap`: per answer.
     raw_cap: int | None = None
+    raw_answer_cap: int | None = None
 
     @property
     def chunks(self) -> int:
@@ -215,6 +216,7 @@ class HistoryEngine:
             done = self._without(chunk, fetched.missing)
         result = _result(done, fetched, history_table(fetched.table), began)
         result.raw_cap = self.raw_cap.known
+        result.raw_answer_cap = self.raw_cap.per_answer
         return result
 
     def _without(self, chunk: Chunk, missing: tuple[str, ...]) -> Chunk:
@@ -306,6 +308,7 @@ class FetchJob:
     filter_query: FilterQuery | None = None
     missing_is_fatal: bool = True
     raw_cap: int | None = None
+    raw_answer_cap: int | None = None
     alarm_path: str | None = None
     alarm_filter: AlarmFilter | None = None
     node_version: NodeVersion | None = None
@@ -337,7 +340,7 @@ class FetchJob:
             self.node,
             self.options,
             filter_query=self.filter_query,
-            raw_cap=raw_cap or CapGuess(known=self.raw_cap),
+            raw_cap=raw_cap or CapGuess(known=self.raw_cap, per_answer=self.raw_answer_cap),
             max_in_flight=max_in_flight,
             missing_is_fatal=self.missing_is_fatal,
             notice=notice,

@@ -773,7 +773,8 @@ class FlowRun:
         if self._job is None or self._engine is None:
             raise RuntimeError("plan() first")
         if isinstance(self._engine, HistoryEngine):
-            return replace(self._job, raw_cap=self._engine.raw_cap.known)
+            cap = self._engine.raw_cap
+            return replace(self._job, raw_cap=cap.known, raw_answer_cap=cap.per_answer)
         return self._job
 
     def _learning(self, fetched: Iterable[ChunkResult]) -> Iterator[ChunkResult]:
@@ -781,6 +782,8 @@ class FlowRun:
         for result in fetched:
             if result.raw_cap is not None and isinstance(self._engine, HistoryEngine):
                 self._engine.raw_cap.learn(result.raw_cap, found_more=True)
+            if result.raw_answer_cap is not None and isinstance(self._engine, HistoryEngine):
+                self._engine.raw_cap.learn_answer(result.raw_answer_cap, found_more=True)
             yield result
 
     @property

@@ -145,3 +145,118 @@ def test_finished_tags_have_no_more_and_unknown_tags_are_ignored() -> None:
     )
     paging.finish(["/a", "/x"])
     assert paging.next_starts() == {900: {"/b": 1}}
+
+
+# -- answers capped as a whole (a node whose cap counts the answer, not each tag) ------------
+
+START = 100
+MANY = "tag.historyMany"
+
+
+def whole_pager(
+    tags: tuple[str, ...], *, limit: int | None = None, cap: CapGuess | None = None
+) -> RawPager:
+    return RawPager(tags, END, cap=cap or CapGuess(), limit=limit, start_ms=START, where="w")
+
+
+def test_an_answer_at_limit_continues_every_tag_short_of_the_end_zero_rows_from_the_start() -> None:
+    paging = whole_pager(("/a", "/b", "/c", "/d"), limit=10)
+    paging.advance(
+        {
+            "/a": TagPage(4, END, 1, reached_end=True),
+            "/b": TagPage(3, 800, 1),
+            "/c": TagPage(3, 700, 1),
+            "/d": TagPage(0),
+        },
+        operation=MANY,
+    )
+    assert paging.next_starts() == {START: {"/d": 0}, 700: {"/c": 1}, 800: {"/b": 1}}
+
+
+def test_rows_found_for_a_tag_a_cut_answer_left_short_teach_the_cap_per_answer() -> None:
+    cap = CapGuess()
+    paging = whole_pager(("/a", "/b", "/c"), cap=cap)
+    paging.advance(
+        {"/a": TagPage(5, 900, 1), "/b": TagPage(3, 400, 1), "/c": TagPage(0)}, operation=MANY
+    )
+    cut = {START: {"/c": 0}, 400: {"/b": 1}, 900: {"/a": 1}}  # /a: the busiest, per tag
+    assert paging.next_starts() == cut, "the cut's signature: the tag cut, the empty tail"
+    paging.advance({"/b": TagPage(2, 600, 1)}, operation=MANY)
+    paging.advance({"/c": TagPage(4, 950, 1)}, operation=MANY)
+    assert (cap.kind, cap.size) == ("per answer", 8)
+    assert cap.answer_capped(8, None)
+    assert cap.capped(8, 8, None) == (True, True), "a tag holding a whole answer's worth"
+
+
+def test_a_suspected_cut_refuted_is_not_suspected_below_that_total_again() -> None:
+    cap = CapGuess()
+    paging = whole_pager(("/a", "/b", "/c"), cap=cap)
+    paging.advance(
+        {"/a": TagPage(5, 900, 1), "/b": TagPage(3, 400, 1), "/c": TagPage(0)}, operation=MANY
+    )
+    paging.advance({"/b": TagPage(1)}, operation=MANY)
+    paging.advance({"/c": TagPage(0)}, operation=MANY)
+    assert (cap.kind, cap.answer_lower_bound) == (None, 8)
+    again = whole_pager(("/a", "/b", "/c"), cap=cap)
+    again.advance(
+        {"/a": TagPage(4, 900, 1), "/b": TagPage(3, 400, 1), "/c": TagPage(0)}, operation=MANY
+    )
+    assert not again.has_more
+
+
+@pytest.mark.parametrize(
+    ("pages", "starts"),
+    [
+        pytest.param(
+            {"/a": TagPage(5, 900, 1), "/b": TagPage(3, 400, 1)},
+            {400: {"/b": 1}, 900: {"/a": 1}},
+            id="cut-in-the-last-tag-suspected",
+        ),
+        pytest.param(
+            {"/a": TagPage(5, END, 1, reached_end=True), "/b": TagPage(0)},
+            {START: {"/b": 0}},
+            id="an-empty-tail-after-a-whole-tag",
+        ),
+        pytest.param(
+            {"/a": TagPage(0), "/b": TagPage(5, END, 1, reached_end=True)},
+            {},
+            id="the-last-tag-whole",
+        ),
+        pytest.param({"/a": TagPage(0), "/b": TagPage(0)}, {}, id="no-rows-at-all"),
+    ],
+)
+def test_the_last_tag_with_rows_decides_a_suspected_cut(
+    pages: dict[str, TagPage], starts: dict[int, dict[str, int]]
+) -> None:
+    paging = whole_pager(tuple(pages))
+    paging.advance(pages, operation=MANY)
+    assert paging.next_starts() == starts
+
+
+def test_the_answer_that_confirms_a_cut_per_answer_is_read_with_it() -> None:
+    cap = CapGuess()
+    paging = whole_pager(("/a", "/b", "/c"), cap=cap)
+    paging.advance(
+        {"/a": TagPage(5, END, 1, reached_end=True), "/b": TagPage(0), "/c": TagPage(0)},
+        operation=MANY,
+    )
+    assert cap.kind is None
+    # /b and /c asked again: /b now has rows and /c is cut inside, not the busiest.
+    paging.advance({"/b": TagPage(4, 700, 1), "/c": TagPage(1, 300, 1)}, operation=MANY)
+    assert (cap.kind, cap.size) == ("per answer", 5)
+    assert paging.next_starts() == {300: {"/c": 1}, 700: {"/b": 1}}
+
+
+def test_an_answer_above_a_learned_per_answer_cap_unlearns_it() -> None:
+    cap = CapGuess(per_answer=8)
+    whole_pager(("/a", "/b"), cap=cap).advance(
+        {"/a": TagPage(6, 900, 1), "/b": TagPage(5, 800, 1)}, operation=MANY
+    )
+    assert (cap.kind, cap.per_answer, cap.answer_lower_bound) == (None, None, 11)
+
+
+def test_an_answer_cut_as_a_whole_that_adds_nothing_stops_naming_the_operation() -> None:
+    paging = whole_pager(("/a", "/b"), limit=6)
+    paging.advance({"/a": TagPage(6, 900, 6), "/b": TagPage(0)}, operation=MANY)
+    with pytest.raises(ContinuationStuck, match=r"^tag.historyMany: .*cut at 6 samples"):
+        paging.advance({"/a": TagPage(6), "/b": TagPage(0)}, operation=MANY)

@@ -46,6 +46,9 @@ LOSSLESS = (
     "flaky-tags-null",
     "garbled-timestamps",
     "node-1.21.5",
+    "raw-cap-per-answer",
+    "browse-always-recurses",
+    "null-without-history",
 )
 GROUP_NAMES = ("Line 1", "Line, 2", "Bâtiment.Ü", "q'uote", "50%2F", "東京")
 LEAF_NAMES = ("Temp.PV", "Flow, Rate", "Débit", 'say "hi"', "温度", "x")
