@@ -27,6 +27,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from sinks.base import UnreadableFile
 from sinks.store.layout import join
 
 
@@ -239,7 +240,19 @@ class LakeStore:
         ]
 
     def read_parquet_metadata(self, path: str) -> pq.FileMetaData:
-        return pq.read_metadata(path, filesystem=self.pafs)
+        with self.named_if_unreadable(path):
+            return pq.read_metadata(path, filesystem=self.pafs)
+
+    @contextlib.contextmanager
+    def named_if_unreadable(self, path: str) -> Iterator[None]:
+        """A file that is there but is no Parquet (truncated, overwritten) becomes an
+        `UnreadableFile` naming it; a missing one stays FileNotFoundError."""
+        try:
+            yield
+        except (pa.ArrowInvalid, OSError) as exc:
+            if not _corrupt(exc):
+                raise
+            raise UnreadableFile(self.display(path), str(exc).splitlines()[0]) from exc
 
     def read_table(
         self, path: str, columns: list[str] | None = None, dictionary: Sequence[str] = ()
@@ -248,9 +261,12 @@ class LakeStore:
         Parquet stores them), which holds repeated strings in a fraction of the memory."""
         # ParquetFile, not pq.read_table: a third of the time on small files (no dataset
         # discovery), which a compaction of thousands of one-minute files feels.
-        with pq.ParquetFile(
-            path, filesystem=self.pafs, read_dictionary=list(dictionary) or None
-        ) as handle:
+        with (
+            self.named_if_unreadable(path),
+            pq.ParquetFile(
+                path, filesystem=self.pafs, read_dictionary=list(dictionary) or None
+            ) as handle,
+        ):
             return handle.read(columns=columns)
 
     # -- writing ------------------------------------------------------------------------
@@ -474,6 +490,17 @@ class LakeStore:
         for entry in self.listdir(directory):
             if not entry.is_dir and entry.name.endswith(suffix):
                 yield entry.name
+
+
+def _corrupt(exc: BaseException) -> bool:
+    """Does a Parquet reader's error say the file itself is bad (not missing, not the
+    network: those stay what they are, a retry may help)?"""
+    if isinstance(exc, pa.ArrowInvalid):
+        return True
+    text = str(exc).lower()
+    return not isinstance(exc, FileNotFoundError | ConnectionError | TimeoutError) and any(
+        word in text for word in ("parquet", "thrift", "magic", "corrupt")
+    )
 
 
 def _fs_modified(info: Mapping[str, Any]) -> float:

@@ -1,0 +1,263 @@
+"""`Verifies` over every sink that has it: data deleted, truncated or dropped after its
+chunks were committed is named (file or table, and window), and a repair forgets exactly
+the damaged chunks, so writing them again (what the next run does) restores every row.
+
+Damage is done the way a user or a disk does it: a data file removed, cut to 1,000 bytes,
+rows deleted or a table dropped in the database, never through the sink.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import sqlalchemy as sa
+
+from connectors import schema
+from connectors.timewindow import Window
+from sinks.base import Sink, UnreadableFile, Verifies
+from sinks.lake.sink import ParquetLake
+from sinks.sql.warehouse import SqlWarehouse
+from tests.sinks.contract_sinks import SINKS, SinkUnderTest, sink_params
+from tests.sinks.moto_s3 import fsspec_options, moto_bucket
+from tests.sinks.sql.sql_frames import history, hours, scope, sort_key
+
+HIST = schema.KIND_TAG_HISTORY
+TAGS = ["/Plant A/Line 1/Temp", "a/b c.d,e", "ünïcödé 漢字 🙂"]
+WINDOWS = [hours(0, 1), hours(1, 2), hours(2, 3)]
+VERIFYING = ("lake", "duckdb", "postgres", "mariadb")
+BUCKET = "verify"
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    pytest.importorskip("boto3")
+    with moto_bucket(BUCKET) as url:
+        yield url
+
+
+@pytest.fixture(params=[*sink_params(VERIFYING), pytest.param("lake_s3", id="lake_s3")])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> SinkUnderTest:
+    if request.param == "lake_s3":
+        url = f"s3://{BUCKET}/lake-{uuid.uuid4().hex[:8]}"
+        options = fsspec_options(request.getfixturevalue("endpoint"))
+        kwargs = {"url": url, "storage_options": options}
+        return SinkUnderTest("sinks.lake.sink:ParquetLake", kwargs, lambda: True)
+    factory, _ = SINKS[request.param]
+    return factory(request, tmp_path)
+
+
+@pytest.fixture
+def sink(place: SinkUnderTest) -> Iterator[Sink]:
+    made = place.make()
+    made.open()
+    yield made
+    made.close()
+
+
+def fill(sink: Sink, windows: list[Window] = WINDOWS) -> pd.DataFrame:
+    """Commit a chunk per window (all tags); the rows written."""
+    frames = []
+    for window in windows:
+        frame = history(TAGS, window, step_s=60)
+        assert sink.write(scope(TAGS, window), frame, len(frame)) == len(frame)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def chunk_of(window: Window) -> str:
+    return scope(TAGS, window).chunk_id
+
+
+def verifier(sink: Sink) -> Verifies:
+    assert isinstance(sink, Verifies)
+    return sink
+
+
+def lake_file(sink: ParquetLake, window: Window) -> str:
+    """The store path of the one data file the window's chunk wrote."""
+    marker = sink.state.read_marker("f1", chunk_of(window))
+    assert marker is not None
+    [listed] = marker["files"]
+    return sink.store.path(marker["dataset"], listed["path"])
+
+
+def sql_exec(sink: SqlWarehouse, *statements: str) -> None:
+    with sink.engine.begin() as conn:
+        for statement in statements:
+            conn.execute(sa.text(statement))
+
+
+def rows_table(sink: SqlWarehouse) -> str:
+    """Where the dataset's rows are (the narrow rows table, or DuckDB's plain table)."""
+    return sink.layout.table("hist" if sink.dialect == "duckdb" else "historian_rows_hist")
+
+
+def delete_rows(sink: Sink, window: Window) -> str:
+    """Lose the window's rows as a user would; what `verify` must name."""
+    if isinstance(sink, ParquetLake):
+        path = lake_file(sink, window)
+        assert sink.store.remove(path)
+        return sink.store.display(path)
+    assert isinstance(sink, SqlWarehouse)
+    ts = "ts >= '2024-03-01 01:00:00+00' AND ts < '2024-03-01 02:00:00+00'"
+    if sink.dialect == "mysql":
+        ts = "ts >= '2024-03-01 01:00:00' AND ts < '2024-03-01 02:00:00'"
+    assert window == WINDOWS[1]
+    sql_exec(sink, f"DELETE FROM {rows_table(sink)} WHERE {ts}")
+    return sink.layout.table("hist")
+
+
+def drop_dataset(sink: Sink) -> str:
+    """Lose the whole dataset."""
+    if isinstance(sink, ParquetLake):
+        sink.store.rmtree(sink.store.path("hist"))
+        return sink.store.display(sink.store.path("hist"))
+    assert isinstance(sink, SqlWarehouse)
+    view = sink.layout.table("hist")
+    if sink.dialect == "duckdb":
+        sql_exec(sink, f"DROP TABLE {view}")
+    else:
+        sql_exec(sink, f"DROP VIEW {view}", f"DROP TABLE {rows_table(sink)}")
+    return view
+
+
+def completed(sink: Sink) -> dict[str, list[Window]]:
+    return sink.progress("f1").completed
+
+
+def rewrite(place: SinkUnderTest, windows: list[Window]) -> Sink:
+    """What the next run does after a repair: a fresh sink writes the forgotten chunks."""
+    again = place.make()
+    again.open()
+    for window in windows:
+        if all(window in [w for w in completed(again).get(t, [])] for t in TAGS):
+            continue
+        frame = history(TAGS, window, step_s=60)
+        again.write(scope(TAGS, window), frame, len(frame))
+    return again
+
+
+def assert_same_rows(sink: Sink, expected: pd.DataFrame) -> None:
+    held = sort_key(sink.read("hist", HIST), HIST)  # type: ignore[attr-defined]
+    pd.testing.assert_frame_equal(held, sort_key(expected, HIST), check_dtype=False)
+
+
+def test_intact_sink_verifies_clean(sink: Sink) -> None:
+    fill(sink)
+    found = verifier(sink).verify("f1", "node1")
+    assert (found.chunks, found.damages) == (3, [])
+    part = verifier(sink).verify("f1", "node1", Window(WINDOWS[1].start, WINDOWS[2].end))
+    assert (part.chunks, part.damages) == (2, [])
+
+
+def test_deleted_rows_are_named_and_repair_refetches_exactly_their_chunk(
+    place: SinkUnderTest, sink: Sink
+) -> None:
+    expected = fill(sink)
+    where = delete_rows(sink, WINDOWS[1])
+
+    [damage] = verifier(sink).verify("f1", "node1").damages
+    assert (damage.where, damage.window, damage.chunks) == (
+        f"table {where}" if isinstance(sink, SqlWarehouse) else where,
+        WINDOWS[1],
+        (chunk_of(WINDOWS[1]),),
+    )
+    assert "missing" in damage.problem or "holds 0 rows, recorded 180" in damage.problem
+    outside = verifier(sink).verify("f1", "node1", WINDOWS[2])
+    assert outside.damages == []
+
+    repaired = verifier(sink).verify("f1", "node1", repair=True)
+    assert (repaired.forgotten, repaired.quarantined) == (1, [])
+    for tag in TAGS:
+        assert completed(sink)[tag] == [WINDOWS[0], WINDOWS[2]]
+    sink.close()
+
+    again = rewrite(place, WINDOWS)
+    try:
+        assert verifier(again).verify("f1", "node1").damages == []
+        assert_same_rows(again, expected)
+    finally:
+        again.close()
+
+
+def test_dropped_dataset_names_every_chunk_and_repair_refetches_them_all(
+    place: SinkUnderTest, sink: Sink
+) -> None:
+    expected = fill(sink)
+    drop_dataset(sink)
+    damages = verifier(sink).verify("f1", "node1").damages
+    assert sorted(d.window for d in damages) == WINDOWS
+    assert {c for d in damages for c in d.chunks} == {chunk_of(w) for w in WINDOWS}
+
+    assert verifier(sink).verify("f1", "node1", repair=True).forgotten == 3
+    assert completed(sink) == {}
+    sink.close()
+    again = rewrite(place, WINDOWS)
+    try:
+        assert verifier(again).verify("f1", "node1").damages == []
+        assert_same_rows(again, expected)
+    finally:
+        again.close()
+
+
+def truncate(sink: ParquetLake, path: str) -> bytes:
+    data = sink.store.read_bytes(path)
+    assert data is not None
+    sink.store.write_bytes(path, data[:1000])
+    return data[:1000]
+
+
+def test_truncated_lake_file_is_named_everywhere_and_quarantined_by_repair(
+    place: SinkUnderTest, sink: Sink
+) -> None:
+    if not isinstance(sink, ParquetLake):
+        pytest.skip("files of one's own: the lake")
+    expected = fill(sink)
+    path = lake_file(sink, WINDOWS[1])
+    cut = truncate(sink, path)
+    shown = sink.store.display(path)
+
+    [damage] = verifier(sink).verify("f1", "node1").damages
+    assert (damage.where, damage.window, damage.unreadable) == (shown, WINDOWS[1], True)
+    assert "magic bytes" in damage.problem
+
+    with pytest.raises(UnreadableFile, match="historian verify FLOW --repair") as read:
+        sink.read("hist", HIST)
+    assert read.value.path == shown
+    frame = history(TAGS, WINDOWS[1], step_s=60)
+    with pytest.raises(UnreadableFile, match="historian verify f1 --repair") as wrote:
+        sink.write(scope(TAGS, WINDOWS[1]), frame, len(frame))
+    assert wrote.value.path == shown
+    with pytest.raises(UnreadableFile):
+        list(sink.coverage_reader("hist", HIST).partials(hours(0, 3), _Hourly()))
+
+    repaired = verifier(sink).verify("f1", "node1", repair=True)
+    [(moved, target)] = repaired.quarantined
+    assert moved == shown
+    assert "_quarantine" in target
+    assert repaired.forgotten == 1
+    sink.close()
+
+    again = rewrite(place, WINDOWS)
+    try:
+        assert verifier(again).verify("f1", "node1").damages == []
+        assert_same_rows(again, expected)
+        assert isinstance(again, ParquetLake)
+        kept = again.store.read_bytes(quarantined(again, target))
+        assert kept == cut, "the unreadable file is kept, moved aside, not deleted"
+    finally:
+        again.close()
+
+
+def quarantined(sink: ParquetLake, shown: str) -> str:
+    """A store path from its display form."""
+    return sink.store.path(sink.store.relative(shown.split("://", 1)[-1]))
+
+
+class _Hourly:
+    start_ms = hours(0, 1).start_ms
+    bucket_ms = 3_600_000
