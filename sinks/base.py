@@ -48,15 +48,19 @@ class UnreadableFile(SinkError):
     """A data file of the sink cannot be read (truncated, not Parquet): named, with the
     command that repairs it, instead of a reader's bare "magic bytes not found"."""
 
-    def __init__(self, path: str, reason: str, flow: str = "FLOW") -> None:
+    def __init__(self, path: str, reason: str, flow: str = "FLOW", shown: str = "") -> None:
+        """`path` as the user knows it; `shown`: how the message names it (the path in
+        the sink and the sink's root apart, so that an error line's cut of long values
+        keeps the file's name)."""
         self.path = path
         self.reason = reason
+        self.shown = shown or path
         hint = REPAIR_HINT.format(flow=flow)
-        super().__init__(f"data file {path} cannot be read ({reason}); {hint}")
+        super().__init__(f"data file {self.shown} cannot be read ({reason}); {hint}")
 
     def for_flow(self, flow: str) -> UnreadableFile:
         """The same error naming the flow in its repair command."""
-        return UnreadableFile(self.path, self.reason, flow)
+        return UnreadableFile(self.path, self.reason, flow, self.shown)
 
 
 @dataclass(frozen=True)

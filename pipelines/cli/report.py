@@ -52,6 +52,7 @@ def report(
         from pipelines.planning import parse_duration
         from pipelines.report.coverage import RangeError
         from pipelines.report.page import write_report
+        from sinks.base import UnreadableFile
 
         cfg = load(config)
         check_flow(cfg, flow, config)
@@ -81,4 +82,6 @@ def report(
                 )
             except RangeError as exc:
                 raise UserError(f"report {flow}: {exc}", EXIT_USAGE) from None
+            except UnreadableFile as exc:  # named with the flow in its repair command
+                raise exc.for_flow(flow) from exc
         out.print(f"report: {written}", highlight=False)

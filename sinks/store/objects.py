@@ -252,7 +252,8 @@ class LakeStore:
         except (pa.ArrowInvalid, OSError) as exc:
             if not _corrupt(exc):
                 raise
-            raise UnreadableFile(self.display(path), str(exc).splitlines()[0]) from exc
+            shown = f"{self.relative(path)} in {self.display(self.root)}"
+            raise UnreadableFile(self.display(path), str(exc).splitlines()[0], shown=shown) from exc
 
     def read_table(
         self, path: str, columns: list[str] | None = None, dictionary: Sequence[str] = ()
