@@ -18,6 +18,7 @@ from pipelines.cli.base import (
     err,
     load,
     moment,
+    naming_flow,
     out,
     user_errors,
 )
@@ -52,7 +53,6 @@ def report(
         from pipelines.planning import parse_duration
         from pipelines.report.coverage import RangeError
         from pipelines.report.page import write_report
-        from sinks.base import UnreadableFile
 
         cfg = load(config)
         check_flow(cfg, flow, config)
@@ -64,7 +64,7 @@ def report(
         except ValueError as exc:
             raise UserError(f"--bucket: {exc}", EXIT_USAGE) from None
         target = out_path or Path(f"{flow}-report.html")
-        with SinkSet(cfg, config.resolve().parent, patient=False) as sinks:
+        with SinkSet(cfg, config.resolve().parent, patient=False) as sinks, naming_flow(flow):
             # A DuckDB file a run holds cannot be read: the flow's next sink is.
             source, busy = first_open_sink(sinks, cfg.flows[flow].sinks)
             for line in busy:
@@ -82,6 +82,4 @@ def report(
                 )
             except RangeError as exc:
                 raise UserError(f"report {flow}: {exc}", EXIT_USAGE) from None
-            except UnreadableFile as exc:  # named with the flow in its repair command
-                raise exc.for_flow(flow) from exc
         out.print(f"report: {written}", highlight=False)

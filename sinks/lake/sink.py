@@ -7,6 +7,8 @@ Layout (under the lake's root, a local directory or any fsspec URL such as s3://
     <root>/<dataset>/node-<node>/year=YYYY/part-<chunk_id>[-<n>].parquet        "year"
     <root>/<dataset>/node-<node>/part-<chunk_id>[-<n>].parquet                  "none"
     <root>/tag_metadata/part-tag_metadata.parquet                    the tag dimension
+    <root>/_quarantine/<dataset>/<path>      unreadable files `historian verify --repair`
+                                             moved aside (sinks.verify.lake)
     <root>/_historian/                                               the sink's own state
         _flows/<key>/markers/<chunk_id>.json    one per committed chunk: flow, dataset,
                                                 chunk_id, window, members, files (with
