@@ -5,14 +5,7 @@
 window of a dataset: the rows the flow's chunks of that window committed, against the
 rows the dataset holds there now for the node's tags of the flow - counted in one
 GROUP BY per dataset, by time buckets as wide as the windows' common divisor, summed per
-window here. A window holding fewer rows than recorded lost rows (more is no loss: a later
-chunk whose window overlaps it, a look-back, may have added late samples).
-
-Chunks of one window are tag batches whose member counts add up; a chunk re-written for
-some of its tags only (`state reset --tag`) is newer and covers part of an older chunk:
-taken newest first, a chunk is counted while the members counted so far plus its own do
-not exceed the flow's, so an older chunk overlapped that way is not counted (its window is
-then checked against the newer chunks only: a loss there could go unseen).
+window here (`sinks.verify.counts`: which chunks of a window count, and what is a loss).
 
 Repairing forgets the damaged windows (their chunk records, and those windows cut out of
 every member's progress) in one transaction; the rows left stay until the next run fetches
@@ -21,10 +14,8 @@ the windows again and replaces them.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -36,46 +27,7 @@ from sinks.base import Damage, Verified
 from sinks.sql.load import epoch_ms_sql
 from sinks.sql.state import _insert_windows, aware
 from sinks.sql.tables import CHUNKS_TABLE, DATASETS_TABLE, PROGRESS_TABLE, Layout
-
-
-@dataclass
-class Expected:
-    """A dataset window's chunks, and the rows they committed (those counted)."""
-
-    dataset: str
-    window: Window
-    rows: int = 0
-    members: int = 0
-    chunks: list[str] = field(default_factory=list)
-
-
-def expected_rows(records: Sequence[Sequence[Any]], flow_members: int) -> list[Expected]:
-    """Per (dataset, window): rows committed by its chunks, newest first, counting a
-    chunk only while members add up to at most the flow's (module docstring).
-
-    `records`: (chunk_id, dataset, window_start, window_end, members, rows_committed,
-    committed_at)."""
-    groups: dict[tuple[str, Window], Expected] = {}
-    for chunk, dataset, start, end, members, committed, _ in sorted(
-        records, key=lambda r: aware(r[6]), reverse=True
-    ):
-        window = Window(aware(start), aware(end))
-        group = groups.setdefault((str(dataset), window), Expected(str(dataset), window))
-        group.chunks.append(str(chunk))
-        if group.members + int(members) <= max(flow_members, int(members)):
-            group.members += int(members)
-            group.rows += int(committed)
-    return sorted(groups.values(), key=lambda g: (g.dataset, g.window))
-
-
-def bucket_ms(windows: Sequence[Window]) -> tuple[int, int]:
-    """(origin, width) of buckets every window is a whole number of: the windows' common
-    divisor (an hour for hourly chunks; a minute for look-backs cut at minutes)."""
-    origin = min(w.start_ms for w in windows)
-    width = 0
-    for window in windows:
-        width = math.gcd(width, window.start_ms - origin, window.end_ms - origin)
-    return origin, max(width, 1)
+from sinks.verify.counts import Expected, Record, bucket_ms, expected_rows, short_windows
 
 
 class SqlVerifier:
@@ -86,7 +38,10 @@ class SqlVerifier:
         self.dialect = dialect
 
     def verify(self, conn: Connection, flow: str, node: str, window: Window | None) -> Verified:
-        records = self._records(conn, flow, window)
+        records = [
+            Record(str(c), str(d), Window(aware(s), aware(e)), int(m), int(r), aware(t))
+            for c, d, s, e, m, r, t in self._records(conn, flow, window)
+        ]
         members = conn.execute(
             sa.text(
                 f"SELECT COUNT(DISTINCT member) FROM {self.layout.table(PROGRESS_TABLE)} "
@@ -132,15 +87,7 @@ class SqlVerifier:
             ]
         origin, width = bucket_ms([g.window for g in expected])
         counts = self._counts(conn, flow, node, dataset, (origin, width), expected)
-        damages = []
-        for group in expected:
-            first = (group.window.start_ms - origin) // width
-            last = (group.window.end_ms - origin) // width
-            held = sum(counts.get(b, 0) for b in range(first, last))
-            if held < group.rows:
-                problem = f"holds {held:,} rows, recorded {group.rows:,}"
-                damages.append(Damage(where, group.window, problem, tuple(group.chunks)))
-        return damages
+        return short_windows(expected, counts, (origin, width), where)
 
     def _counts(
         self,
