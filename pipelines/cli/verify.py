@@ -3,7 +3,8 @@
 Progress says what was committed; a file removed or cut short by hand, rows deleted or a
 table dropped after the commit leave progress claiming rows that are gone, and the next
 run skips them. Each sink checks its own chunks (`sinks.base.Verifies`: the lake by
-footers, a warehouse by one COUNT per dataset); `--repair` moves unreadable files aside
+footers, a warehouse by one COUNT per dataset, Delta and Iceberg by their logs' files
+and rows per window); `--repair` moves unreadable files aside
 and forgets the damaged chunks, so the next run fetches exactly those again.
 """
 

@@ -21,14 +21,17 @@ from connectors.timewindow import Window
 from sinks.base import Sink, UnreadableFile, Verifies
 from sinks.lake.sink import ParquetLake
 from sinks.sql.warehouse import SqlWarehouse
+from sinks.tables.delta import DeltaLake
+from sinks.tables.iceberg import IcebergLake
 from tests.sinks.contract_sinks import SINKS, SinkUnderTest, sink_params
 from tests.sinks.moto_s3 import fsspec_options, moto_bucket
 from tests.sinks.sql.sql_frames import history, hours, scope, sort_key
 
 HIST = schema.KIND_TAG_HISTORY
+TableSink = DeltaLake | IcebergLake
 TAGS = ["/Plant A/Line 1/Temp", "a/b c.d,e", "ünïcödé 漢字 🙂"]
 WINDOWS = [hours(0, 1), hours(1, 2), hours(2, 3)]
-VERIFYING = ("lake", "duckdb", "postgres", "mariadb")
+VERIFYING = ("lake", "duckdb", "postgres", "mariadb", "delta", "iceberg")
 BUCKET = "verify"
 
 
@@ -96,8 +99,34 @@ def rows_table(sink: SqlWarehouse) -> str:
     return sink.layout.table("hist" if sink.dialect == "duckdb" else "historian_rows_hist")
 
 
+def table_file(sink: TableSink, window: Window) -> str:
+    """The store path of the data file the window's chunk wrote."""
+    [found] = [
+        item.path
+        for item in sink._table_files().data_files("hist")
+        if item.ts_min_ms is not None and window.start_ms <= item.ts_min_ms < window.end_ms
+    ]
+    return found
+
+
+def delete_in_table(sink: TableSink, window: Window) -> None:
+    """Rows deleted by another writer of the table: a commit without a chunk record."""
+    table = sink._table("hist")
+    assert table is not None
+    if isinstance(sink, DeltaLake):
+        lo, hi = (f"{w.isoformat().replace('+00:00', 'Z')}" for w in (window.start, window.end))
+        table.delete(f"ts >= '{lo}' AND ts < '{hi}'")
+        return
+    from sinks.tables.iceberg import time_filter
+
+    table.delete(time_filter(window.start, window.end))
+
+
 def delete_rows(sink: Sink, window: Window) -> str:
     """Lose the window's rows as a user would; what `verify` must name."""
+    if isinstance(sink, TableSink):
+        delete_in_table(sink, window)
+        return "hist"
     if isinstance(sink, ParquetLake):
         path = lake_file(sink, window)
         assert sink.store.remove(path)
@@ -112,7 +141,11 @@ def delete_rows(sink: Sink, window: Window) -> str:
 
 
 def drop_dataset(sink: Sink) -> str:
-    """Lose the whole dataset."""
+    """Lose the whole dataset (a table format: every data file, its log kept)."""
+    if isinstance(sink, TableSink):
+        for window in WINDOWS:
+            assert sink.store.remove(table_file(sink, window))
+        return "hist"
     if isinstance(sink, ParquetLake):
         sink.store.rmtree(sink.store.path("hist"))
         return sink.store.display(sink.store.path("hist"))
@@ -162,7 +195,7 @@ def test_deleted_rows_are_named_and_repair_refetches_exactly_their_chunk(
 
     [damage] = verifier(sink).verify("f1", "node1").damages
     assert (damage.where, damage.window, damage.chunks) == (
-        f"table {where}" if isinstance(sink, SqlWarehouse) else where,
+        where if isinstance(sink, ParquetLake) else f"table {where}",
         WINDOWS[1],
         (chunk_of(WINDOWS[1]),),
     )
@@ -204,7 +237,7 @@ def test_dropped_dataset_names_every_chunk_and_repair_refetches_them_all(
         again.close()
 
 
-def truncate(sink: ParquetLake, path: str) -> bytes:
+def truncate(sink: ParquetLake | TableSink, path: str) -> bytes:
     data = sink.store.read_bytes(path)
     assert data is not None
     sink.store.write_bytes(path, data[:1000])
@@ -214,8 +247,10 @@ def truncate(sink: ParquetLake, path: str) -> bytes:
 def test_truncated_lake_file_is_named_everywhere_and_quarantined_by_repair(
     place: SinkUnderTest, sink: Sink
 ) -> None:
+    if isinstance(sink, TableSink):
+        return truncated_table_file(place, sink)
     if not isinstance(sink, ParquetLake):
-        pytest.skip("files of one's own: the lake")
+        pytest.skip("files of one's own: the lake and the table formats")
     expected = fill(sink)
     path = lake_file(sink, WINDOWS[1])
     cut = truncate(sink, path)
@@ -253,7 +288,7 @@ def test_truncated_lake_file_is_named_everywhere_and_quarantined_by_repair(
         again.close()
 
 
-def quarantined(sink: ParquetLake, shown: str) -> str:
+def quarantined(sink: ParquetLake | TableSink, shown: str) -> str:
     """A store path from its display form."""
     return sink.store.path(sink.store.relative(shown.split("://", 1)[-1]))
 
@@ -261,3 +296,28 @@ def quarantined(sink: ParquetLake, shown: str) -> str:
 class _Hourly:
     start_ms = hours(0, 1).start_ms
     bucket_ms = 3_600_000
+
+
+def truncated_table_file(place: SinkUnderTest, sink: TableSink) -> None:
+    """A table's data file cut short: named by verify; a repair moves it aside, commits
+    the table without it and forgets its chunk; writing that chunk again restores it."""
+    expected = fill(sink)
+    path = table_file(sink, WINDOWS[1])
+    cut = truncate(sink, path)
+    [damage] = verifier(sink).verify("f1", "node1").damages
+    assert (damage.where, damage.window) == (sink.store.display(path), WINDOWS[1])
+    assert "unreadable: " in damage.problem
+    repaired = verifier(sink).verify("f1", "node1", repair=True)
+    [(moved, target)] = repaired.quarantined
+    assert (moved, repaired.forgotten) == (sink.store.display(path), 1)
+    for tag in TAGS:
+        assert completed(sink)[tag] == [WINDOWS[0], WINDOWS[2]]
+    sink.close()
+    again = rewrite(place, WINDOWS)
+    try:
+        assert verifier(again).verify("f1", "node1").damages == []
+        assert_same_rows(again, expected)
+        assert isinstance(again, TableSink)
+        assert again.store.read_bytes(quarantined(again, target)) == cut
+    finally:
+        again.close()
