@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -25,9 +26,10 @@ from sinks.tables.delta import DeltaLake
 from sinks.tables.iceberg import IcebergLake
 from tests.sinks.contract_sinks import SINKS, SinkUnderTest, sink_params
 from tests.sinks.moto_s3 import fsspec_options, moto_bucket
-from tests.sinks.sql.sql_frames import history, hours, scope, sort_key
+from tests.sinks.sql.sql_frames import ATTRS, alarms, history, hours, scope, sort_key
 
 HIST = schema.KIND_TAG_HISTORY
+ALARM = schema.KIND_ALARM_HISTORY
 TableSink = DeltaLake | IcebergLake
 TAGS = ["/Plant A/Line 1/Temp", "a/b c.d,e", "ünïcödé 漢字 🙂"]
 WINDOWS = [hours(0, 1), hours(1, 2), hours(2, 3)]
@@ -185,6 +187,20 @@ def test_intact_sink_verifies_clean(sink: Sink) -> None:
     assert (found.chunks, found.damages) == (3, [])
     part = verifier(sink).verify("f1", "node1", Window(WINDOWS[1].start, WINDOWS[2].end))
     assert (part.chunks, part.damages) == (2, [])
+
+
+def test_alarm_chunks_and_other_nodes_rows_verify_clean(sink: Sink) -> None:
+    """An alarm chunk's scope is its node's every path; another node's rows in the same
+    dataset and windows are no part of a flow's count."""
+    attrs = dict(ATTRS, kind=ALARM, mode=None)
+    for window in WINDOWS:
+        for node in ("node1", "node2"):
+            events = alarms(["Plant/A", "Plant/B"], window, node=node)
+            chunk = scope(["/"], window, dataset="alarms", kind=ALARM, attrs=attrs, node=node)
+            flow = "f1" if node == "node1" else "f2"
+            sink.write(replace(chunk, flow=flow), events, len(events))
+    found = verifier(sink).verify("f1", "node1")
+    assert (found.chunks, found.damages) == (3, [])
 
 
 def test_deleted_rows_are_named_and_repair_refetches_exactly_their_chunk(
