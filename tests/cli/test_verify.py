@@ -181,3 +181,56 @@ def test_truncated_lake_file_is_named_by_every_command_until_verify_repairs_it(
     backfill(tmp_path)
     assert lake_rows(tmp_path) == want
     assert historian("verify", "f", cwd=tmp_path).returncode == 0
+
+
+def table_sink(tmp_path: Path, name: str) -> Any:
+    from sinks.tables.delta import DeltaLake
+    from sinks.tables.iceberg import IcebergLake
+
+    if name == "delta":
+        made: Any = DeltaLake(str(tmp_path / "delta"), name="delta")
+    else:  # its default catalog: an SQLite file beside the warehouse, as the config's
+        made = IcebergLake(str(tmp_path / "iceberg"), name="ice")
+    made.open()
+    return made
+
+
+def test_verify_names_table_files_removed_and_repair_then_backfill_restores_them(
+    tmp_path: Path, node: Any
+) -> None:
+    sinks = ["delta", "ice"]
+    write_config(tmp_path, node={"url": node.http_url}, flows={"f": flow()}, sinks=sinks)
+    backfill(tmp_path)
+    removed = []
+    for name in ("delta", "iceberg"):
+        made = table_sink(tmp_path, name)
+        try:
+            tags = sorted({row[0] for row in history_rows(made.read("f", "tag_history"))})
+            [lost] = [
+                f.path
+                for f in made._table_files().data_files("f")
+                if f.ts_min_ms < LOST.end_ms and f.ts_max_ms >= LOST.start_ms
+            ]
+            assert made.store.remove(lost)
+            removed.append(lost)
+        finally:
+            made.close()
+    want = truth(node, tags)
+
+    found = historian("verify", "f", cwd=tmp_path)
+    assert_clean_failure(found, 1, "2 damages in 6 committed chunks of f")
+    for sink, lost in zip(sinks, removed, strict=True):
+        [line] = [line for line in found.stdout.splitlines() if f"f -> {sink}:" in line]
+        assert lost in line
+        assert "missing (logged with" in line
+
+    fixed = historian("verify", "f", "--repair", cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stderr
+    backfill(tmp_path)
+    for name in ("delta", "iceberg"):
+        made = table_sink(tmp_path, name)
+        try:
+            assert history_rows(made.read("f", "tag_history")) == want
+        finally:
+            made.close()
+    assert historian("verify", "f", cwd=tmp_path).returncode == 0
