@@ -92,6 +92,8 @@ def build(root: str, tags: int, hours: int) -> None:
             rows_fetched=table.num_rows, rows_committed=table.num_rows,
         )  # fmt: skip
         state.write_marker(marker)
+        if index % 24 == 23:  # the snapshot folded as the runs fold it, a few at a time
+            state.progress("f")
     state.progress("f")
 
 

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 from connectors import schema
 from connectors.timewindow import Window
-from sinks.base import Sink, UnreadableFile, Verifies
+from sinks.base import Compacts, Sink, UnreadableFile, Verifies
 from sinks.lake.sink import ParquetLake
 from sinks.sql.warehouse import SqlWarehouse
 from sinks.tables.delta import DeltaLake
@@ -187,6 +187,19 @@ def test_intact_sink_verifies_clean(sink: Sink) -> None:
     assert (found.chunks, found.damages) == (3, [])
     part = verifier(sink).verify("f1", "node1", Window(WINDOWS[1].start, WINDOWS[2].end))
     assert (part.chunks, part.damages) == (2, [])
+
+
+def test_rewrites_over_other_windows_and_compaction_keep_verify_clean(sink: Sink) -> None:
+    """Later chunks that cut into earlier ones (one tag again over a window across three
+    chunks, as `state reset --tag` or another window size does) and a compaction change
+    the files earlier chunks recorded: what they record changes with them."""
+    fill(sink)
+    again = history(TAGS[:1], hours(0.5, 2.5), step_s=60)
+    sink.write(scope(TAGS[:1], hours(0.5, 2.5)), again, len(again))
+    if isinstance(sink, Compacts):
+        sink.compact("hist")
+    found = verifier(sink).verify("f1", "node1")
+    assert (found.chunks, found.damages) == (4, [])
 
 
 def test_alarm_chunks_and_other_nodes_rows_verify_clean(sink: Sink) -> None:
