@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
 
 from connectors.timewindow import Window
 from sinks.base import Damage, UnreadableFile, Verified
@@ -47,7 +47,9 @@ def overlaps(start_ms: int, end_ms: int, window: Window | None) -> bool:
 class LakeVerifier:
     """Checks (and repairs) one progress key's chunks in a lake's store."""
 
-    def __init__(self, state: LakeState, dataset_lock: Callable[[str], Any]) -> None:
+    def __init__(
+        self, state: LakeState, dataset_lock: Callable[[str], AbstractContextManager[None]]
+    ) -> None:
         self.state = state
         self.store = state.store
         self.dataset_lock = dataset_lock
@@ -65,10 +67,27 @@ class LakeVerifier:
             if problem is not None
         ]
         found.damages = [damage for _, damage in damaged]
-        if repair and damaged:
-            self._quarantine([item for item, damage in damaged if damage.unreadable], found)
-            self._forget(flow, found)
+        if repair:
+            for dataset in sorted({item.dataset for item, _ in damaged}):
+                hit = {c for item, _ in damaged if item.dataset == dataset for c in item.chunks}
+                self._repair(flow, dataset, hit, found)
         return found
+
+    def _repair(self, flow: str, dataset: str, chunks: set[str], found: Verified) -> None:
+        """Under the dataset's commit lock, the damaged chunks checked again (a write or
+        a compaction of another key may have moved their rows meanwhile): unreadable
+        files moved aside, then the markers of chunks still damaged removed; the rows
+        they still have stay until the next run fetches them again and replaces them."""
+        with self.dataset_lock(dataset):
+            files = self._recorded(flow, chunks)
+            problems = [(item, self._problem(item)) for item in files]
+            for item, problem in problems:
+                if problem is not None and problem[1]:
+                    self._quarantine(item, found)
+            forget = sorted({c for item, problem in problems if problem for c in item.chunks})
+            for chunk in forget:
+                self.state.remove_marker(flow, chunk)
+            found.forgotten += len(forget)
 
     def _recorded(self, flow: str, chunks: Iterable[str]) -> list[Recorded]:
         """The files the chunks' markers list, each once (a compacted file holds many)."""
@@ -112,21 +131,11 @@ class LakeVerifier:
         """Where an unreadable file of a dataset is moved: beside the dataset, hidden."""
         return self.store.path(QUARANTINE_DIR, dataset, path)
 
-    def _quarantine(self, items: list[Recorded], found: Verified) -> None:
-        """Move unreadable files aside, each under its dataset's commit lock."""
-        for item in items:
-            source = self.store.path(item.dataset, item.path)
-            target = self.quarantine_path(item.dataset, item.path)
-            with self.dataset_lock(item.dataset):
-                if self.store.exists(target):  # one quarantined before: keep both
-                    target = f"{target}.{len(found.quarantined)}"
-                self.store.replace(source, target)
-            found.quarantined.append((self.store.display(source), self.store.display(target)))
-
-    def _forget(self, flow: str, found: Verified) -> None:
-        """Remove the damaged chunks' markers: the rows they still have stay until the next
-        run fetches the chunks again and replaces them."""
-        forget = sorted({chunk for damage in found.damages for chunk in damage.chunks})
-        for chunk in forget:
-            self.state.remove_marker(flow, chunk)
-        found.forgotten = len(forget)
+    def _quarantine(self, item: Recorded, found: Verified) -> None:
+        """Move an unreadable file aside (the caller holds its dataset's commit lock)."""
+        source = self.store.path(item.dataset, item.path)
+        target = self.quarantine_path(item.dataset, item.path)
+        if self.store.exists(target):  # one quarantined before: keep both
+            target = f"{target}.{len(found.quarantined)}"
+        self.store.replace(source, target)
+        found.quarantined.append((self.store.display(source), self.store.display(target)))
