@@ -498,10 +498,21 @@ def _corrupt(exc: BaseException) -> bool:
     network: those stay what they are, a retry may help)?"""
     if isinstance(exc, pa.ArrowInvalid):
         return True
-    text = str(exc).lower()
-    return not isinstance(exc, FileNotFoundError | ConnectionError | TimeoutError) and any(
-        word in text for word in ("parquet", "thrift", "magic", "corrupt")
-    )
+    if isinstance(exc, FileNotFoundError | ConnectionError | TimeoutError):
+        return False
+    text = str(exc).lower()  # pyarrow's phrases, not a path that happens to say "parquet"
+    return any(phrase in text for phrase in _CORRUPT_PHRASES)
+
+
+_CORRUPT_PHRASES = (
+    "magic bytes",
+    "thrift",
+    "deserializ",
+    "corrupt",
+    "parquet file size is 0",
+    "not a parquet file",
+    "invalid parquet",
+)
 
 
 def _fs_modified(info: Mapping[str, Any]) -> float:
