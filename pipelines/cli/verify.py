@@ -140,7 +140,8 @@ def _print(found: Verified, key: str, sink_name: str) -> None:
 def _conclude(flow: str, checked: int, damaged: int, repaired: int, repair: bool) -> None:
     """The summary line; exit 1 while damage stays unrepaired."""
     if not damaged:
-        out.print(f"verified {checked:,} chunks of {flow}: every one holds its rows")
+        held = "every one holds its rows" if checked else "nothing committed to check"
+        out.print(f"verified {checked:,} chunks of {flow}: {held}")
         return
     if repair:
         out.print(

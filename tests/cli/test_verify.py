@@ -237,3 +237,17 @@ def test_verify_names_table_files_removed_and_repair_then_backfill_restores_them
         finally:
             made.close()
     assert historian("verify", "f", cwd=tmp_path).returncode == 0
+
+
+def test_verify_usage_errors_are_one_line_exit_2(tmp_path: Path) -> None:
+    write_config(tmp_path, node={"url": "http://127.0.0.1:1"}, flows={"f": flow()}, sinks=["lake"])
+    assert "verify" in historian("--help", cwd=tmp_path).stdout
+    unknown = historian("verify", "nope", cwd=tmp_path)
+    assert_clean_failure(unknown, 2, "no flow named 'nope'")
+    backwards = historian("verify", "f", "--start", "-1h", "--end", "-2h", cwd=tmp_path)
+    assert_clean_failure(backwards, 2, "--end must be after --start")
+    bad = historian("verify", "f", "--start", "yesterday-ish", cwd=tmp_path)
+    assert_clean_failure(bad, 2, "--start")
+    empty = historian("verify", "f", cwd=tmp_path)
+    assert empty.returncode == 0, empty.stderr
+    assert "verified 0 chunks of f: nothing committed to check" in empty.stdout
