@@ -39,6 +39,30 @@ class CountMismatch(SinkError):
     """Rows committed differ from rows fetched for a chunk: never a statistic, always an error."""
 
 
+# How a one-line error names the command that repairs damaged data (`historian verify`);
+# `{flow}` is filled in where the flow is known.
+REPAIR_HINT = "`historian verify {flow} --repair` moves it aside and the next run fetches it again"
+
+
+class UnreadableFile(SinkError):
+    """A data file of the sink cannot be read (truncated, not Parquet): named, with the
+    command that repairs it, instead of a reader's bare "magic bytes not found"."""
+
+    def __init__(self, path: str, reason: str, flow: str = "FLOW", shown: str = "") -> None:
+        """`path` as the user knows it; `shown`: how the message names it (the path in
+        the sink and the sink's root apart, so that an error line's cut of long values
+        keeps the file's name)."""
+        self.path = path
+        self.reason = reason
+        self.shown = shown or path
+        hint = REPAIR_HINT.format(flow=flow)
+        super().__init__(f"data file {self.shown} cannot be read ({reason}); {hint}")
+
+    def for_flow(self, flow: str) -> UnreadableFile:
+        """The same error naming the flow in its repair command."""
+        return UnreadableFile(self.path, self.reason, flow, self.shown)
+
+
 @dataclass(frozen=True)
 class ChunkScope:
     """What one write covers: `node`'s rows of `members` inside `window`. `members` are
@@ -103,8 +127,8 @@ class Sink(Protocol):
     progress (`historian state`, `reset`, `repair` on any sink), describe, close.
 
     Everything else a sink may do is a capability beside it (`Compacts`, `Probes`,
-    `Reads`, `ReadsCoverage`): callers ask `isinstance(sink, Capability)`, never for a
-    sink's class.
+    `Reads`, `ReadsCoverage`, `Verifies`): callers ask `isinstance(sink, Capability)`,
+    never for a sink's class.
     """
 
     name: str
@@ -212,6 +236,41 @@ class ReadsCoverage(Protocol):
 
     def coverage_reader(self, dataset: str, kind: str) -> CoverageReader:
         """A reader of the dataset's groups (nothing read until asked)."""
+
+
+@dataclass(frozen=True)
+class Damage:
+    """Committed chunks a sink no longer holds as recorded: where (a file, a table), the
+    span of their windows, what is wrong, and which chunks it costs."""
+
+    where: str
+    window: Window
+    problem: str
+    chunks: tuple[str, ...]
+    unreadable: bool = False  # a file no reader can open (quarantined by a repair)
+
+
+@dataclass
+class Verified:
+    """What `Verifies.verify` found (and, repairing, did)."""
+
+    chunks: int = 0  # committed chunks checked
+    damages: list[Damage] = field(default_factory=list)
+    quarantined: list[tuple[str, str]] = field(default_factory=list)  # (file, moved to)
+    forgotten: int = 0  # chunks forgotten: the next run fetches them again
+
+
+@runtime_checkable
+class Verifies(Protocol):
+    """A sink that can check its committed chunks against what it still holds
+    (`historian verify`): data removed, truncated or dropped after the commit."""
+
+    def verify(
+        self, flow: str, node: str, window: Window | None = None, *, repair: bool = False
+    ) -> Verified:
+        """Check every chunk of progress key `flow` (windows overlapping `window`) whose
+        rows are `node`'s; `repair`: move unreadable files aside (never delete them) and
+        forget the damaged chunks, so the next run fetches exactly them again."""
 
 
 def iter_merged(windows: list[Window]) -> Iterator[Window]:

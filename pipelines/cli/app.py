@@ -1,6 +1,6 @@
 """The `historian` command: the typer app and its entry point. Each group of commands
 lives in a module of its own (run, check, simulate, serve, report, flows, init, plan,
-state) and registers itself on `app` when imported, below.
+state, verify) and registers itself on `app` when imported, below.
 
 User errors (bad config, unreachable node, refused credentials, TLS, a sink that cannot
 be written, a flow already running) end with one line on stderr and a non-zero exit:
@@ -18,6 +18,7 @@ from pipelines.cli.base import DEFAULT_CONFIG, EXIT_FAILED, EXIT_USAGE, UserErro
 # isort: off
 from pipelines.cli import run, check, simulate, serve, report  # noqa: F401
 from pipelines.cli import flows, init, plan, state  # noqa: F401
+from pipelines.cli import verify  # noqa: F401
 
 # isort: on
 

@@ -158,6 +158,18 @@ def user_errors() -> Iterator[None]:
         fail(line, EXIT_FAILED)
 
 
+@contextmanager
+def naming_flow(flow: str) -> Iterator[None]:
+    """An unreadable data file met while working on `flow` names the flow in the command
+    that repairs it (`historian verify FLOW --repair`)."""
+    from sinks.base import UnreadableFile
+
+    try:
+        yield
+    except UnreadableFile as exc:
+        raise exc.for_flow(flow) from exc
+
+
 def prefect_api_error(exc: BaseException) -> str | None:
     """One line for a Prefect API that cannot be reached or refused a call (a wrong
     PREFECT_API_URL, a server that is down); None for any other error."""

@@ -18,6 +18,7 @@ from pipelines.cli.base import (
     err,
     load,
     moment,
+    naming_flow,
     out,
     user_errors,
 )
@@ -63,7 +64,7 @@ def report(
         except ValueError as exc:
             raise UserError(f"--bucket: {exc}", EXIT_USAGE) from None
         target = out_path or Path(f"{flow}-report.html")
-        with SinkSet(cfg, config.resolve().parent, patient=False) as sinks:
+        with SinkSet(cfg, config.resolve().parent, patient=False) as sinks, naming_flow(flow):
             # A DuckDB file a run holds cannot be read: the flow's next sink is.
             source, busy = first_open_sink(sinks, cfg.flows[flow].sinks)
             for line in busy:

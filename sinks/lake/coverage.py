@@ -28,6 +28,7 @@ class LakeCoverage:
 
     def __init__(self, store: LakeStore, dataset: str, kind: str) -> None:
         self.kind = kind
+        self.store = store
         self.paths = visible_files(store, dataset)  # as `ParquetLake.read` lists them
         self.filesystem = store.pafs
         self.member = "tag" if kind == KIND_TAG_HISTORY else "path"
@@ -43,7 +44,9 @@ class LakeCoverage:
     def _files(self) -> Iterator[Any]:
         for path in self.paths:
             with self.filesystem.open_input_file(path) as handle:
-                yield pq.ParquetFile(handle, read_dictionary=[self.member])
+                with self.store.named_if_unreadable(path):
+                    file = pq.ParquetFile(handle, read_dictionary=[self.member])
+                yield file
 
     def span(self) -> Window | None:
         lo: int | None = None

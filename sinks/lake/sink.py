@@ -7,6 +7,8 @@ Layout (under the lake's root, a local directory or any fsspec URL such as s3://
     <root>/<dataset>/node-<node>/year=YYYY/part-<chunk_id>[-<n>].parquet        "year"
     <root>/<dataset>/node-<node>/part-<chunk_id>[-<n>].parquet                  "none"
     <root>/tag_metadata/part-tag_metadata.parquet                    the tag dimension
+    <root>/_quarantine/<dataset>/<path>      unreadable files `historian verify --repair`
+                                             moved aside (sinks.verify.lake)
     <root>/_historian/                                               the sink's own state
         _flows/<key>/markers/<chunk_id>.json    one per committed chunk: flow, dataset,
                                                 chunk_id, window, members, files (with
@@ -97,10 +99,13 @@ import pyarrow.dataset as pads
 
 from connectors import schema as tables
 from connectors.schema import Rows
+from connectors.timewindow import Window
 from sinks.base import (
     ChunkScope,
     CountMismatch,
     SinkError,
+    UnreadableFile,
+    Verified,
 )
 from sinks.lake.compact import Compactor
 from sinks.lake.coverage import LakeCoverage
@@ -130,6 +135,7 @@ from sinks.store.layout import (
     join,
 )
 from sinks.store.objects import LakeStore, redacted_url
+from sinks.verify.lake import LakeVerifier
 
 # A 0-row file stays this long after the write or compaction that retired it (the first
 # of its partition to find it) before a later one removes it: a reader that listed the
@@ -260,6 +266,19 @@ class ParquetLake(FileSink):
         """The dataset read file by file for a coverage report (`sinks.lake.coverage`)."""
         return LakeCoverage(self.store, dataset, kind)
 
+    def verify(
+        self, flow: str, node: str, window: Window | None = None, *, repair: bool = False
+    ) -> Verified:
+        """Every committed chunk's files against their footers (`sinks.verify.lake`); the
+        node's rows are in the files its markers list, so `node` adds nothing here."""
+        check_flow(flow)
+        with self._errors(f"verify flow '{flow}'"):
+            verifier = LakeVerifier(self.parts.state, self._dataset_lock)
+            found = verifier.verify(flow, window, repair=repair)
+            if repair:
+                self.parts.files.clear()
+            return found
+
     # -- writing --------------------------------------------------------------------------
 
     def write(self, scope: ChunkScope, rows: Rows, rows_fetched: int) -> int:
@@ -285,6 +304,9 @@ class ParquetLake(FileSink):
             plan = Plan(ident=chunk, dataset=dataset)
             try:
                 parts.writes.plan(plan, scope, table)
+            except UnreadableFile as exc:
+                parts.journal.discard(plan)
+                raise exc.for_flow(scope.flow.split("@", 1)[0]) from exc
             except BaseException:
                 parts.journal.discard(plan)
                 raise
@@ -362,6 +384,11 @@ class ParquetLake(FileSink):
         paths = visible_files(self.store, dataset)
         if not paths:
             return None
-        found = pads.dataset(paths, format="parquet", filesystem=self.store.pafs, schema=target)
-        table: pa.Table = found.to_table(columns=target.names)
+        try:
+            found = pads.dataset(paths, format="parquet", filesystem=self.store.pafs, schema=target)
+            table: pa.Table = found.to_table(columns=target.names)
+        except pa.ArrowInvalid:
+            for path in paths:  # which file: its footer says (an UnreadableFile naming it)
+                self.store.read_parquet_metadata(path)
+            raise
         return table.cast(target).replace_schema_metadata(None)

@@ -59,12 +59,14 @@ from connectors.schema import (
     Rows,
     frame_from_table,
 )
+from connectors.timewindow import Window
 from sinks.base import (
     ChunkRecord,
     ChunkScope,
     Progress,
     SinkError,
     SinkUnavailable,
+    Verified,
 )
 from sinks.identity import identity
 from sinks.scope import check_scope
@@ -93,6 +95,7 @@ from sinks.sql.tables import (
     Storage,
     check_dataset_name,
 )
+from sinks.verify.sql import SqlVerifier
 
 _JITTER = random.Random()  # not the global generator, which callers may be drawing from
 
@@ -471,6 +474,18 @@ class SqlWarehouse:
         after it, in one transaction; returns the chunk records dropped."""
         with self._errors("forget progress"), self.engine.begin() as conn:
             return state.forget_after(conn, self.layout, flow, moment)
+
+    def verify(
+        self, flow: str, node: str, window: Window | None = None, *, repair: bool = False
+    ) -> Verified:
+        """Every committed chunk's rows against what the tables hold (`sinks.verify.sql`);
+        repairing forgets the damaged windows in one transaction."""
+        verifier = SqlVerifier(self.layout, str(self.dialect))
+        with self._errors(f"verify flow {flow!r}"), self.engine.begin() as conn:
+            found = verifier.verify(conn, flow, node, window)
+            if repair and found.damages:
+                found.forgotten = verifier.forget(conn, flow, found.damages)
+        return found
 
     def read(self, dataset: str, kind: str) -> pd.DataFrame:
         schema = SCHEMAS[kind]

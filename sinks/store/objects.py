@@ -27,6 +27,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from sinks.base import UnreadableFile
 from sinks.store.layout import join
 
 
@@ -239,7 +240,20 @@ class LakeStore:
         ]
 
     def read_parquet_metadata(self, path: str) -> pq.FileMetaData:
-        return pq.read_metadata(path, filesystem=self.pafs)
+        with self.named_if_unreadable(path):
+            return pq.read_metadata(path, filesystem=self.pafs)
+
+    @contextlib.contextmanager
+    def named_if_unreadable(self, path: str) -> Iterator[None]:
+        """A file that is there but is no Parquet (truncated, overwritten) becomes an
+        `UnreadableFile` naming it; a missing one stays FileNotFoundError."""
+        try:
+            yield
+        except (pa.ArrowInvalid, OSError) as exc:
+            if not _corrupt(exc):
+                raise
+            shown = f"{self.relative(path)} in {self.display(self.root)}"
+            raise UnreadableFile(self.display(path), str(exc).splitlines()[0], shown=shown) from exc
 
     def read_table(
         self, path: str, columns: list[str] | None = None, dictionary: Sequence[str] = ()
@@ -248,9 +262,12 @@ class LakeStore:
         Parquet stores them), which holds repeated strings in a fraction of the memory."""
         # ParquetFile, not pq.read_table: a third of the time on small files (no dataset
         # discovery), which a compaction of thousands of one-minute files feels.
-        with pq.ParquetFile(
-            path, filesystem=self.pafs, read_dictionary=list(dictionary) or None
-        ) as handle:
+        with (
+            self.named_if_unreadable(path),
+            pq.ParquetFile(
+                path, filesystem=self.pafs, read_dictionary=list(dictionary) or None
+            ) as handle,
+        ):
             return handle.read(columns=columns)
 
     # -- writing ------------------------------------------------------------------------
@@ -474,6 +491,28 @@ class LakeStore:
         for entry in self.listdir(directory):
             if not entry.is_dir and entry.name.endswith(suffix):
                 yield entry.name
+
+
+def _corrupt(exc: BaseException) -> bool:
+    """Does a Parquet reader's error say the file itself is bad (not missing, not the
+    network: those stay what they are, a retry may help)?"""
+    if isinstance(exc, pa.ArrowInvalid):
+        return True
+    if isinstance(exc, FileNotFoundError | ConnectionError | TimeoutError):
+        return False
+    text = str(exc).lower()  # pyarrow's phrases, not a path that happens to say "parquet"
+    return any(phrase in text for phrase in _CORRUPT_PHRASES)
+
+
+_CORRUPT_PHRASES = (
+    "magic bytes",
+    "thrift",
+    "deserializ",
+    "corrupt",
+    "parquet file size is 0",
+    "not a parquet file",
+    "invalid parquet",
+)
 
 
 def _fs_modified(info: Mapping[str, Any]) -> float:

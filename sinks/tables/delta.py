@@ -60,6 +60,7 @@ from sinks.tables.commit_retry import retry_conflicts
 from sinks.tables.progress import RECORD_KEY, check_record, chunk_record
 from sinks.tables.rows import conform
 from sinks.tables.table_sink import TableSink, s3fs_options
+from sinks.verify.tables import DeltaFiles
 
 PARTITION_COLUMN = "date"
 TABLE_CONFIGURATION = {"delta.logRetentionDuration": "interval 36500 days"}
@@ -357,6 +358,9 @@ class DeltaLake(TableSink):
                     .execute()
                 )
         return int(table.num_rows)
+
+    def _table_files(self) -> DeltaFiles:
+        return DeltaFiles(self._table)
 
     # -- reading --------------------------------------------------------------------------
 

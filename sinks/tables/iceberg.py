@@ -60,6 +60,7 @@ from sinks.tables.commit_retry import retry_conflicts
 from sinks.tables.progress import RECORD_KEY, check_record, chunk_record
 from sinks.tables.rows import conform
 from sinks.tables.table_sink import TableSink, s3fs_options
+from sinks.verify.tables import IcebergFiles
 
 NAMESPACE = "historian"
 PARTITION_FIELD = "ts_day"
@@ -452,6 +453,9 @@ class IcebergLake(TableSink):
             else:
                 target.upsert(table, join_cols=list(tables.TAG_METADATA_KEY))
         return int(table.num_rows)
+
+    def _table_files(self) -> IcebergFiles:
+        return IcebergFiles(self._table)
 
     # -- reading --------------------------------------------------------------------------
 

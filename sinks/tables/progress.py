@@ -80,8 +80,10 @@ def _empty_rules() -> dict[str, Any]:
     return {"all": 0, "members": {}, "forgets": []}
 
 
-def _forgotten(rules: Mapping[str, Any], committed_ns: int, end_ms: int) -> bool:
+def _forgotten(rules: Mapping[str, Any], committed_ns: int, end_ms: int, chunk: str) -> bool:
     if committed_ns <= int(rules.get("all", 0)):
+        return True
+    if committed_ns <= int(rules.get("chunks", {}).get(chunk, -1)):  # `forget_chunks`
         return True
     return any(
         committed_ns <= int(at) and end_ms > int(cut) for at, cut in rules.get("forgets", [])
@@ -141,7 +143,7 @@ class TableProgress:
                 int(record["start_ms"]),
                 int(record["end_ms"]),
             )
-            if _forgotten(rules, ns, end):
+            if _forgotten(rules, ns, end, str(record["chunk_id"])):
                 continue
             members = [str(m) for m in record["members"]]
             part["chunks"][str(record["chunk_id"])] = [
@@ -255,6 +257,28 @@ class TableProgress:
                 rules["forgets"] = [*rules.get("forgets", []), [time.time_ns(), int(moment_ms)]]
                 self._save_rules(flow, rules)
             return forgotten
+
+    def forget_chunks(self, flow: str, chunks: Sequence[str]) -> int:
+        """Forget these chunks as committed so far (`historian verify --repair`: their
+        rows are damaged); a later commit of one counts again. Returns how many."""
+        with self._lock:
+            if not chunks:
+                return 0
+            rules = {**self.rules(flow)}
+            now = time.time_ns()
+            rules["chunks"] = {**rules.get("chunks", {}), **dict.fromkeys(chunks, now)}
+            self._save_rules(flow, rules)
+            return len(chunks)
+
+    def records(self, flow: str) -> dict[str, dict[str, Entry]]:
+        """The flow's chunk entries per dataset (`Entry`)."""
+        self._rules.clear()
+        found = {}
+        for dataset in self.log.datasets():
+            part = self.refresh(dataset)["flows"].get(flow)
+            if part is not None and part["chunks"]:
+                found[dataset] = part["chunks"]
+        return found
 
 
 def check_record(value: object) -> Record | None:

@@ -16,12 +16,14 @@ import pyarrow as pa
 
 from connectors import schema as tables
 from connectors.schema import Rows
-from sinks.base import ChunkScope, SinkError
+from connectors.timewindow import Window
+from sinks.base import ChunkScope, SinkError, Verified
 from sinks.identity import differences
 from sinks.store.file_sink import FileSink
 from sinks.store.layout import check_dataset, check_flow
 from sinks.tables.progress import Record, TableProgress
 from sinks.tables.rows import chunk_rows, plain, reason, transient, typed_table
+from sinks.verify.tables import TableFiles, TablesVerifier
 
 HISTORY_KINDS = (tables.KIND_TAG_HISTORY, tables.KIND_ALARM_HISTORY)
 # The s3fs options the side files (locks, progress caches) take, and whether each goes
@@ -83,6 +85,22 @@ class TableSink(FileSink):
     def records_since(self, dataset: str, version: int) -> tuple[int, list[Record]]:
         """The latest version of the dataset's log and the chunk records after `version`."""
         raise NotImplementedError
+
+    # -- verifying ----------------------------------------------------------------------
+
+    def _table_files(self) -> TableFiles:
+        """The table format's files, rows and repair, for `verify`."""
+        raise NotImplementedError
+
+    def verify(
+        self, flow: str, node: str, window: Window | None = None, *, repair: bool = False
+    ) -> Verified:
+        """Every committed chunk against the table's files and rows (`sinks.verify.tables`)."""
+        check_flow(flow)
+        with self._errors(f"verify flow '{flow}'"):
+            files = self._table_files()
+            verifier = TablesVerifier(self.store, self.state, files, self._dataset_lock)
+            return verifier.verify(flow, node, window, repair=repair)
 
     # -- writes -------------------------------------------------------------------------
 
