@@ -39,6 +39,11 @@ BEHAVIOURS: dict[str, str] = {
     "(it is in browse and details)",
     "garbled_timestamps": "every fifth tag's history answers hold one more row stamped "
     "outside the query (negative, 1913 or 2200)",
+    "clock_behind": "the node's clock runs 10 minutes behind the caller's: `sys.ts` and what "
+    "it has stored stop 10 minutes short of the caller's now",
+    "other_identity": "the node says it is another node: n3.node `sim-node-b` and another "
+    "license uid (a flow moved to a second node)",
+    "no_views": "tag?cmd=getViews answers 404 (a node without views)",
 }
 
 # Named profiles: each is a set of behaviours. `default` is the simulator's own reading.
@@ -61,6 +66,9 @@ PROFILES: dict[str, frozenset[str]] = {
     "flaky-tags-renamed": frozenset({"flaky_tags", "dropped_as_name"}),
     "lost-tags": frozenset({"loses_tags"}),
     "garbled-timestamps": frozenset({"garbled_timestamps"}),
+    "clock-behind": frozenset({"clock_behind"}),
+    "other-node": frozenset({"other_identity"}),
+    "no-views": frozenset({"no_views"}),
 }
 
 # Behaviours that cannot hold at once.
