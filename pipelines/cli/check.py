@@ -79,8 +79,7 @@ def _check_nodes(cfg: Config, nodes: NodePool, fail: Callable[[str, Exception], 
         if version is not None and version.text and version.text != str(version):
             shown += f" ({version.text!r})"
         out.print(
-            f"[green]ok[/] node {describe_node(node)} answers {facts.identity.name or ''}, "
-            f"{shown}",
+            f"[green]ok[/] node {describe_node(node)} answers {facts.identity.name or ''}, {shown}",
             highlight=False,
         )
         for line in facts.lines():
