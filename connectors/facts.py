@@ -88,7 +88,8 @@ class NodeIdentity:
 
     def __str__(self) -> str:
         if not self.told:
-            return f"at {self.url}" if self.url else "unknown"
+            where = f" at {self.url}" if self.url else ""
+            return f"unnamed (no n3.node, no uid){where}"
         name = repr(self.name) if self.name is not None else "unnamed"
         return f"{name} (uid {self.uid})" if self.uid is not None else name
 
