@@ -162,3 +162,26 @@ def test_progress_written_before_identities_is_kept_and_then_records_the_node(
                 assert recorded_identity(sinks.get(name).progress("f")) == key, name
     span = Window(NOW - timedelta(hours=2), NOW)
     assert_sinks_hold(path, "f", truth_history_rows(node, tags, [span], RAW))
+
+
+def test_the_same_node_at_another_url_keeps_its_progress(tmp_path: Path) -> None:
+    """A new address (another port here) for a node that still says who it is: no
+    refusal, nothing extracted again."""
+    node = SimulatedNode(SimConfig(seed=21, tags=12))
+    node.set_clock(ms(NOW))
+    tags = node.tag_paths()[:4]
+    earlier = NOW - timedelta(minutes=30)
+    with run_server(node, http_port=0, https_port=None) as first:
+        path = write_config(
+            tmp_path, node={"url": first.http_url}, flows={"f": flow_of({"paths": tags})}
+        )
+        run(path, "f", now=earlier)
+    with run_server(node, http_port=0, https_port=None) as second:
+        assert second.http_url != first.http_url
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document["nodes"]["n"]["url"] = second.http_url
+        path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+        moved = run(path, "f")
+    assert moved.span == Window(earlier, NOW)
+    span = Window(NOW - timedelta(hours=2), NOW)
+    assert_sinks_hold(path, "f", truth_history_rows(node, tags, [span], RAW))
