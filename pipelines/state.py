@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from urllib.parse import quote, unquote
 
+from connectors.facts import NodeClock, NodeIdentity, NodeMoved
 from connectors.timewindow import Window
 from pipelines.planning import Chunk
 from sinks.base import ChunkRecord, Progress, merge_windows
@@ -24,7 +25,11 @@ MISSING_PREFIX = "missing:"
 # A window held for a tag behind a link that has not delivered it yet (pipelines/core/
 # holds.py) is recorded the same way, as progress of `held:<link, percent-encoded>:<tag>`.
 HELD_PREFIX = "held:"
-_RECORDS = (MISSING_PREFIX, HELD_PREFIX)
+# The node a window was extracted from is recorded the same way, as progress of the member
+# `node:<identity key>` (connectors.facts.NodeIdentity.key) in every chunk's write: the
+# progress says which node it came from, per window, in the sink that holds the rows.
+IDENTITY_PREFIX = "node:"
+_RECORDS = (MISSING_PREFIX, HELD_PREFIX, IDENTITY_PREFIX)
 
 
 class _Coverage:
@@ -147,6 +152,27 @@ def lacking_members(
     }
 
 
+def settled_until(now: datetime, node_now: datetime | None, settle: timedelta) -> datetime:
+    """Where a run may mark windows complete: `settle` before the earlier of our clock and
+    the node's (`sys.ts`). The node stamps its samples with its own clock, so a node behind
+    ours holds nothing past its own now yet; a node ahead of ours is not trusted past our
+    now (its freshest samples wait for the next run: late, never lost). Without the
+    node's time, our clock alone."""
+    latest = now if node_now is None else min(now, node_now)
+    return latest - settle
+
+
+def settled_by_clocks(
+    now: datetime, settle: timedelta, clock: NodeClock | None, began: float
+) -> tuple[datetime, timedelta | None]:
+    """`settled_until` with the node's clock as read during a run that started at `now`
+    (`began`: `time.monotonic()` then), and the node's clock minus ours (None: unknown)."""
+    if clock is None:
+        return now - settle, None
+    ours_then = now + timedelta(seconds=clock.read_monotonic - began)
+    return settled_until(now, clock.node_time, settle), clock.node_time - ours_then
+
+
 def incremental_span(
     *,
     history_start: datetime,
@@ -191,7 +217,7 @@ def held_members(progress: Progress, tag: str) -> list[str]:
 
 def tag_members(progress: Progress) -> list[str]:
     """The members of a flow's progress that are tags or alarm selections (not records of
-    missing or held windows), sorted."""
+    missing or held windows, or of the node they came from), sorted."""
     return sorted(m for m in progress.completed if not m.startswith(_RECORDS))
 
 
@@ -210,6 +236,43 @@ def held_windows(progress: Progress) -> dict[str, tuple[str, list[Window]]]:
             before = held.get(tag, ("", []))[1]
             held[tag] = (unquote(link), merge_windows([*before, *left]))
     return held
+
+
+def identity_member(key: str) -> str:
+    """The progress member recording the windows extracted from the node of `key`."""
+    return IDENTITY_PREFIX + key
+
+
+def recorded_identity(progress: Progress) -> str | None:
+    """The identity key of the node the latest completed window was extracted from; None
+    for progress that records none (written before identities were recorded, or empty)."""
+    latest: tuple[datetime, str] | None = None
+    for member, windows in progress.completed.items():
+        if member.startswith(IDENTITY_PREFIX) and windows:
+            found = (windows[-1].end, member[len(IDENTITY_PREFIX) :])
+            latest = found if latest is None else max(latest, found)
+    return latest[1] if latest is not None else None
+
+
+def check_same_node(
+    progresses: Sequence[Progress], current: NodeIdentity, node: str, reset: str
+) -> None:
+    """Refuse (NodeMoved, one line) a unit whose progress was last extracted from another
+    node than `current`: its windows are complete for that node, not this one. Progress
+    recording no node (written before identities were) is taken as this node's: its next
+    write records it. `node` is its config name; `reset`, the command forgetting progress."""
+    for progress in progresses:
+        key = recorded_identity(progress)
+        if key is None:
+            continue
+        recorded = NodeIdentity.from_key(key)
+        if not recorded.same_node(current):
+            raise NodeMoved(
+                "node identity",
+                f"progress was extracted from node {recorded}, and node {node} answers as "
+                f"{current}; nothing fetched. To extract it from this node, forget that "
+                f"progress with `{reset}` (rows already written stay)",
+            )
 
 
 def missing_windows(progress: Progress) -> dict[str, list[Window]]:

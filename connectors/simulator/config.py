@@ -9,6 +9,10 @@ from connectors.simulator.profiles import behaviours_of
 MAX_PERIOD_MS = 86_400_000
 # The node's own raw cap under the `raw_cap_small` behaviour.
 SMALL_RAW_CAP = 250
+# How far the node's clock is behind the caller's under the `clock_behind` behaviour.
+CLOCK_BEHIND_MS = 600_000
+# The name the node gives itself under `other_identity` (its license uid follows the name).
+OTHER_NODE_NAME = "sim-node-b"
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "behaviours", behaviours_of(self.profile))
+        if "other_identity" in self.behaviours and self.node_name == "sim-node":
+            object.__setattr__(self, "node_name", OTHER_NODE_NAME)
         if self.tag_paths is not None:
             if not self.tag_paths or len(set(self.tag_paths)) != len(self.tag_paths):
                 raise ValueError("tag_paths must be distinct and not empty")
@@ -55,6 +61,10 @@ class SimConfig:
             )
         if self.cache_limit_bytes < 0:
             raise ValueError("cache_limit_bytes must not be negative")
+
+    def clock_offset_ms(self) -> int:
+        """How far the node's clock is from the caller's (negative: behind)."""
+        return -CLOCK_BEHIND_MS if "clock_behind" in self.behaviours else 0
 
     def node_raw_cap(self) -> int | None:
         """The node's own cap on raw samples per tag (None: only `limit` caps)."""

@@ -134,14 +134,17 @@ class SimulatedNode:
         return self.tree().by_path[path].type
 
     def set_clock(self, now_ms: int | None) -> None:
-        """Freeze "now" at `now_ms` (None: the wall clock again)."""
+        """Freeze the caller's "now" at `now_ms` (None: the wall clock again); the node's
+        own clock is that plus its offset (`clock_behind`: 10 minutes behind)."""
         with self._lock:
             self._clock_ms = now_ms
             self._clear_cache()
 
     def now_ms(self) -> int:
+        """The node's clock: what `sys.ts` says and what its samples are stamped up to."""
         clock = self._clock_ms
-        return clock if clock is not None else time.time_ns() // 1_000_000
+        caller = clock if clock is not None else time.time_ns() // 1_000_000
+        return caller + self.config.clock_offset_ms()
 
     def alarm_paths(self) -> list[str]:
         return [alarm.path for alarm in self.alarms.alarms]
@@ -364,6 +367,8 @@ class SimulatedNode:
             return Answer(503, b'{"error":"service restarting"}', headers={"Retry-After": "1"})
         operation = f"{resource}.{cmd}"
         handler = self._handlers.get(operation)
+        if operation == "tag.getViews" and self.behaves("no_views"):
+            return error_answer(404, "unknown command 'getViews' for resource tag")
         if handler is None:
             if resource in RESOURCES:
                 return error_answer(400, f"unknown command {cmd!r} for resource {resource}")

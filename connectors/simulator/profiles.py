@@ -49,6 +49,11 @@ BEHAVIOURS: dict[str, str] = {
     "historyFilter always include the tags of subgroups",
     "null_without_history": "every fifth tag has no history: its history answers hold "
     "`data: null` (the spec's own example of `request.data`)",
+    "clock_behind": "the node's clock runs 10 minutes behind the caller's: `sys.ts` and what "
+    "it has stored stop 10 minutes short of the caller's now",
+    "other_identity": "the node says it is another node: n3.node `sim-node-b` and another "
+    "license uid (a flow moved to a second node)",
+    "no_views": "tag?cmd=getViews answers 404 (a node without views)",
 }
 
 # Named profiles: each is a set of behaviours. `default` is the simulator's own reading.
@@ -76,6 +81,9 @@ PROFILES: dict[str, frozenset[str]] = {
     "raw-cap-per-answer": frozenset({"raw_cap_per_answer"}),
     "browse-always-recurses": frozenset({"browse_always_recurses"}),
     "null-without-history": frozenset({"null_without_history"}),
+    "clock-behind": frozenset({"clock_behind"}),
+    "other-node": frozenset({"other_identity"}),
+    "no-views": frozenset({"no_views"}),
 }
 
 # Behaviours that cannot hold at once.

@@ -59,29 +59,46 @@ def check(
 
 
 def _check_nodes(cfg: Config, nodes: NodePool, fail: Callable[[str, Exception], None]) -> set[str]:
-    """Each node answers with its credentials (tag data too); shows its name and version."""
+    """Each node answers with its credentials; shows what the pipeline knows of it (its
+    facts: identity, version, clock, the readings learned). A probe the extraction does
+    not need (`tag?cmd=getViews`) is a warning: the flows are still checked."""
     from pipelines.config.nodes import describe_node
 
     reachable: set[str] = set()
     for name in cfg.nodes:
         try:
             node = nodes.get(name)
-            status = node.client.system_status()
-            node_name = getattr(getattr(status, "n3", None), "node", None) or ""
-            # A history-permission check: credentials accepted for tag data too.
-            node.client.tag_get_views()
-            version = node.version()
-            shown = f"version {version}" if version is not None else "version unknown"
-            if version is not None and version.text and version.text != str(version):
-                shown += f" ({version.text!r})"
-            out.print(
-                f"[green]ok[/] node {describe_node(node)} answers {node_name}, {shown}",
-                highlight=False,
-            )
-            reachable.add(name)
+            node.client.system_status()  # answers, and accepts the credentials
+            facts = node.facts()
         except NodeError as exc:
             fail(f"node {name}", exc)
+            continue
+        reachable.add(name)
+        version = facts.version
+        shown = f"version {version}" if version is not None else "version unknown"
+        if version is not None and version.text and version.text != str(version):
+            shown += f" ({version.text!r})"
+        out.print(
+            f"[green]ok[/] node {describe_node(node)} answers {facts.identity.name or ''}, {shown}",
+            highlight=False,
+        )
+        for line in facts.lines():
+            out.print(f"     {line}", highlight=False, soft_wrap=True)
+        _check_views(node)
     return reachable
+
+
+def _check_views(node: ConnectedNode) -> None:
+    """`tag?cmd=getViews`: a warning when refused, since extraction never asks it."""
+    try:
+        node.client.tag_get_views()
+    except NodeError as exc:
+        out.print(
+            f"[yellow]warn[/] node {node.name}: {one_line(exc)} (not needed to extract: "
+            "the flows are checked below)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _check_flows(

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 from connectors.client import NodeClient
-from connectors.errors import FatalNodeError, RetriesExhausted, one_line, quoted
+from connectors.errors import quoted
+from connectors.facts import NodeFacts, read_facts
 from connectors.proxy import describe_proxy
 from connectors.settings import NodeSettings, SecretText, SettingsError
-from connectors.version import NodeVersion, node_version
+from connectors.version import NodeVersion
 from pipelines.config.models import Config, NodeConfig
 
 log = logging.getLogger("historian.nodes")
@@ -31,32 +33,28 @@ class ConnectedNode:
     client: NodeClient
     settings: NodeSettings
     simulated: bool
-    _version: tuple[NodeVersion | None] | None = field(default=None, init=False, repr=False)
+    _facts: NodeFacts | None = field(default=None, init=False, repr=False)
+    _read_at: float = field(default=0.0, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
-    def version(self) -> NodeVersion | None:
-        """The node's version from `system?cmd=status` (`n3.versions`), read once per
-        connection (once per run). None when the node does not say or refuses to: what
-        depends on it then takes the reading every version understands. A node that does
-        not answer at all (`RetriesExhausted`) stops the caller here."""
+    def facts(self, *, read_after: float | None = None) -> NodeFacts:
+        """Who the node is, its version and its clock (`connectors.facts.read_facts`), read
+        once per connection, and again when the reading is older than `read_after` (a
+        `time.monotonic()`: a run reads what can change once per run). What the node does
+        not say stays unknown, and what depends on it takes the reading every node
+        understands. A node that does not answer at all (`RetriesExhausted`) stops the
+        caller here."""
         with self._lock:
-            if self._version is None:
-                self._version = (self._read_version(),)
-            return self._version[0]
+            stale = read_after is not None and self._read_at < read_after
+            if self._facts is None or stale:
+                self._read_at = time.monotonic()
+                url = None if self.simulated else self.settings.url
+                self._facts = read_facts(self.client, self.name, url or "")
+            return self._facts
 
-    def _read_version(self) -> NodeVersion | None:
-        try:
-            status = self.client.system_status()
-        except RetriesExhausted:
-            raise  # the node is not answering at all: nothing else will work either
-        except FatalNodeError as exc:
-            log.warning("node %s: cannot read its version (%s)", self.name, one_line(exc))
-            return None
-        versions = status.n3.versions if status.n3 is not None else []
-        found = node_version(versions)
-        if found is None:
-            log.warning("node %s: no version among n3.versions %r", self.name, versions[:5])
-        return found
+    def version(self) -> NodeVersion | None:
+        """The node's version from `system?cmd=status` (`n3.versions`), read with its facts."""
+        return self.facts().version
 
 
 def node_settings(name: str, node: NodeConfig, url: str | None = None) -> NodeSettings:

@@ -21,6 +21,7 @@ pipelines/core/units.py):
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -36,6 +37,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.facts import skew_note
 from connectors.normalise.alarms import parse_alarm_history_answer
 from connectors.normalise.history import parse_history_answer
 from connectors.options import HistoryOptions
@@ -78,7 +80,15 @@ from pipelines.planning import (
 )
 from pipelines.selection import resolve_tags
 from pipelines.shards import Shard
-from pipelines.state import flow_watermark, incremental_span, lacking_members, pending_chunks
+from pipelines.state import (
+    check_same_node,
+    flow_watermark,
+    identity_member,
+    incremental_span,
+    lacking_members,
+    pending_chunks,
+    settled_by_clocks,
+)
 from sinks.base import ChunkScope, Compacts, Progress, Sink, SinkError
 
 log = logging.getLogger("historian.runner")
@@ -376,6 +386,8 @@ class FlowRun:
         self.dataset = flow_dataset(name, self.flow_config)
         self.request = request or RunRequest()
         self.now = now or datetime.now(UTC)
+        self._began = time.monotonic()  # the node's facts are read again after it
+        self._identity: tuple[str, ...] = ()  # the progress member naming the node
         self._nodes = nodes
         self._sinks = sinks
         self._stack = ExitStack()
@@ -446,9 +458,13 @@ class FlowRun:
 
     def _plan_once(self) -> Plan:
         self.summary.notes.clear()  # a plan run again says its lines once
-        members = self._select(self.node.version())
+        facts = self.node.facts(read_after=self._began)
+        members = self._select(facts.version)
         with self._sink_guard:
             progresses = [sink.progress(self.key) for sink in self.sinks]
+        reset = f"historian state reset {self.name}{self._node_option}"
+        check_same_node(progresses, facts.identity, self.node_name, reset)
+        self._identity = (identity_member(facts.identity.key()),)
         watermark = _min_watermark(progresses, members, self.flow_config.start)
         self.summary.tags = len(members)
         self.summary.watermark_before = watermark
@@ -625,14 +641,17 @@ class FlowRun:
         return span, Window(span.start, min(watermark, span.end))
 
     def _end(self, watermark: datetime | None) -> datetime:
-        """Where this run ends: `now - settle`, or an explicit end no later than that.
+        """Where this run ends: `now - settle`, or an explicit end no later than that;
+        `now` is the node's own when its clock is behind ours (`settled_by_clocks`).
 
         Nothing past `now - settle` is ever marked complete (a future window's answer is
         empty, and a later run would skip it for good): a later explicit end is cut there,
         with one line in the summary. Progress already past it (recorded before this rule)
         is pointed out with the command that repairs it.
         """
-        settled = self.now - self.flow_config.settle
+        clock = self.node.facts().clock
+        settled, skew = settled_by_clocks(self.now, self.flow_config.settle, clock, self._began)
+        self.summary.notes.extend(filter(None, [skew_note(self.node_name, skew)]))
         if watermark is not None and watermark > settled:
             self.summary.notes.append(
                 f"progress is marked complete up to {iso_utc(watermark)}, past now - settle: "
@@ -720,7 +739,7 @@ class FlowRun:
             flow=self.key,
             dataset=self.dataset,
             kind=self.kind,
-            members=chunk.members,
+            members=chunk.members + self._identity,
             window=chunk.window,
             chunk_id=chunk.chunk_id,
             attrs=dataset_attrs(self.name, self.flow_config),

@@ -49,6 +49,9 @@ LOSSLESS = (
     "raw-cap-per-answer",
     "browse-always-recurses",
     "null-without-history",
+    "clock-behind",
+    "other-node",
+    "no-views",
 )
 GROUP_NAMES = ("Line 1", "Line, 2", "Bâtiment.Ü", "q'uote", "50%2F", "東京")
 LEAF_NAMES = ("Temp.PV", "Flow, Rate", "Débit", 'say "hi"', "温度", "x")
@@ -124,7 +127,8 @@ def test_the_lake_holds_the_truth_of_any_tree_range_and_profile(
         path = write_config(
             Path(directory), node={"url": server.http_url}, flows={"f": flow}, sinks=["lake"]
         )
-        last = min(end, NOW)
+        # A node clock behind ours bounds the run: it has stored nothing past its own now.
+        last = min(end, NOW + timedelta(milliseconds=node.config.clock_offset_ms()))
         run(path, RunRequest(start=start, end=end))
         config_loaded = load(path)
         with SinkSet(config_loaded, path.parent) as sinks:

@@ -174,7 +174,8 @@ def test_joined_and_chunk_by_chunk_writes_replace_each_other_exactly(
     with SinkSet(config, path.parent) as sinks:
         for name in sink_names:
             log = sinks.get(name).chunk_log("f")
-            assert [record.members for record in log] == [10] * 6, name
+            # Each write records its tags and the node they came from (pipelines/state.py).
+            assert [record.members for record in log] == [10 + 1] * 6, name
 
     def one_by_one(fetched: Any, expected: Any) -> Any:
         return fetched
@@ -187,14 +188,14 @@ def test_joined_and_chunk_by_chunk_writes_replace_each_other_exactly(
     with SinkSet(config, path.parent) as sinks:
         for name in sink_names:
             log = sinks.get(name).chunk_log("f", limit=12)
-            assert [record.members for record in log] == [5] * 12, name
+            assert [record.members for record in log] == [5 + 1] * 12, name
     last_hour = RunRequest(start=NOW - timedelta(hours=1), end=NOW)
     assert run(path, "f", request=last_hour).chunks_done == 4
     with SinkSet(config, path.parent) as sinks:
         for name in sink_names:
             assert as_ms_keys(sinks.get(name).read("f", "tag_history")) == want, name
             newest = sinks.get(name).chunk_log("f", limit=2)
-            assert [record.members for record in newest] == [10, 10], name
+            assert [record.members for record in newest] == [10 + 1, 10 + 1], name
 
 
 def test_incremental_runs_continue_and_skip_what_is_done(
