@@ -20,7 +20,7 @@ from connectors.simulator import history
 from connectors.simulator.admin import Admin
 from connectors.simulator.alarms import AlarmQuery, AlarmService, alarm_in_seconds, build_alarms
 from connectors.simulator.config import SimConfig
-from connectors.simulator.faults import Faults
+from connectors.simulator.faults import Faults, FirstAsks
 from connectors.simulator.protocol import Answer, Handler, RequestError, error_answer, parse_list
 from connectors.simulator.subscriptions import Subscriptions
 from connectors.simulator.tags import TagService
@@ -101,6 +101,7 @@ class SimulatedNode:
         self._cache: dict[str, bytes | tuple[bytes, int]] = {}  # body, or (zstd, size)
         self._cache_bytes = 0
         self.faults = Faults()
+        self.first_asks = FirstAsks()  # `errors_in_200`: the questions asked once
         self.requests_served = 0
         # Requests being answered now, and the most at once since start or `reset_peak`:
         # how a test sees that several workers never asked more than a node's limit.
@@ -360,13 +361,20 @@ class SimulatedNode:
         if expected == "POST" and body is not None and not isinstance(body, dict):
             return error_answer(400, "the body is not a JSON object")
         source = (body or {}) if expected == "POST" else params
+        if self._errs_first(operation, source):
+            return error_answer(200, f"{operation} could not be served now, try again")
         try:
             return handler(source)
         except RequestError as exc:
-            return error_answer(exc.status, str(exc))
+            status = 200 if self.behaves("errors_in_200") else exc.status
+            return error_answer(status, str(exc))
         except Exception as exc:  # a simulator bug: say so, as a node would, with a 500
             traceback.print_exc()
             return error_answer(500, f"internal error in {operation}: {type(exc).__name__}")
+
+    def _errs_first(self, operation: str, params: Mapping[str, Any]) -> bool:
+        """`errors_in_200`: is this the first ask of the question (answered with an error)?"""
+        return self.behaves("errors_in_200") and self.first_asks.first(operation, params)
 
     def cached(self, key: str, produce: Callable[[], Answer]) -> Answer:
         """Replay mode (`cache_answers`): a history or details answer rendered once per query.
@@ -379,6 +387,8 @@ class SimulatedNode:
         """
         if not self.config.cache_answers or self.behaves("flaky_tags"):
             return produce()  # a flaky node answers a question differently the second time
+        if self.behaves("errors_in_200"):
+            return produce()  # its errors are 200s: none may be replayed as an answer
         with self._lock:
             kept = self._cache.get(key)
         if kept is not None:

@@ -39,6 +39,8 @@ BEHAVIOURS: dict[str, str] = {
     "(it is in browse and details)",
     "garbled_timestamps": "every fifth tag's history answers hold one more row stamped "
     "outside the query (negative, 1913 or 2200)",
+    "errors_in_200": 'errors answered with status 200 and {"error": ...} (as web '
+    "frameworks do), and the first ask of every question answered so",
 }
 
 # Named profiles: each is a set of behaviours. `default` is the simulator's own reading.
@@ -61,6 +63,7 @@ PROFILES: dict[str, frozenset[str]] = {
     "flaky-tags-renamed": frozenset({"flaky_tags", "dropped_as_name"}),
     "lost-tags": frozenset({"loses_tags"}),
     "garbled-timestamps": frozenset({"garbled_timestamps"}),
+    "errors-in-200": frozenset({"errors_in_200"}),
 }
 
 # Behaviours that cannot hold at once.
