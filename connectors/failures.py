@@ -34,8 +34,11 @@ from connectors.errors import (
     quoted,
 )
 
-# An error body is small; a body longer than this is an answer, never parsed here twice.
+# An error body is small: one longer than this is an answer, never parsed here twice; one
+# longer than ERROR_SEARCHED_BYTES is an error only when `error` is its first key (searching
+# a long answer for `"error"` costs a tenth of parsing it: digits defeat the search's skips).
 ERROR_BODY_MAX_BYTES = 64 * 1024
+ERROR_SEARCHED_BYTES = 4 * 1024
 # The keys an error envelope may hold beside `error` (Express, Fastify, Koa, Spring, ...).
 _ERROR_ENVELOPE = frozenset(
     {"error", "message", "msg", "code", "status", "statusCode", "success", "ok", "details"}
@@ -48,9 +51,11 @@ def node_error_of(body: bytes) -> str | None:
     `error` is a non-empty string (or an object or `true` with a string `message`) and whose
     other keys are an envelope's. None for anything else, read without parsing when the
     body is long or cannot be one (the spec shows no error body: node-facts.md, Errors)."""
-    if len(body) > ERROR_BODY_MAX_BYTES or b'"error"' not in body:
+    head = body[:64].lstrip()
+    if len(body) > ERROR_BODY_MAX_BYTES or head[:1] != b"{":
         return None
-    if body[:64].lstrip()[:1] != b"{":
+    first = head[1:].lstrip().startswith(b'"error"')
+    if not first and (len(body) > ERROR_SEARCHED_BYTES or b'"error"' not in body):
         return None
     try:
         data = orjson.loads(body)

@@ -24,7 +24,7 @@ from connectors.errors import (
     RetriesExhausted,
     UnknownTag,
 )
-from connectors.failures import ERROR_BODY_MAX_BYTES, node_error_of
+from connectors.failures import ERROR_BODY_MAX_BYTES, ERROR_SEARCHED_BYTES, node_error_of
 from connectors.options import HistoryOptions
 from connectors.settings import NodeSettings
 from connectors.simulator import SimConfig, SimulatedNode, run_server
@@ -61,6 +61,15 @@ def test_an_answer_that_merely_mentions_error_is_an_answer(body: Any) -> None:
 def test_a_long_answer_is_never_read_as_an_error() -> None:
     body = b'{"error": "' + b"x" * ERROR_BODY_MAX_BYTES + b'"}'
     assert node_error_of(body) is None
+
+
+def test_a_longer_error_counts_only_when_error_is_its_first_key() -> None:
+    stack = "at handler (/app/server.js:12:5) " * 300  # about 10 KB
+    first = orjson.dumps({"error": "boom", "stack": stack})
+    later = orjson.dumps({"statusCode": 500, "stack": stack, "error": "boom"})
+    assert len(later) > ERROR_SEARCHED_BYTES
+    assert node_error_of(first) == "boom"
+    assert node_error_of(later) is None
 
 
 class Script:
