@@ -176,3 +176,15 @@ def test_a_node_erring_in_200_is_named_not_misread_as_a_missing_tag(
     message = str(caught.value)
     assert "the node answered an error" in message
     assert "/No such/tag" in message
+
+
+def test_a_replaying_node_never_replays_an_error_as_the_answer() -> None:
+    node = SimulatedNode(SimConfig(seed=5, tags=10, profile="errors-in-200", cache_answers=True))
+    node.set_clock(int(END.timestamp() * 1000))
+    query = {"cmd": "history", "path": node.tag_paths()[0], "start": "2026-11-20T10:00:00Z"}
+    query["end"] = "2026-11-20T10:10:00Z"
+    with run_server(node, http_port=0, https_port=None) as server:
+        asked = [httpx.get(f"{server.http_url}/tag", params=query).json() for _ in range(3)]
+    assert "error" in asked[0]
+    assert asked[1] == asked[2]
+    assert "error" not in asked[1]
