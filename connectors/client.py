@@ -8,7 +8,8 @@ subscriptions (`connectors/subscriptions.py`), which take a client.
   engine's thread pool gives concurrency, bounded by `max_connections`.
 * Retries (tenacity, exponential backoff with full jitter), per request, of exactly the
   `TransientNodeError`s: connection errors, timeouts, 429 (at least `Retry-After`), 502,
-  503, 504, 500 unless `retry_server_errors` is off, and a 200 that is a proxy's page. A
+  503, 504, 500 unless `retry_server_errors` is off, a 200 that is a proxy's page, and a
+  200 that is the node's error (`{"error": "..."}`, named in the message). A
   4xx or a malformed answer from the node is never retried. This is the only retry of a
   request; above it, only a whole chunk is re-run (`pipelines/core/engine.py`).
 * Errors are `connectors.errors` types (decided in `connectors/failures.py`) naming the
@@ -59,7 +60,7 @@ from connectors.errors import (
     RetriesExhausted,
     TransientNodeError,
 )
-from connectors.failures import is_markup, status_error, transport_error
+from connectors.failures import answered_error, is_markup, status_error, transport_error
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.params import encode_query, list_param
 from connectors.proxy import describe_proxy
@@ -277,6 +278,9 @@ class NodeClient:
                 raise NotTheNodesAnswer(
                     operation, "a web page, not the node's answer", body=response.content
                 )
+            error = answered_error(operation, response)
+            if error is not None:
+                raise error
             return response
         raise status_error(operation, response, self.settings.retry_server_errors)
 

@@ -133,6 +133,12 @@ class NotTheNodesAnswer(TransientNodeError):
     the request did not reach the node, so the next try may."""
 
 
+class NodeAnsweredError(TransientNodeError):
+    """A 200 whose body is the node's own error (`{"error": "..."}`, as web frameworks
+    answer): not the answer asked for, and a node that says so with 200 says nothing of
+    its cause, so it is asked again (bounded), then named (`connectors/failures.py`)."""
+
+
 class RateLimited(TransientNodeError):
     """429: the node asks us to slow down; `retry_after_s` is its Retry-After, if any."""
 

@@ -3,7 +3,9 @@
 A status (`status_error`) or a transport failure (`transport_error`) becomes one
 `connectors.errors` type, transient or fatal; the client retries exactly the transient
 ones. A 200 whose body is a web page (`is_markup`) came from something in front of the
-node, a proxy's login or error page, and is transient too.
+node, a proxy's login or error page, and is transient too. An error body
+(`{"error": "..."}`, `node_error_of`) is the node's own word at any status: named in the
+message, and at 200 (web frameworks answer errors so) a transient `NodeAnsweredError`.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import time
 from datetime import UTC
 
 import httpx
+import orjson
 
 from connectors.errors import (
     AuthenticationError,
+    NodeAnsweredError,
     NodeBusy,
     NodeConnectionError,
     NodeError,
@@ -27,34 +31,85 @@ from connectors.errors import (
     RateLimited,
     TLSVerificationError,
     UnknownTag,
+    quoted,
 )
+
+# An error body is small: one longer than this is an answer, never parsed here twice; one
+# longer than ERROR_SEARCHED_BYTES is an error only when `error` is its first key (searching
+# a long answer for `"error"` costs a tenth of parsing it: digits defeat the search's skips).
+ERROR_BODY_MAX_BYTES = 64 * 1024
+ERROR_SEARCHED_BYTES = 4 * 1024
+# The keys an error envelope may hold beside `error` (Express, Fastify, Koa, Spring, ...).
+_ERROR_ENVELOPE = frozenset(
+    {"error", "message", "msg", "code", "status", "statusCode", "success", "ok", "details"}
+    | {"stack", "timestamp", "path"}
+)
+
+
+def node_error_of(body: bytes) -> str | None:
+    """The node's error message when `body` is an error envelope: a JSON object whose
+    `error` is a non-empty string (or an object or `true` with a string `message`) and whose
+    other keys are an envelope's. None for anything else, read without parsing when the
+    body is long or cannot be one (the spec shows no error body: node-facts.md, Errors)."""
+    head = body[:64].lstrip()
+    if len(body) > ERROR_BODY_MAX_BYTES or head[:1] != b"{":
+        return None
+    first = head[1:].lstrip().startswith(b'"error"')
+    if not first and (len(body) > ERROR_SEARCHED_BYTES or b'"error"' not in body):
+        return None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or not _ERROR_ENVELOPE.issuperset(data):
+        return None
+    error = data.get("error")
+    if isinstance(error, dict):
+        error = error.get("message")
+    elif error is True:
+        error = data.get("message")
+    return error if isinstance(error, str) and error.strip() else None
+
+
+def answered_error(operation: str, response: httpx.Response) -> NodeAnsweredError | None:
+    """A 200 that holds the node's error instead of an answer, as a transient error."""
+    message = node_error_of(response.content)
+    if message is None:
+        return None
+    return NodeAnsweredError(operation, f"the node answered an error: {quoted(message)}")
 
 
 def status_error(operation: str, response: httpx.Response, retry_server_errors: bool) -> NodeError:
     """The error a non-200 status means: transient (429, 502-504, and 500 when
-    `retry_server_errors`) or fatal (every other 4xx and 5xx)."""
+    `retry_server_errors`) or fatal (every other 4xx and 5xx). An error body is named as
+    the node's (`...; the node says '...'`) in place of the body's start."""
     status = response.status_code
-    body = response.content
+    said = node_error_of(response.content)
+    body = response.content if said is None else None
+    tail = "" if said is None else f"; the node says {quoted(said)}"
     if status in (401, 403):
         return AuthenticationError(
-            operation, "credentials refused (check the token or user)", status=status, body=body
+            operation,
+            f"credentials refused (check the token or user){tail}",
+            status=status,
+            body=body,
         )
     if status == 429:
         return RateLimited(
             operation,
-            "rate limited",
+            f"rate limited{tail}",
             body=body,
             retry_after_s=retry_after_seconds(response.headers.get("Retry-After")),
         )
     if status in (502, 503, 504):
-        return NodeUnavailable(operation, "node unavailable", status=status, body=body)
+        return NodeUnavailable(operation, f"node unavailable{tail}", status=status, body=body)
     if status == 404 and operation.startswith("tag."):
-        return UnknownTag(operation, "not found", status=status, body=body)
+        return UnknownTag(operation, f"not found{tail}", status=status, body=body)
     if 400 <= status < 500:
-        return NodeRequestError(operation, "request refused", status=status, body=body)
+        return NodeRequestError(operation, f"request refused{tail}", status=status, body=body)
     if status == 500 and retry_server_errors:
-        return NodeBusy(operation, "server error", status=status, body=body)
-    return NodeServerError(operation, f"unexpected status {status}", status=status, body=body)
+        return NodeBusy(operation, f"server error{tail}", status=status, body=body)
+    return NodeServerError(operation, f"unexpected status {status}{tail}", status=status, body=body)
 
 
 def transport_error(

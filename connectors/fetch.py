@@ -395,7 +395,8 @@ class AlarmFetcher:
 
     `max_priority_here`: a maximum priority the node cannot filter (before 1.21.13),
     applied to the answer. Event stamps in epoch seconds (the element shape is not shown
-    in the spec) are read as such.
+    in the spec) are read as such; array events in the order `fields` (the node's
+    `alarm_fields`) gives, or the answer proves.
     """
 
     def __init__(
@@ -407,12 +408,14 @@ class AlarmFetcher:
         *,
         max_priority_here: int | None = None,
         notice: SplitNotice | None = None,
+        fields: Sequence[str] | None = None,
     ) -> None:
         self.client = client
         self.node = node
         self.path = path
         self.filt = filt
         self.max_priority_here = max_priority_here
+        self.fields = fields
         self.notice = notice or SplitNotice(node)
 
     def fetch(self, window: Window, label: str = "") -> Fetched:
@@ -434,7 +437,9 @@ class AlarmFetcher:
         out = Fetched(ALARM_HISTORY_SCHEMA.empty_table())
         table = counted(
             lambda: self.client.alarm_history_bytes(self.path, window.start, window.end, self.filt),
-            lambda body: parse_alarm_history_answer(body, self.node, chunk_label=label),
+            lambda body: parse_alarm_history_answer(
+                body, self.node, fields=self.fields, chunk_label=label
+            ),
             out,
         )
         table = _alarm_ms(table)

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from connectors.errors import FatalNodeError, quoted
+from connectors.normalise.positions import check_alarm_fields
 from connectors.proxy import check_proxy_setting, proxy_for
 
 DEFAULT_HTTP_PORT = 3003
@@ -132,6 +133,9 @@ class NodeSettings:
     # One history answer is read up to this many bytes; a longer one is asked again in
     # smaller pieces (connectors/fetch.py), so a run's memory follows this, not the data.
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_MB << 20
+    # The field at each position of the node's alarm events when they are arrays; None:
+    # only an order the answer proves is read (connectors/normalise/positions.py).
+    alarm_fields: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -157,6 +161,11 @@ class NodeSettings:
             raise SettingsError(f"node {self.name}: request_deadline must be positive")
         if self.max_answer_bytes < 1:
             raise SettingsError(f"node {self.name}: max_answer_mb must be positive")
+        if self.alarm_fields is not None:
+            try:
+                check_alarm_fields(self.alarm_fields)
+            except ValueError as exc:
+                raise SettingsError(f"node {self.name}: alarm_fields: {exc}") from None
 
     @property
     def deadline_s(self) -> float:

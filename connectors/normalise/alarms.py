@@ -1,9 +1,11 @@
 """Alarm history answers -> ALARM_HISTORY_SCHEMA rows: events as objects or positional
-arrays (node-facts.md), unknown fields kept as JSON text, the first wrong event named.
+arrays (node-facts.md) in a configured or proven order (`connectors/normalise/positions.py`),
+unknown fields kept as JSON text, the first wrong event named.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -22,15 +24,16 @@ from connectors.normalise.common import (
     text_of,
     where_of,
 )
+from connectors.normalise.positions import (
+    configured_positions,
+    named_record,
+    proven_positions,
+)
 from connectors.schema import (
     ALARM_HISTORY_SCHEMA,
 )
 
 _ALARM_KNOWN = frozenset({"path", "ts", "status", "priority", "value", "description", "ackInfo"})
-# Positional alarm events (the spec does not show `data` elements; node-facts.md says accept
-# arrays): [ts, path, status, priority, value, description, ackInfo, ...]. Elements after
-# the seventh are kept in `extra` as {"_rest": [...]}.
-ALARM_POSITIONS = ("ts", "path", "status", "priority", "value", "description", "ackInfo")
 
 
 def _alarm_int(value: Any, what: str, low: int, high: int) -> int | None:
@@ -43,21 +46,31 @@ def _alarm_int(value: Any, what: str, low: int, high: int) -> int | None:
     return int(value)
 
 
-def _alarm_record(element: Any, index: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _alarm_record(
+    element: Any, index: int, positions: dict[int, str]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The known fields of one alarm event and its unknown ones (None when there are none)."""
     if isinstance(element, dict):
         unknown = {key: value for key, value in element.items() if key not in _ALARM_KNOWN}
         return element, unknown or None
     if isinstance(element, list):
-        record = dict(zip(ALARM_POSITIONS, element, strict=False))
-        rest = element[len(ALARM_POSITIONS) :]
-        return record, ({"_rest": rest} if rest else None)
+        return named_record(element, positions)
     raise ValueError(f"alarm event {index} is {json_type(element)}, not an object or array")
 
 
-def _alarm_row(node: str, element: Any, index: int) -> list[Any]:
+def _positions(data: list[Any], fields: Sequence[str] | None, node: str) -> dict[int, str]:
+    """Where each field sits in the answer's array events: configured, else proven."""
+    arrays = [element for element in data if isinstance(element, list)]
+    if not arrays:
+        return {}
+    if fields is not None:
+        return configured_positions(arrays, fields, node)
+    return proven_positions(arrays, node)
+
+
+def _alarm_row(node: str, element: Any, index: int, positions: dict[int, str]) -> list[Any]:
     """One ALARM_HISTORY_SCHEMA row; ValueError says what is wrong."""
-    record, unknown = _alarm_record(element, index)
+    record, unknown = _alarm_record(element, index, positions)
     path = record.get("path")
     if not isinstance(path, str):
         raise ValueError(f"alarm event {index} has no string path")
@@ -109,13 +122,16 @@ def parse_alarm_history_answer(
     body: bytes | str,
     node: str,
     *,
+    fields: Sequence[str] | None = None,
     operation: str = "alarm.history",
     chunk_label: str = "",
 ) -> pa.Table:
     """An `alarm?cmd=history` answer `{request, data: [...]}` as ALARM_HISTORY_SCHEMA rows.
 
-    Events are objects shaped like the alarm record or positional arrays (ALARM_POSITIONS);
-    `value` and `ack_info` are JSON text, unknown fields go to `extra` (JSON, sorted keys).
+    Events are objects shaped like the alarm record, or positional arrays in the order
+    `fields` gives (the node's `alarm_fields`) or, without it, the one order the answer
+    proves; never a guessed one. `value` and `ack_info` are JSON text, unknown fields and
+    unnamed positions (`_<position>`) go to `extra` (JSON, sorted keys).
     """
     with gc_paused():
         answer = load_json(body, operation, chunk_label)
@@ -138,7 +154,8 @@ def parse_alarm_history_answer(
             where=where_of("alarm history", chunk_label),
         )
     try:
-        rows = [_alarm_row(node, element, index) for index, element in enumerate(data)]
+        positions = _positions(data, fields, node)
+        rows = [_alarm_row(node, element, index, positions) for index, element in enumerate(data)]
     except ValueError as exc:
         raise MalformedAnswer(
             operation, str(exc), where=where_of("alarm history", chunk_label)

@@ -38,6 +38,13 @@ if TYPE_CHECKING:
 
 SLOT_MS = 30 * 60_000
 ACKED = {3: 1, 2: 0}  # what `alarm?cmd=ack` makes of an unacknowledged status
+# History events as positional arrays (the spec does not show `data` elements), per behaviour.
+_FIELDS = ("value", "description", "ackInfo")
+ARRAY_ORDERS = {
+    "alarm_arrays": ("ts", "path", "status", "priority", *_FIELDS, "origin"),
+    "alarm_arrays_swapped": ("ts", "path", "priority", "status", *_FIELDS, "origin"),
+    "alarm_arrays_online": ("ts", "path", "online", "status", "priority", *_FIELDS),
+}
 
 
 @dataclass(frozen=True)
@@ -309,7 +316,14 @@ class AlarmService:
         if seconds:
             events = [alarm_in_seconds(event) for event in events]
         request = {"path": path, "start": start, "end": end, "options": query.echo(filt)}
-        return json_answer({"request": request, "data": events})
+        return json_answer({"request": request, "data": self._shaped(events)})
+
+    def _shaped(self, events: list[dict[str, Any]]) -> list[Any]:
+        """Events as objects, or as arrays in the order of this node's `alarm_arrays*`."""
+        for behaviour, order in ARRAY_ORDERS.items():
+            if self._node.behaves(behaviour):
+                return [[event.get(name) for name in order] for event in events]
+        return events
 
     def ack(self, body: Params) -> Answer:
         """3 (active, unacked) -> 1 and 2 (cleared, unacked) -> 0; others are unchanged."""

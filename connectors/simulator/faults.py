@@ -13,7 +13,10 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
 
 KINDS = ("500", "502", "503", "504", "429", "reset", "truncate", "nonjson", "cutjson", "slow")
 
@@ -81,3 +84,24 @@ class Faults:
             kind = self._random.choice(self.kinds)
             self.injected[kind] += 1
             return kind
+
+
+class FirstAsks:
+    """The questions asked so far (operation and parameters): an `errors_in_200` node
+    answers the first ask of each with `200 {"error": ...}` and the next one truly, so a
+    client that asks again gets every answer and one that does not gets none."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[bytes] = set()
+
+    def first(self, operation: str, params: Mapping[str, Any]) -> bool:
+        """Whether this is the first time this question is asked (and remember it)."""
+        key = operation.encode() + orjson.dumps(
+            dict(params), option=orjson.OPT_SORT_KEYS, default=str
+        )
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            return True

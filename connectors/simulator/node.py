@@ -20,7 +20,7 @@ from connectors.simulator import history
 from connectors.simulator.admin import Admin
 from connectors.simulator.alarms import AlarmQuery, AlarmService, alarm_in_seconds, build_alarms
 from connectors.simulator.config import SimConfig
-from connectors.simulator.faults import Faults
+from connectors.simulator.faults import Faults, FirstAsks
 from connectors.simulator.links import LinkState
 from connectors.simulator.protocol import Answer, Handler, RequestError, error_answer, parse_list
 from connectors.simulator.subscriptions import Subscriptions
@@ -108,6 +108,7 @@ class SimulatedNode:
             outage=self.behaves("link_outage"),
             online_only=self.behaves("link_online_only"),
         )
+        self.first_asks = FirstAsks()  # `errors_in_200`: the questions asked once
         self.requests_served = 0
         # Requests being answered now, and the most at once since start or `reset_peak`:
         # how a test sees that several workers never asked more than a node's limit.
@@ -379,13 +380,20 @@ class SimulatedNode:
         if expected == "POST" and body is not None and not isinstance(body, dict):
             return error_answer(400, "the body is not a JSON object")
         source = (body or {}) if expected == "POST" else params
+        if self._errs_first(operation, source):
+            return error_answer(200, f"{operation} could not be served now, try again")
         try:
             return handler(source)
         except RequestError as exc:
-            return error_answer(exc.status, str(exc))
+            status = 200 if self.behaves("errors_in_200") else exc.status
+            return error_answer(status, str(exc))
         except Exception as exc:  # a simulator bug: say so, as a node would, with a 500
             traceback.print_exc()
             return error_answer(500, f"internal error in {operation}: {type(exc).__name__}")
+
+    def _errs_first(self, operation: str, params: Mapping[str, Any]) -> bool:
+        """`errors_in_200`: is this the first ask of the question (answered with an error)?"""
+        return self.behaves("errors_in_200") and self.first_asks.first(operation, params)
 
     def cached(self, key: str, produce: Callable[[], Answer]) -> Answer:
         """Replay mode (`cache_answers`): a history or details answer rendered once per query.
@@ -400,6 +408,8 @@ class SimulatedNode:
             # a flaky node answers a question differently the second time; a link's
             # outage changes what history holds as time passes
             return produce()
+        if self.behaves("errors_in_200"):
+            return produce()  # its errors are 200s: none may be replayed as an answer
         with self._lock:
             kept = self._cache.get(key)
         if kept is not None:

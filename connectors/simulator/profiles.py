@@ -54,6 +54,14 @@ BEHAVIOURS: dict[str, str] = {
     "other_identity": "the node says it is another node: n3.node `sim-node-b` and another "
     "license uid (a flow moved to a second node)",
     "no_views": "tag?cmd=getViews answers 404 (a node without views)",
+    "errors_in_200": 'errors answered with status 200 and {"error": ...} (as web '
+    "frameworks do), and the first ask of every question answered so",
+    "alarm_arrays": "alarm history events as arrays [ts, path, status, priority, value, "
+    "description, ackInfo, origin]",
+    "alarm_arrays_swapped": "alarm history events as arrays [ts, path, priority, status, "
+    "value, description, ackInfo, origin]",
+    "alarm_arrays_online": "alarm history events as arrays [ts, path, online, status, "
+    "priority, value, description, ackInfo] (online always 1)",
 }
 
 # Named profiles: each is a set of behaviours. `default` is the simulator's own reading.
@@ -84,6 +92,10 @@ PROFILES: dict[str, frozenset[str]] = {
     "clock-behind": frozenset({"clock_behind"}),
     "other-node": frozenset({"other_identity"}),
     "no-views": frozenset({"no_views"}),
+    "errors-in-200": frozenset({"errors_in_200"}),
+    "alarm-arrays": frozenset({"alarm_arrays"}),
+    "alarm-arrays-swapped": frozenset({"alarm_arrays_swapped"}),
+    "alarm-arrays-online": frozenset({"alarm_arrays_online"}),
 }
 
 # Behaviours that cannot hold at once.
@@ -93,6 +105,9 @@ _EXCLUSIVE = (
     frozenset({"filter_path_only", "filter_paths_only"}),
     frozenset({"rows_2", "rows_3"}),
     frozenset({"dropped_as_null", "dropped_as_name"}),
+    frozenset({"alarm_arrays", "alarm_arrays_swapped"}),
+    frozenset({"alarm_arrays", "alarm_arrays_online"}),
+    frozenset({"alarm_arrays_swapped", "alarm_arrays_online"}),
 )
 
 

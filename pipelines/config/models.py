@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from connectors.errors import one_line, quoted
+from connectors.normalise.positions import check_alarm_fields
 from connectors.options import METHODS, MODES, AlarmFilter, HistoryOptions
 from connectors.proxy import check_proxy_setting
 from connectors.settings import (
@@ -156,6 +157,10 @@ Regex = Annotated[str, _checked(lambda text: _check_regex(text))]
 OurPattern = Annotated[str, _checked(lambda text: _check_ours(text))]
 
 
+def _alarm_fields(fields: list[str]) -> list[str]:
+    return list(check_alarm_fields(fields))
+
+
 class NodeConfig(_Strict):
     """`nodes.<name>`: the client's `NodeSettings` in flows.yaml's units (durations for
     seconds, Secret block names for values), with its defaults and credential rules."""
@@ -179,6 +184,8 @@ class NodeConfig(_Strict):
     max_answer_mb: int = Field(default=DEFAULT_MAX_ANSWER_MB, ge=1, le=4096)
     # Unset: the environment's proxy variables; `direct`; or a proxy URL (connectors/proxy.py).
     proxy: Annotated[str, _checked(check_proxy_setting)] | None = None
+    # Alarm events as arrays: the field at each position (connectors/normalise/positions.py).
+    alarm_fields: Annotated[list[str], AfterValidator(_alarm_fields)] | None = None
 
     _durations = field_validator(
         "connect_timeout", "read_timeout", "request_deadline", mode="before"

@@ -81,6 +81,7 @@ def node_settings(name: str, node: NodeConfig, url: str | None = None) -> NodeSe
         retries=node.retries,
         proxy=node.proxy,
         max_answer_bytes=node.max_answer_mb << 20,
+        alarm_fields=tuple(node.alarm_fields) if node.alarm_fields is not None else None,
     )
 
 

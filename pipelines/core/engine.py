@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -266,6 +266,7 @@ class AlarmEngine:
         node_version: NodeVersion | None = None,
         max_in_flight: int = 2,
         notice: SplitNotice | None = None,
+        fields: Sequence[str] | None = None,
     ) -> None:
         self.client = client
         self.node = node
@@ -280,6 +281,7 @@ class AlarmEngine:
             adapted.sent,
             max_priority_here=adapted.max_priority_here,
             notice=notice,
+            fields=fields,
         )
 
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
@@ -333,6 +335,7 @@ class FetchJob:
                 node_version=self.node_version,
                 max_in_flight=max_in_flight,
                 notice=notice,
+                fields=self.settings.alarm_fields,
             )
         assert self.options is not None
         return HistoryEngine(

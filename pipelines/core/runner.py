@@ -726,7 +726,9 @@ class FlowRun:
                 body = self.node.client.alarm_history_bytes(
                     path, window.start, window.end, flow.alarm_filter()
                 )
-                events = parse_alarm_history_answer(body, self.node.name).num_rows
+                events = parse_alarm_history_answer(
+                    body, self.node.name, fields=self.node.settings.alarm_fields
+                ).num_rows
                 if events:
                     rates.append(events / ((window.end_ms - window.start_ms) / 3_600_000))
                     break

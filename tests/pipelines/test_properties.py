@@ -16,18 +16,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from connectors.options import HistoryOptions
 from connectors.simulator import SimConfig, SimulatedNode, run_server
+from connectors.simulator.profiles import _EXCLUSIVE, BEHAVIOURS
 from connectors.timewindow import Window
 from pipelines.config.destinations import SinkSet
 from pipelines.config.nodes import NodePool
-from pipelines.core.runner import RunRequest
+from pipelines.core.runner import RunFailed, RunRequest
 from pipelines.core.units import run_flow
 from pipelines.planning import align_down, plan_windows
-from tests.fixtures import history_rows, load, truth_history_rows, write_config
+from tests.fixtures import (
+    alarm_rows,
+    history_rows,
+    load,
+    truth_alarm_rows,
+    truth_history_rows,
+    write_config,
+)
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(minutes=20)
@@ -141,3 +149,119 @@ def test_the_lake_holds_the_truth_of_any_tree_range_and_profile(
     assert len(set(want) - set(got)) == 0, "rows missing"
     assert len(set(got) - set(want)) == 0, "rows invented"
     assert len(got) == len(set(got)), "rows duplicated"
+
+
+@st.composite
+def composed_profiles(draw: st.DrawFn) -> str:
+    """Up to four behaviours of any kind that may hold at once: a behaviour that excludes
+    one drawn before it (`_EXCLUSIVE`) is left out, so no example is thrown away."""
+    drawn = draw(st.lists(st.sampled_from(sorted(BEHAVIOURS)), max_size=4, unique=True))
+    kept: list[str] = []
+    for name in drawn:
+        if not any(pair <= {*kept, name} for pair in _EXCLUSIVE):
+            kept.append(name)
+    return "+".join(kept) or "default"
+
+
+ALARM_FLOW = {"kind": "alarm_history", "alarms": {"path": "/"}, "window": "2h"}
+
+
+def node_on(profile: str) -> SimulatedNode:
+    node = SimulatedNode(SimConfig(seed=13, tags=15, raw_cap=300, profile=profile))
+    node.set_clock(int(NOW.timestamp() * 1000))
+    return node
+
+
+def held_rows(path: Path, flow: str) -> tuple[list[Any], dict[str, list[Window]]]:
+    """What the lake holds of `flow`, and what it marks complete (missing records aside)."""
+    config = load(path)
+    with SinkSet(config, path.parent) as sinks:
+        lake = sinks.get("lake")
+        kind = "alarm_history" if flow == "alarms" else "tag_history"
+        read = alarm_rows if flow == "alarms" else history_rows
+        completed = {m: w for m, w in lake.progress(flow).completed.items() if w}
+        return read(lake.read(flow, kind)), completed
+
+
+def truth_of(node: SimulatedNode, flow: str, tags: list[str], span: Window) -> set[Any]:
+    if flow == "alarms":
+        return set(truth_alarm_rows(node, span))
+    return set(truth_history_rows(node, tags, [span], HistoryOptions(mode="raw")))
+
+
+def assert_same(rows: list[Any], want: set[Any], what: str) -> None:
+    assert set(rows) == want, what
+    assert len(rows) == len(want), f"{what}: rows duplicated"
+
+
+def outcome(path: Path, flow: str, request: RunRequest) -> str | None:
+    """None when the flow ran, else its one-line refusal."""
+    try:
+        run_named(path, flow, request)
+    except RunFailed as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=int(os.environ.get("HISTORIAN_PROPERTY_EXAMPLES", "10")),
+    deadline=None,
+    derandomize=True,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],  # a shrink runs whole pipelines
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    profile=composed_profiles(),
+    start_minutes=st.integers(20, 300),
+    end_minutes=st.integers(-30, 60),
+    whole_group=st.booleans(),
+)
+def test_any_composed_profile_ends_exact_or_cleanly_refused(
+    profile: str, start_minutes: int, end_minutes: int, whole_group: bool
+) -> None:
+    """Raw (a group or named tags) and alarms on a node of any composed profile: exact, or
+    one line with nothing complete that is not the node's, and then exact against a plain
+    node on the same address."""
+    node = node_on(profile)
+    loses = "loses_tags" in node.config.behaviours
+    lost = {p for p in node.tag_paths() if loses and node.tree().by_path[p].index % 7 == 3}
+    tags = sorted(node.tag_paths()) if whole_group else sorted(node.tag_paths())[:6]
+    kept = [t for t in tags if t not in lost]
+    start = NOW - timedelta(minutes=start_minutes, seconds=13)
+    span = Window(start, min(NOW + timedelta(minutes=end_minutes), NOW))
+    selection = {"group": "/", "regex": "."} if whole_group else {"paths": tags}
+    common = {"node": "n", "start": start.isoformat(), "settle": "0s", "sinks": ["lake"]}
+    flows: dict[str, dict[str, Any]] = {
+        "raw": {**common, "tags": selection, "mode": "raw", "window": "30m", "batch": 4},
+        "alarms": {**common, **ALARM_FLOW},
+    }
+    request = RunRequest(start=start, end=span.end)
+    with tempfile.TemporaryDirectory() as directory:
+        with run_server(node, http_port=0, https_port=None) as server:
+            port = int(server.http_url.rsplit(":", 1)[1])
+            path = write_config(Path(directory), node={"url": server.http_url}, flows=flows)
+            refused = {flow: outcome(path, flow, request) for flow in flows}
+        for flow, line in refused.items():
+            rows, completed = held_rows(path, flow)
+            if line is None:
+                assert_same(rows, truth_of(node, flow, kept, span), f"{profile}: {flow}")
+                continue
+            assert "\n" not in line
+            assert set(rows) <= truth_of(node, flow, kept, span), (
+                f"{profile}: {flow}: not the node's"
+            )
+            assert flow != "alarms" or not completed, f"{profile}: alarm windows complete"
+            assert lost.isdisjoint(completed), f"{profile}: a lost tag complete"
+        again = [flow for flow, line in refused.items() if line is not None]
+        with run_server(node_on("default"), http_port=port, https_port=None) as plain:
+            for flow in again:
+                run_named(path, flow, RunRequest(start=start, end=span.end, backfill=True))
+                rows, _ = held_rows(path, flow)
+                assert_same(rows, truth_of(plain.node, flow, tags, span), f"plain: {flow}")
+
+
+def run_named(path: Path, flow: str, request: RunRequest) -> Any:
+    config = load(path)
+    with NodePool(config) as nodes, SinkSet(config, path.parent) as sinks:
+        return run_flow(config, flow, nodes=nodes, sinks=sinks, request=request, now=NOW)

@@ -61,9 +61,12 @@ def test_alarm_objects_become_typed_rows_with_json_text_and_sorted_extra() -> No
     assert second["extra"] is None
 
 
-def test_alarm_arrays_are_read_positionally_with_the_rest_in_extra() -> None:
+FIELDS = ("ts", "path", "status", "priority", "value", "description", "ackInfo")
+
+
+def test_alarm_arrays_in_a_configured_order_are_read_with_the_rest_in_extra() -> None:
     body = alarm_answer([[T0, "/Alarms/a", 2, 1, False, "low", None, "x", 5]])
-    row = parse_alarm_history_answer(body, "n").to_pylist()[0]
+    row = parse_alarm_history_answer(body, "n", fields=FIELDS).to_pylist()[0]
     assert (row["path"], row["status"], row["priority"], row["value"], row["description"]) == (
         "/Alarms/a",
         2,
@@ -71,7 +74,62 @@ def test_alarm_arrays_are_read_positionally_with_the_rest_in_extra() -> None:
         "false",
         "low",
     )
-    assert orjson.loads(row["extra"]) == {"_rest": ["x", 5]}
+    assert orjson.loads(row["extra"]) == {"_7": "x", "_8": 5}
+
+
+def test_alarm_arrays_in_an_order_nothing_proves_are_refused_naming_shape_and_setting() -> None:
+    # status 2 and priority 1 fit either field: [ts, path, priority, status] reads the same.
+    body = alarm_answer([[T0, "/Alarms/a", 2, 1, False, "low", None]])
+    with pytest.raises(MalformedAnswer) as caught:
+        parse_alarm_history_answer(body, "plant_a", chunk_label="alarms [2024-01-01T00:00Z, +1d)")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "alarm events are arrays (the first: [1704067200000, '/Alarms/a', 2, 1," in message
+    assert "field order is not proven: 2 orders fit every event" in message
+    assert "status at 2 or 3; priority at 2 or 3" in message
+    assert "set nodes.plant_a.alarm_fields to the node's order" in message
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        # a status 0 is no priority: the order is proven whichever way round
+        ([[T0, "/a", 0, 2], [T0 + 1, "/a", 3, 2]], [(0, 2), (3, 2)]),
+        ([[T0, "/a", 2, 0], [T0 + 1, "/a", 2, 3]], [(0, 2), (3, 2)]),
+        # a priority 4 is no status
+        ([["/a", T0, 4, 1, "text"]], [(1, 4)]),
+    ],
+    ids=["status-then-priority", "priority-then-status", "priority-4"],
+)
+def test_alarm_arrays_whose_values_prove_the_order_are_read_in_it(
+    events: list[list[Any]], expected: list[tuple[int, int]]
+) -> None:
+    rows = parse_alarm_history_answer(alarm_answer(events), "n").to_pylist()
+    assert [(row["status"], row["priority"]) for row in rows] == expected
+    assert all(row["path"] == "/a" for row in rows)
+
+
+def test_a_constant_column_beside_status_and_priority_proves_nothing() -> None:
+    # [ts, path, online, status, priority]: online is always 1, a status or a priority too.
+    body = alarm_answer([[T0, "/a", 1, 0, 2], [T0 + 1, "/a", 1, 3, 2]])
+    with pytest.raises(MalformedAnswer, match="is not proven: 4 orders fit every event"):
+        parse_alarm_history_answer(body, "n")
+
+
+def test_a_configured_order_the_answer_contradicts_is_refused() -> None:
+    body = alarm_answer([[T0, "/a", 4, 1]])  # a status 4: the node puts priority first
+    with pytest.raises(MalformedAnswer) as caught:
+        parse_alarm_history_answer(body, "n", fields=FIELDS)
+    assert "event 0 holds 4 at 2, not a status" in str(caught.value)
+    assert "nodes.n.alarm_fields [ts, path, status, priority, value, description, ackInfo]" in (
+        str(caught.value)
+    )
+
+
+def test_objects_need_no_order_beside_arrays_in_one() -> None:
+    body = alarm_answer([alarm_event(status=0, priority=4), [T0, "/a", 4, 0]])
+    rows = parse_alarm_history_answer(body, "n").to_pylist()
+    assert [(row["status"], row["priority"]) for row in rows] == [(0, 4), (0, 4)]
 
 
 def test_alarm_answer_with_null_or_empty_data_is_empty() -> None:
