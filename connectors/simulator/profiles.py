@@ -39,6 +39,16 @@ BEHAVIOURS: dict[str, str] = {
     "(it is in browse and details)",
     "garbled_timestamps": "every fifth tag's history answers hold one more row stamped "
     "outside the query (negative, 1913 or 2200)",
+    "rows_epoch_seconds": "history row timestamps in epoch seconds, with a millisecond "
+    "fraction (1763640000.5), raw and aggregated",
+    "rows_iso": "history row timestamps and alarm event stamps as ISO 8601 text "
+    "(2026-11-20T12:00:00.500Z)",
+    "rows_epoch_micros": "history row timestamps in epoch microseconds (a unit the pipeline "
+    "does not read: every row lands outside the query)",
+    "buckets_at_end": "aggregated rows stamped at their bucket's end: [b, b+interval) as "
+    "b+interval",
+    "numbers_as_strings": 'values of number tags sent as JSON strings ("12.345"), raw and '
+    "aggregated",
 }
 
 # Named profiles: each is a set of behaviours. `default` is the simulator's own reading.
@@ -61,6 +71,10 @@ PROFILES: dict[str, frozenset[str]] = {
     "flaky-tags-renamed": frozenset({"flaky_tags", "dropped_as_name"}),
     "lost-tags": frozenset({"loses_tags"}),
     "garbled-timestamps": frozenset({"garbled_timestamps"}),
+    "rows-epoch-seconds": frozenset({"rows_epoch_seconds"}),
+    "rows-iso": frozenset({"rows_iso"}),
+    "buckets-at-end": frozenset({"buckets_at_end"}),
+    "numbers-as-strings": frozenset({"numbers_as_strings"}),
 }
 
 # Behaviours that cannot hold at once.
@@ -70,6 +84,10 @@ _EXCLUSIVE = (
     frozenset({"filter_path_only", "filter_paths_only"}),
     frozenset({"rows_2", "rows_3"}),
     frozenset({"dropped_as_null", "dropped_as_name"}),
+    frozenset({"rows_epoch_seconds", "rows_iso"}),
+    frozenset({"rows_epoch_seconds", "rows_epoch_micros"}),
+    frozenset({"rows_epoch_micros", "rows_iso"}),
+    frozenset({"epoch_seconds", "rows_iso"}),
 )
 
 
