@@ -130,6 +130,7 @@ class ChunkOutcome:
     # Tags the node left out of its answers for this window (recorded missing, not complete).
     missing: tuple[str, ...] = ()
     rows_out_of_range: int = 0
+    values_not_of_type: int = 0
 
     @property
     def part_ids(self) -> tuple[str, ...]:
@@ -183,6 +184,8 @@ class RunSummary:
     # outside their query (dropped).
     missing: dict[str, list[Window]] = field(default_factory=dict)
     rows_out_of_range: int = 0
+    # Text values of number or boolean tags that did not parse as the tag's type (kept).
+    values_not_of_type: int = 0
     # What planning changed or found, one line each (an end cut at now - settle, ...).
     notes: list[str] = field(default_factory=list)
     # The chunk window this run planned with, and whether `window: auto` chose it.
@@ -219,6 +222,11 @@ class RunSummary:
             )
         if self.rows_out_of_range:
             lines.append(f"{self.rows_out_of_range} rows stamped outside their query were dropped")
+        if self.values_not_of_type:
+            lines.append(
+                f"{self.values_not_of_type} text values are not of their tag's configured type "
+                "(number or boolean): kept as text, in value_str"
+            )
         return lines
 
     @property
@@ -235,6 +243,7 @@ class RunSummary:
         for tag in outcome.missing:
             self.missing.setdefault(tag, []).append(outcome.window)
         self.rows_out_of_range += outcome.rows_out_of_range
+        self.values_not_of_type += outcome.values_not_of_type
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -258,6 +267,7 @@ class RunSummary:
             "watermark_after": iso_utc(self.watermark_after) if self.watermark_after else None,
             "missing": {tag: [str(w) for w in windows] for tag, windows in self.missing.items()},
             "rows_out_of_range": self.rows_out_of_range,
+            "values_not_of_type": self.values_not_of_type,
             "notes": self.remarks,
             "window": self.window_label,
             "shard": self.shard,
@@ -492,6 +502,7 @@ class FlowRun:
                 filter_query=resolved.filter_query,
                 missing_is_fatal=resolved.explicit,
                 node_version=version,
+                tag_types=_typed_tags(resolved.metadata),
             )
         )
         return resolved.members
@@ -724,6 +735,7 @@ class FlowRun:
             parts=tuple(chunk.chunk_id for chunk in result.parts),
             missing=result.missing,
             rows_out_of_range=result.rows_out_of_range,
+            values_not_of_type=result.values_not_of_type,
         )
 
     def results(self, submit: Submitter = THREADS) -> Iterator[ChunkResult]:
@@ -943,3 +955,12 @@ def _counts_by_index(keys: pa.DictionaryArray, bad: pa.Array) -> tuple[Counter[s
         if bad_count:
             bad_rows[name] += bad_count
     return rows, bad_rows
+
+
+def _typed_tags(metadata: pa.Table) -> tuple[tuple[str, str], ...]:
+    """(tag, configured type) of the tags whose details say `number` or `boolean`: their
+    values go to that type's column, whatever JSON type the node sends them as."""
+    types = zip(
+        metadata.column("tag").to_pylist(), metadata.column("type").to_pylist(), strict=True
+    )
+    return tuple((tag, kind) for tag, kind in types if kind in ("number", "boolean"))
