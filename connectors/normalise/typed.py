@@ -31,12 +31,17 @@ def by_configured_type(table: pa.Table, types: Mapping[str, str]) -> tuple[pa.Ta
     text = table.column("value_str")
     if text.null_count == table.num_rows:
         return table, 0
+    # The tags holding text (string tags, mostly: few), looked up one by one.
+    with_text = pc.unique(pc.filter(table.column("tag"), pc.is_valid(text)))
+    if pa.types.is_dictionary(with_text.type):
+        with_text = with_text.dictionary_decode()
+    typed = {tag: types[tag] for tag in with_text.to_pylist() if tag in types}
     not_of_type = 0
     for kind, target, pattern in (
         ("number", "value", _NUMBER),
         ("boolean", "value_bool", _BOOLEAN),
     ):
-        tags = [tag for tag, configured in types.items() if configured == kind]
+        tags = [tag for tag, configured in typed.items() if configured == kind]
         if tags:
             table, failed = _retyped(table, tags, target, pattern)
             not_of_type += failed
