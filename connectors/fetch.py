@@ -9,6 +9,13 @@ paths and a `Window` of datetimes; epoch milliseconds stay here.
   A boundary sample belongs to exactly one window: rows outside `[start, end)` are left to
   the neighbouring window. Rows outside the *query* (a negative, garbled or far-future
   timestamp) are dropped and counted (`rows_out_of_range`); they never steer continuation.
+  An answer most of whose rows fall outside its query (stamps in a unit normalise/stamps.py
+  does not read, another window) proves nothing about the window: it is refused
+  (`refuse_mostly_outside`), never complete.
+* **Buckets** (aggregated): stored at their start, wherever the node stamps them
+  (`BucketStamping`, learned from the answers and shared by the engine's fetchers).
+* **Types.** Text values of `number` and `boolean` tags go to their type's column
+  (normalise/typed.py); those that do not parse are kept and counted (`values_not_of_type`).
 * **Missing tags.** A tag asked for and left out of the answer (absent, `data: null`, or
   the answer keyed by other tags) is asked for again, on its own, up to `reasks` times,
   since nodes drop tags transiently. One that stays missing is returned in `missing`, its
