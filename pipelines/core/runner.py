@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field, replace
@@ -502,7 +502,7 @@ class FlowRun:
                 filter_query=resolved.filter_query,
                 missing_is_fatal=resolved.explicit,
                 node_version=version,
-                tag_types=_typed_tags(resolved.metadata),
+                tag_types=_typed_tags(resolved.types),
             )
         )
         return resolved.members
@@ -957,10 +957,7 @@ def _counts_by_index(keys: pa.DictionaryArray, bad: pa.Array) -> tuple[Counter[s
     return rows, bad_rows
 
 
-def _typed_tags(metadata: pa.Table) -> tuple[tuple[str, str], ...]:
+def _typed_tags(types: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """(tag, configured type) of the tags whose details say `number` or `boolean`: their
     values go to that type's column, whatever JSON type the node sends them as."""
-    types = zip(
-        metadata.column("tag").to_pylist(), metadata.column("type").to_pylist(), strict=True
-    )
-    return tuple((tag, kind) for tag, kind in types if kind in ("number", "boolean"))
+    return tuple((tag, kind) for tag, kind in types.items() if kind in ("number", "boolean"))
