@@ -9,6 +9,13 @@ paths and a `Window` of datetimes; epoch milliseconds stay here.
   A boundary sample belongs to exactly one window: rows outside `[start, end)` are left to
   the neighbouring window. Rows outside the *query* (a negative, garbled or far-future
   timestamp) are dropped and counted (`rows_out_of_range`); they never steer continuation.
+  An answer most of whose rows fall outside its query (stamps in a unit normalise/stamps.py
+  does not read, another window) proves nothing about the window: it is refused
+  (`refuse_mostly_outside`), never complete.
+* **Buckets** (aggregated): stored at their start, wherever the node stamps them
+  (`BucketStamping`, learned from the answers and shared by the engine's fetchers).
+* **Types.** Text values of `number` and `boolean` tags go to their type's column
+  (normalise/typed.py); those that do not parse are kept and counted (`values_not_of_type`).
 * **Missing tags.** A tag asked for and left out of the answer (absent, `data: null`, or
   the answer keyed by other tags) is asked for again, on its own, up to `reasks` times,
   since nodes drop tags transiently. One that stays missing is returned in `missing`, its
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple, Protocol, TypeVar
@@ -40,9 +47,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.errors import AnswerTooLarge
+from connectors.errors import AnswerTooLarge, MalformedAnswer
 from connectors.normalise.alarms import parse_alarm_history_answer
 from connectors.normalise.history import HistoryPage, TagStats, assign_seq, parse_history_answer
+from connectors.normalise.stamps import BucketStamping, StampError
+from connectors.normalise.typed import by_configured_type
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.pager import CapGuess, RawPager, TagPage
 from connectors.schema import ALARM_HISTORY_SCHEMA, TAG_HISTORY_ENCODED_SCHEMA, sort_key
@@ -54,6 +63,8 @@ _ONE_MS = timedelta(milliseconds=1)
 # Alarm event stamps below this are epoch seconds (1e11 ms is 1973; 1e11 s is year 5138).
 _SECONDS_BELOW = 100_000_000_000
 HISTORY_MANY = "tag.historyMany"
+# The node's aggregation interval when `options.interval` is not sent (node-facts.md).
+DEFAULT_INTERVAL_MS = 60_000
 HISTORY_FILTER = "tag.historyFilter"
 # A window is not cut below this: a tag with more than `max_answer_bytes` of samples in one
 # second is not a plausible node, and a node that ignores the window stops the halving here.
@@ -128,6 +139,8 @@ class Fetched:
     bytes_received: int = 0
     continuations: int = 0
     rows_out_of_range: int = 0
+    # Text values of number or boolean tags that do not parse as their type (kept as text).
+    values_not_of_type: int = 0
 
 
 @dataclass
@@ -176,6 +189,8 @@ class HistoryFetcher:
         cap: CapGuess | None = None,
         reasks: int = 3,
         notice: SplitNotice | None = None,
+        stamping: BucketStamping | None = None,
+        types: Mapping[str, str] | None = None,
     ) -> None:
         self.client = client
         self.node = node
@@ -184,6 +199,8 @@ class HistoryFetcher:
         self.cap = cap or CapGuess()
         self.reasks = reasks
         self.notice = notice or SplitNotice(node)
+        self.stamping = stamping or BucketStamping()
+        self.types = types or {}
 
     def fetch(self, members: Sequence[str], window: Window, label: str = "") -> Fetched:
         """Every row of `members` in `window`, exactly once; see the module docstring."""
@@ -206,6 +223,8 @@ class HistoryFetcher:
             cap=self.cap,
             reasks=self.reasks,
             notice=self.notice,
+            stamping=self.stamping,
+            types=self.types,
         )
         return _joined([by_paths.fetch(part, half, label) for part, half in pieces], members)
 
@@ -324,7 +343,30 @@ class HistoryFetcher:
                 body, self.node, operation=ask.operation, chunk_label=state.label, encoded=True
             )
 
-        return counted(request, parse, state.out)
+        page = counted(request, parse, state.out)
+        if self.options.mode == "aggregated":
+            page = self._at_bucket_starts(page, ask, state.label)
+        return page
+
+    def _at_bucket_starts(self, page: HistoryPage, ask: _Ask, label: str) -> HistoryPage:
+        """The aggregated page with each row stamped at its bucket's start, whatever the
+        node stamps (`BucketStamping`); a page that cannot say is refused."""
+        column = page.table.column("ts")
+        ts = column.cast(pa.int64()).to_numpy()
+        interval_ms = self.options.interval_ms or DEFAULT_INTERVAL_MS
+        outside = int(np.count_nonzero((ts < ask.start_ms) | (ts > ask.end_ms)))
+        query = Window.from_ms(ask.start_ms, ask.end_ms)
+        refuse_mostly_outside(column, outside, query, ask.operation, label)
+        try:
+            starts = self.stamping.starts_of(ts, ask.start_ms, ask.end_ms, interval_ms)
+        except StampError as exc:
+            raise MalformedAnswer(ask.operation, str(exc), where=label or None) from None
+        if starts is None:
+            return page
+        index = page.table.schema.get_field_index("ts")
+        shifted = pa.array(starts, type=pa.int64()).cast(column.type)
+        table = page.table.set_column(index, page.table.schema.field(index), shifted)
+        return HistoryPage(table, page.tags)
 
     # -- what a page adds ---------------------------------------------------------------
 
@@ -350,7 +392,15 @@ class HistoryFetcher:
         low, high = found["min"], found["max"]
         if low is not None and (low < state.lower_ms or high > state.end_ms):
             inside = pc.and_(pc.greater_equal(ts, state.lower_ms), pc.less_equal(ts, state.end_ms))
-            state.out.rows_out_of_range += table.num_rows - (pc.sum(inside).as_py() or 0)
+            outside = table.num_rows - (pc.sum(inside).as_py() or 0)
+            refuse_mostly_outside(
+                ts,
+                outside,
+                Window.from_ms(state.lower_ms, state.end_ms),
+                ask.operation,
+                state.label,
+            )
+            state.out.rows_out_of_range += outside
             table = table.filter(inside)
             returned = _tag_stats(table, take)
         fresh = returned
@@ -385,7 +435,7 @@ class HistoryFetcher:
             combined = pa.concat_tables([t.cast(TAG_HISTORY_ENCODED_SCHEMA) for t in tables])
             table = assign_seq(_inside(combined, state.start_ms, state.end_ms, drop))
         out = state.out
-        out.table = table
+        out.table, out.values_not_of_type = by_configured_type(table, self.types)
         out.missing = tuple(tag for tag in state.members if tag in state.missing)
         return out
 
@@ -447,6 +497,7 @@ class AlarmFetcher:
         start_ms, end_ms = window.start_ms, window.end_ms
         in_query = pc.and_(pc.greater_equal(ts, start_ms), pc.less_equal(ts, end_ms))
         out.rows_out_of_range = table.num_rows - (pc.sum(in_query).as_py() or 0)
+        refuse_mostly_outside(ts, out.rows_out_of_range, window, "alarm.history", label)
         keep = pc.and_(pc.greater_equal(ts, start_ms), pc.less(ts, end_ms))
         if self.max_priority_here is not None:
             priority = pc.fill_null(table.column("priority").cast(pa.int64()), 0)
@@ -472,6 +523,31 @@ def counted(request: Callable[[], bytes], parse: Callable[[bytes], T], out: Fetc
     out.requests += 1
     out.bytes_received += len(body)
     return parse(body)
+
+
+def refuse_mostly_outside(
+    ts: pa.Array | pa.ChunkedArray, outside: int, query: Window, operation: str, label: str
+) -> None:
+    """MalformedAnswer when most rows of an answer (`ts` in ms, `outside` of them outside
+    the query) are stamped outside the query: no stray rows beside the window's, but rows
+    in a unit this reading does not know, or of another window. Such an answer proves
+    nothing about the window, so it is never taken as complete; a few stray rows beside
+    rows of the window are dropped and counted by the caller."""
+    if not outside or outside * 2 <= len(ts):
+        return
+    first = pc.min(ts.cast(pa.int64())).as_py()
+    raise MalformedAnswer(
+        operation,
+        f"{outside} of {len(ts)} rows stamped outside the query "
+        f"[{_iso(query.start_ms)}, {_iso(query.end_ms)}] (the earliest {first}, read as epoch "
+        "ms): not epoch ms, epoch seconds or ISO 8601 stamps of this window; the answer is "
+        "not taken as complete",
+        where=label or None,
+    )
+
+
+def _iso(ms: int) -> str:
+    return _from_ms(ms).isoformat().replace("+00:00", "Z")
 
 
 def _halves(
@@ -506,6 +582,7 @@ def _joined(parts: list[Fetched], members: Sequence[str]) -> Fetched:
         out.bytes_received += part.bytes_received
         out.continuations += part.continuations
         out.rows_out_of_range += part.rows_out_of_range
+        out.values_not_of_type += part.values_not_of_type
     out.missing = tuple(tag for tag in members if tag in missing)
     return out
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from connectors.errors import MalformedAnswer, NodeRequestError, UnknownTag, quoted
 from connectors.fetch import FilterQuery
-from connectors.normalise.details import parse_tag_details, tag_details_paths
+from connectors.normalise.details import parse_tag_details, tag_details_paths_and_types
 from connectors.schema import TAG_METADATA_SCHEMA
 from pipelines.config.models import TagSelectionConfig
 from pipelines.patterns import compile_pattern
@@ -68,6 +68,8 @@ class _Answer:
     body: bytes
     received_ms: int
     group: str | None = None
+    # Each tag's configured type (details `config.type`), read with the paths.
+    types: Mapping[str, str] = field(default_factory=dict)
 
 
 class ResolvedTags:
@@ -107,6 +109,14 @@ class ResolvedTags:
         metadata = pa.concat_tables(tables) if tables else TAG_METADATA_SCHEMA.empty_table()
         return _only(metadata, self.members)
 
+    @cached_property
+    def types(self) -> dict[str, str]:
+        """Each member's configured type (details `config.type`) where the node says one."""
+        # The first answer that names a tag says its type (as for `metadata`).
+        answers = reversed(self._answers)
+        types = {tag: kind for answer in answers for tag, kind in answer.types.items()}
+        return {tag: types[tag] for tag in self.members if tag in types}
+
 
 def _details(
     client: DetailsClient,
@@ -119,8 +129,8 @@ def _details(
     Asked of one group without recursion, an entry without `fullPath` is that group's."""
     group = None if recurrent else path
     body = client.tag_details_bytes(path, filter_regex=regex, recurrent=recurrent)
-    paths = tag_details_paths(body, group=group)
-    return paths, _Answer(body, int(time.time() * 1000), group)
+    paths, types = tag_details_paths_and_types(body, group=group)
+    return paths, _Answer(body, int(time.time() * 1000), group, types)
 
 
 def _browse_json(body: bytes, where: str) -> Any:

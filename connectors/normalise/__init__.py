@@ -6,5 +6,8 @@ of answer.
             boolean rows from the bytes, rows reads one tag's rows the exact way
 * alarms    alarm history answers -> ALARM_HISTORY_SCHEMA
 * details   tag details answers -> TAG_METADATA_SCHEMA, and the tag paths alone
+* stamps    row stamps in their unit (epoch ms, seconds, ISO 8601) as epoch ms; where the
+            node stamps an aggregated bucket (learned, `BucketStamping`)
+* typed     values moved to the column of their tag's configured type, the others counted
 * common    what they share: the paused collector, JSON errors, where an error points
 """

@@ -29,6 +29,7 @@ from connectors.normalise.positions import (
     named_record,
     proven_positions,
 )
+from connectors.normalise.stamps import SECONDS_BELOW, StampError, ms_of_texts
 from connectors.schema import (
     ALARM_HISTORY_SCHEMA,
 )
@@ -44,6 +45,20 @@ def _alarm_int(value: Any, what: str, low: int, high: int) -> int | None:
     if type(value) is not int or not low <= value <= high:
         raise ValueError(f"{what} {short_text(value)} is not an integer in {low}..{high}")
     return int(value)
+
+
+def _alarm_stamp(value: Any, what: str) -> int | None:
+    """An event stamp in epoch ms: integers as sent (epoch seconds below 1e11 are scaled
+    by the fetcher, `connectors.fetch._alarm_ms`), seconds with a fraction and ISO 8601
+    text (`stamps`) converted here."""
+    if type(value) is float and not value.is_integer() and abs(value) < SECONDS_BELOW:
+        return round(value * 1000)
+    if type(value) is str:
+        try:
+            return int(ms_of_texts(pa.array([value])).to_pylist()[0])
+        except StampError as exc:
+            raise ValueError(f"{what}: {exc}") from None
+    return _alarm_int(value, what, INT64_MIN, INT64_MAX)
 
 
 def _alarm_record(
@@ -75,7 +90,7 @@ def _alarm_row(node: str, element: Any, index: int, positions: dict[int, str]) -
     if not isinstance(path, str):
         raise ValueError(f"alarm event {index} has no string path")
     try:
-        ts = _alarm_int(record.get("ts"), "ts", INT64_MIN, INT64_MAX)
+        ts = _alarm_stamp(record.get("ts"), "ts")
         if ts is None:
             raise ValueError("ts is missing")
         status = _alarm_int(record.get("status"), "status", INT16_MIN, INT16_MAX)
@@ -86,7 +101,7 @@ def _alarm_row(node: str, element: Any, index: int, positions: dict[int, str]) -
     ack_ts = ack_user = ack_msg = None
     if isinstance(ack, dict):
         try:
-            ack_ts = _alarm_int(ack.get("ts"), "ack ts", INT64_MIN, INT64_MAX)
+            ack_ts = _alarm_stamp(ack.get("ts"), "ack ts")
         except ValueError:
             ack_ts = None  # kept verbatim in ack_info
         ack_user = text_of(ack.get("user"))

@@ -127,6 +127,22 @@ class _DetailsEntry(msgspec.Struct, rename={"full_path": "fullPath"}):
     full_path: Any = None
 
 
+class _DetailsConfig(msgspec.Struct):
+    type: Any = None
+
+
+class _TypedEntry(msgspec.Struct, rename={"full_path": "fullPath"}):
+    full_path: Any = None
+    config: _DetailsConfig | None = None
+
+
+class _TypedAnswer(msgspec.Struct):
+    tags: dict[str, _TypedEntry] | None = None
+
+
+_TYPED_DECODER = msgspec.json.Decoder(_TypedAnswer)
+
+
 class _DetailsAnswer(msgspec.Struct):
     tags: dict[str, _DetailsEntry] | None = None
 
@@ -156,3 +172,27 @@ def tag_details_paths(body: bytes | str, *, group: str | None = None) -> list[st
             raise MalformedAnswer(operation, "fullPath is not a string", where=f"tag {name!r}")
         paths.append(path)
     return paths
+
+
+def tag_details_paths_and_types(
+    body: bytes | str, *, group: str | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """`tag_details_paths`, and each tag's configured type (`config.type`, text) where the
+    answer says one, read in the same pass: the fetcher puts values in the column of their
+    tag's type (normalise/typed.py) without building the metadata. An answer whose
+    configurations are not objects gives its paths and no types."""
+    try:
+        answer = _TYPED_DECODER.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return tag_details_paths(body, group=group), {}
+    paths: list[str] = []
+    types: dict[str, str] = {}
+    for name, entry in (answer.tags or {}).items():
+        path = _entry_path(name, entry.full_path, group)
+        if not isinstance(path, str):
+            raise MalformedAnswer("tag.details", "fullPath is not a string", where=f"tag {name!r}")
+        paths.append(path)
+        kind = entry.config.type if entry.config is not None else None
+        if isinstance(kind, str):
+            types[path] = kind
+    return paths, types

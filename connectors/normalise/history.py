@@ -3,9 +3,10 @@
 History rows are `[ts_ms, value, quality, extra]` (node-facts.md); 2 to 4 elements are
 accepted, the value may be null, a number, a boolean or a string, and a tag whose type
 changes over time keeps every value in its own column (`value` for numbers, never
-booleans; `value_bool`; `value_str`). The timestamp must be an integer (an integral
-float is accepted), quality and the fourth element integers or null. Anything of another
-shape raises `MalformedAnswer` naming the tag, the row and the chunk; nothing is dropped.
+booleans; `value_bool`; `value_str`). The timestamp is epoch ms, or epoch seconds or
+ISO 8601 text, each tag's stamps read in their unit together (stamps.py); quality and the
+fourth element are integers or null. Anything of another shape raises `MalformedAnswer`
+naming the tag, the row and the chunk; nothing is dropped.
 
 Speed (bench/bench_normalise.py): a compact answer is walked once by msgspec, which keeps
 each tag's rows as raw text; tags of number or boolean rows become CSV by one byte
@@ -34,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.errors import MalformedAnswer
-from connectors.normalise import fastrows
+from connectors.normalise import fastrows, stamps
 from connectors.normalise.common import (
     INT16_MAX,
     gc_paused,
@@ -134,6 +135,10 @@ class _Pieces:
         ts_np = ts.to_numpy(zero_copy_only=False)
         starts = np.cumsum(counts) - counts
         filled = counts > 0
+        in_ms = stamps.ms_of_tags(ts_np, starts[filled], counts[filled])
+        if in_ms is not None:  # some tags stamped in epoch seconds
+            ts_np = in_ms
+            ts = pa.array(in_ms, type=pa.int64())
         rising, never_back = _order_within(ts_np, starts[filled])
         if never_back:
             # The common answer: each tag's samples in time order, so the first is the
@@ -287,7 +292,9 @@ def _seq_of_tags(
 def _finish_tag(
     pieces: _Pieces, tag: str, columns: Columns6, operation: str, chunk_label: str
 ) -> TagStats:
-    """Number the samples of one tag sharing a millisecond, add them to `pieces`; its stats."""
+    """Number the samples of one tag sharing a millisecond, add them to `pieces`; its stats.
+    Stamps in epoch seconds are read as such (`stamps.ms_of_integers`)."""
+    columns = (stamps.ms_of_integers(columns[0]), *columns[1:])
     ts_np = columns[0].to_numpy(zero_copy_only=False)
     seq = _seq_of(ts_np)
     if len(seq) and int(seq.max()) > INT16_MAX:

@@ -24,6 +24,7 @@ from connectors.normalise.common import (
     json_type,
     short_text,
 )
+from connectors.normalise.stamps import StampError, stamps_of_values
 
 _NONE = type(None)
 # pyarrow's conversion errors; TypeError and ValueError cover its Python-side checks.
@@ -100,7 +101,10 @@ def _fast_tag(data: list[Any]) -> Columns6 | None:
         extra_raw = [row[3] for row in data]
     except (TypeError, KeyError):  # a row without len(), or an object row
         return None
-    ts = _fast_int(ts_raw, pa.int64(), nullable=False)
+    try:
+        ts = stamps_of_values(ts_raw)
+    except StampError:
+        return None  # the careful path names the row
     if ts is None:
         return None
     split = _fast_values(values)
@@ -139,10 +143,36 @@ def _careful_int(item: Any, index: int, what: str, low: int, high: int, nullable
     return item
 
 
+def _careful_stamps(raw: list[Any]) -> pa.Array:
+    """One tag's stamps (`stamps.stamps_of_values`), or RowError naming the first row whose
+    stamp is not of the kind of the first (epoch ms, epoch seconds, ISO 8601 text)."""
+    try:
+        ts = stamps_of_values(raw)
+    except StampError as exc:
+        raise RowError(0, str(exc)) from None
+    if ts is not None:
+        return ts
+    first = _STAMP_KINDS.get(type(raw[0]))
+    for index, item in enumerate(raw):
+        kind = _STAMP_KINDS.get(type(item))
+        if kind is None or kind != first:
+            expected = "epoch ms, epoch seconds or ISO 8601 text"
+            if first is not None and kind is not None:
+                expected += f" of one kind (row 0 is {first})"
+            raise RowError(index, f"timestamp {short_text(item)} is not {expected}")
+        if type(item) is int and not INT64_MIN <= item <= INT64_MAX:
+            raise RowError(index, f"timestamp {item} is out of range {INT64_MIN}..{INT64_MAX}")
+    raise RowError(0, "timestamps are not epoch ms, epoch seconds or ISO 8601 text in range")
+
+
+# What a stamp may be sent as: numbers (epoch ms or seconds) or ISO 8601 text.
+_STAMP_KINDS = {int: "a number", float: "a number", str: "text"}
+
+
 def _careful_tag(data: list[Any]) -> Columns6:
     """Row by row: rows of 2 to 4 elements, values of changing types, exact errors."""
     n = len(data)
-    ts: list[int] = [0] * n
+    ts: list[Any] = [0] * n
     numbers: list[float | None] = [None] * n
     flags: list[bool | None] = [None] * n
     texts: list[str | None] = [None] * n
@@ -153,7 +183,7 @@ def _careful_tag(data: list[Any]) -> Columns6:
             raise RowError(index, f"row is {json_type(row)}, not an array")
         if not 2 <= len(row) <= 4:
             raise RowError(index, f"row has {len(row)} elements (2 to 4 expected)")
-        ts[index] = _careful_int(row[0], index, "timestamp", INT64_MIN, INT64_MAX, False)
+        ts[index] = row[0]
         item = row[1]
         kind = type(item)
         if kind is bool:
@@ -169,7 +199,7 @@ def _careful_tag(data: list[Any]) -> Columns6:
         if len(row) > 3:
             extra[index] = _careful_int(row[3], index, "extra", INT64_MIN, INT64_MAX, True)
     return (
-        pa.array(ts, type=pa.int64()),
+        _careful_stamps(ts) if n else pa.array([], type=pa.int64()),
         pa.array(numbers, type=pa.float64()),
         pa.array(flags, type=pa.bool_()),
         pa.array(texts, type=pa.string()),

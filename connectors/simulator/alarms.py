@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from connectors.options import AlarmFilter
+from connectors.simulator.history import iso_of_ms
 from connectors.simulator.protocol import (
     Answer,
     Handler,
@@ -205,6 +206,16 @@ def alarm_in_seconds(event: dict[str, Any], *, to_ms: bool = False) -> dict[str,
     return out
 
 
+def alarm_in_iso(event: dict[str, Any]) -> dict[str, Any]:
+    """An event stamped in ISO 8601 text (`rows_iso` behaviour): `ts` and the
+    acknowledgement's `ts`."""
+    out = {**event, "ts": iso_of_ms(event["ts"])}
+    ack = event.get("ackInfo")
+    if isinstance(ack, dict) and isinstance(ack.get("ts"), int):
+        out["ackInfo"] = {**ack, "ts": iso_of_ms(ack["ts"])}
+    return out
+
+
 def parse_alarm_query(
     params: Params, *, knows_min_max: bool = True
 ) -> tuple[str, AlarmFilter, AlarmQuery]:
@@ -315,6 +326,8 @@ class AlarmService:
         events = self.events(query, start, end, tree.node_name)
         if seconds:
             events = [alarm_in_seconds(event) for event in events]
+        elif self._node.behaves("rows_iso"):
+            events = [alarm_in_iso(event) for event in events]
         request = {"path": path, "start": start, "end": end, "options": query.echo(filt)}
         return json_answer({"request": request, "data": self._shaped(events)})
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from itertools import repeat
 from typing import Any
 
@@ -705,4 +706,51 @@ def _round6(values: np.ndarray) -> np.ndarray:
         sure = (half > 8 * np.spacing(np.abs(scaled))) & (np.abs(values) < 1e6)
     for index in np.flatnonzero(~sure).tolist():
         out[index] = round(float(values[index]), 6)
+    return out
+
+
+# Behaviours that change how rows are written on the wire, not what the node holds: the
+# ground truth stays in epoch ms, buckets stamped at their start, numbers as numbers.
+WIRE_BEHAVIOURS = frozenset(
+    {"rows_epoch_seconds", "rows_epoch_micros", "rows_iso", "buckets_at_end", "numbers_as_strings"}
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def iso_of_ms(ts_ms: int) -> str:
+    """Epoch ms as ISO 8601 UTC text with milliseconds and `Z` (the `rows_iso` behaviour)."""
+    moment = _EPOCH + timedelta(milliseconds=ts_ms)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def wire_rows(
+    rows: list[tuple[Any, ...]],
+    behaviours: frozenset[str],
+    *,
+    number_tag: bool,
+    bucket_ms: int | None,
+) -> list[tuple[Any, ...]]:
+    """`rows` as a node of `behaviours` writes them: stamps in epoch seconds
+    (`rows_epoch_seconds`) or ISO 8601 text (`rows_iso`), aggregated buckets stamped at
+    their end (`buckets_at_end`, `bucket_ms` the interval of an aggregated answer), values
+    of a number tag as strings (`numbers_as_strings`). Unchanged for other nodes."""
+    if not rows or behaviours.isdisjoint(WIRE_BEHAVIOURS):
+        return rows
+    shift = bucket_ms if bucket_ms is not None and "buckets_at_end" in behaviours else 0
+    as_text = number_tag and "numbers_as_strings" in behaviours
+    seconds = "rows_epoch_seconds" in behaviours
+    micros = "rows_epoch_micros" in behaviours
+    iso = "rows_iso" in behaviours
+    out: list[tuple[Any, ...]] = []
+    for ts, value, *rest in rows:
+        stamp: Any = ts + shift
+        if seconds:
+            stamp = stamp / 1000
+        elif micros:
+            stamp = stamp * 1000
+        elif iso:
+            stamp = iso_of_ms(stamp)
+        if as_text and type(value) in (int, float):
+            value = repr(value)
+        out.append((stamp, value, *rest))
     return out

@@ -364,13 +364,30 @@ class SimulatedNode:
         self, method: str, resource: str, cmd: str, params: Mapping[str, Any], body: Any
     ) -> Answer:
         """Answer one request (already authenticated); errors become `{"error": ...}`."""
+        operation = f"{resource}.{cmd}"
+        refused = self._refusal(method, resource, cmd, body)
+        if refused is not None:
+            return refused
+        source = (body or {}) if operation in POSTS else params
+        if self._errs_first(operation, source):
+            return error_answer(200, f"{operation} could not be served now, try again")
+        try:
+            return self._handlers[operation](source)
+        except RequestError as exc:
+            status = 200 if self.behaves("errors_in_200") else exc.status
+            return error_answer(status, str(exc))
+        except Exception as exc:  # a simulator bug: say so, as a node would, with a 500
+            traceback.print_exc()
+            return error_answer(500, f"internal error in {operation}: {type(exc).__name__}")
+
+    def _refusal(self, method: str, resource: str, cmd: str, body: Any) -> Answer | None:
+        """The answer to a request this node does not serve as asked (None: it serves it)."""
         if self.admin.process.restarting():
             return Answer(503, b'{"error":"service restarting"}', headers={"Retry-After": "1"})
         operation = f"{resource}.{cmd}"
-        handler = self._handlers.get(operation)
         if operation == "tag.getViews" and self.behaves("no_views"):
             return error_answer(404, "unknown command 'getViews' for resource tag")
-        if handler is None:
+        if operation not in self._handlers:
             if resource in RESOURCES:
                 return error_answer(400, f"unknown command {cmd!r} for resource {resource}")
             return error_answer(404, f"unknown resource {resource!r}")
@@ -379,17 +396,7 @@ class SimulatedNode:
             return error_answer(405, f"{operation} takes {expected}")
         if expected == "POST" and body is not None and not isinstance(body, dict):
             return error_answer(400, "the body is not a JSON object")
-        source = (body or {}) if expected == "POST" else params
-        if self._errs_first(operation, source):
-            return error_answer(200, f"{operation} could not be served now, try again")
-        try:
-            return handler(source)
-        except RequestError as exc:
-            status = 200 if self.behaves("errors_in_200") else exc.status
-            return error_answer(status, str(exc))
-        except Exception as exc:  # a simulator bug: say so, as a node would, with a 500
-            traceback.print_exc()
-            return error_answer(500, f"internal error in {operation}: {type(exc).__name__}")
+        return None
 
     def _errs_first(self, operation: str, params: Mapping[str, Any]) -> bool:
         """`errors_in_200`: is this the first ask of the question (answered with an error)?"""

@@ -62,6 +62,16 @@ BEHAVIOURS: dict[str, str] = {
     "value, description, ackInfo, origin]",
     "alarm_arrays_online": "alarm history events as arrays [ts, path, online, status, "
     "priority, value, description, ackInfo] (online always 1)",
+    "rows_epoch_seconds": "history row timestamps in epoch seconds, with a millisecond "
+    "fraction (1763640000.5), raw and aggregated",
+    "rows_iso": "history row timestamps and alarm event stamps as ISO 8601 text "
+    "(2026-11-20T12:00:00.500Z)",
+    "rows_epoch_micros": "history row timestamps in epoch microseconds (a unit the pipeline "
+    "does not read: every row lands outside the query)",
+    "buckets_at_end": "aggregated rows stamped at their bucket's end: [b, b+interval) as "
+    "b+interval",
+    "numbers_as_strings": 'values of number tags sent as JSON strings ("12.345"), raw and '
+    "aggregated",
 }
 
 # Named profiles: each is a set of behaviours. `default` is the simulator's own reading.
@@ -96,6 +106,10 @@ PROFILES: dict[str, frozenset[str]] = {
     "alarm-arrays": frozenset({"alarm_arrays"}),
     "alarm-arrays-swapped": frozenset({"alarm_arrays_swapped"}),
     "alarm-arrays-online": frozenset({"alarm_arrays_online"}),
+    "rows-epoch-seconds": frozenset({"rows_epoch_seconds"}),
+    "rows-iso": frozenset({"rows_iso"}),
+    "buckets-at-end": frozenset({"buckets_at_end"}),
+    "numbers-as-strings": frozenset({"numbers_as_strings"}),
 }
 
 # Behaviours that cannot hold at once.
@@ -108,6 +122,10 @@ _EXCLUSIVE = (
     frozenset({"alarm_arrays", "alarm_arrays_swapped"}),
     frozenset({"alarm_arrays", "alarm_arrays_online"}),
     frozenset({"alarm_arrays_swapped", "alarm_arrays_online"}),
+    frozenset({"rows_epoch_seconds", "rows_iso"}),
+    frozenset({"rows_epoch_seconds", "rows_epoch_micros"}),
+    frozenset({"rows_epoch_micros", "rows_iso"}),
+    frozenset({"epoch_seconds", "rows_iso"}),
 )
 
 

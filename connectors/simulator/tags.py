@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from connectors.options import METHODS, MODES, HistoryOptions, Method
+from connectors.simulator.history import wire_rows
 from connectors.simulator.protocol import (
     Answer,
     Handler,
@@ -200,6 +201,7 @@ class TagService:
                 room -= len(rows)
             if garbled and spec.index % 5 == 2:
                 rows.append(_garbled_row(spec, start, node.row_width()))
+            rows = self._wire(spec, rows, options)
             data: list[Any] | None = None if self._without_history(spec) else rows
             entry = {"request": request_echo(spec.path, start, end, options, extra), "data": data}
             if not self._leaves_out(tree, spec, start, end, options):
@@ -253,8 +255,21 @@ class TagService:
         start, end = self._window(params)
         options = self._options(params)
         rows = self._node.history_rows(tree, spec, start, end, options, capped=True)
+        rows = self._wire(spec, rows, options)
         data = None if self._without_history(spec) else rows
         return json_answer({"request": request_echo(path, start, end, options), "data": data})
+
+    def _wire(
+        self, spec: TagSpec, rows: list[tuple[Any, ...]], options: HistoryOptions
+    ) -> list[tuple[Any, ...]]:
+        """The rows as this node's profile writes them (`history.wire_rows`)."""
+        aggregated = options.mode == "aggregated"
+        return wire_rows(
+            rows,
+            self._node.config.behaviours,
+            number_tag=spec.type == "number",
+            bucket_ms=(options.interval_ms or 60_000) if aggregated else None,
+        )
 
     def history_many(self, params: Params) -> Answer:
         paths = parse_list(params.get("paths"))

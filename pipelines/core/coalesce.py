@@ -110,7 +110,13 @@ def join(results: list[ChunkResult]) -> ChunkResult:
         parts=tuple(chunks),
         missing=tuple(tag for result in results for tag in result.missing),
         rows_out_of_range=sum(result.rows_out_of_range for result in results),
+        values_not_of_type=_total(results, "values_not_of_type"),
     )
+
+
+def _total(results: list[ChunkResult], count: str) -> int:
+    """The sum of one count of the results (a ChunkResult field)."""
+    return sum(int(getattr(result, count)) for result in results)
 
 
 def joined_id(chunks: list[Chunk]) -> str:

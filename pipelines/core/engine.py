@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -54,6 +54,7 @@ from connectors.fetch import (
     SplitNotice,
 )
 from connectors.normalise.history import history_table
+from connectors.normalise.stamps import BucketStamping
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.pager import CapGuess
 from connectors.schema import frame_from_table
@@ -142,6 +143,8 @@ class ChunkResult:
     missing: tuple[str, ...] = ()
     # Rows stamped outside the query (negative, garbled), dropped.
     rows_out_of_range: int = 0
+    # Text values of number or boolean tags that do not parse as the tag's type (kept).
+    values_not_of_type: int = 0
     # The node's raw cap as the fetcher knew it after this chunk (a chunk fetched on
     # another process tells the run what it learned); `raw_answer_cap`: per answer.
     raw_cap: int | None = None
@@ -181,6 +184,7 @@ class HistoryEngine:
         max_in_flight: int = 4,
         missing_is_fatal: bool = True,
         notice: SplitNotice | None = None,
+        types: Mapping[str, str] | None = None,
     ) -> None:
         self.client = client
         self.node = node
@@ -190,17 +194,26 @@ class HistoryEngine:
         self.missing_is_fatal = missing_is_fatal
         # What the run learns of the node's raw cap, shared by all its chunks.
         self.raw_cap = raw_cap or CapGuess()
+        # Where the node stamps aggregated buckets, learned from its answers (a node fact).
+        self.stamping = BucketStamping()
         # Answers asked again in pieces are said once for the engine (a unit of a run).
         notice = notice or SplitNotice(node)
-        self.fetcher = HistoryFetcher(
-            client, node, options, filter_query=filter_query, cap=self.raw_cap, notice=notice
-        )
+
+        def fetcher(query: FilterQuery | None) -> HistoryFetcher:
+            return HistoryFetcher(
+                client,
+                node,
+                options,
+                filter_query=query,
+                cap=self.raw_cap,
+                notice=notice,
+                stamping=self.stamping,
+                types=types,
+            )
+
+        self.fetcher = fetcher(filter_query)
         # Chunks cut down to some tags of a group (`Chunk.by_paths`) are asked by path.
-        self.path_fetcher = (
-            HistoryFetcher(client, node, options, cap=self.raw_cap, notice=notice)
-            if filter_query is not None
-            else self.fetcher
-        )
+        self.path_fetcher = fetcher(None) if filter_query is not None else self.fetcher
 
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
         """All rows of the chunk's tags in its window, exactly once each; the chunk is
@@ -314,6 +327,8 @@ class FetchJob:
     alarm_path: str | None = None
     alarm_filter: AlarmFilter | None = None
     node_version: NodeVersion | None = None
+    # (tag, configured type) of tags whose details say `number` or `boolean`.
+    tag_types: tuple[tuple[str, str], ...] = ()
 
     def engine(
         self,
@@ -347,6 +362,7 @@ class FetchJob:
             max_in_flight=max_in_flight,
             missing_is_fatal=self.missing_is_fatal,
             notice=notice,
+            types=dict(self.tag_types),
         )
 
     def fetch(self, chunk: Chunk) -> ChunkResult:
@@ -381,6 +397,7 @@ def _result(chunk: Chunk, fetched: Fetched, rows: pa.Table, began: float) -> Chu
         continuations=fetched.continuations,
         missing=fetched.missing,
         rows_out_of_range=fetched.rows_out_of_range,
+        values_not_of_type=fetched.values_not_of_type,
     )
 
 

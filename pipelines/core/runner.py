@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field, replace
@@ -143,6 +143,7 @@ class ChunkOutcome:
     rows_out_of_range: int = 0
     # Tags held for this window behind a link not yet drained (pipelines/core/holds.py).
     held: tuple[str, ...] = ()
+    values_not_of_type: int = 0
 
     @property
     def part_ids(self) -> tuple[str, ...]:
@@ -196,6 +197,8 @@ class RunSummary:
     # outside their query (dropped).
     missing: dict[str, list[Window]] = field(default_factory=dict)
     rows_out_of_range: int = 0
+    # Text values of number or boolean tags that did not parse as the tag's type (kept).
+    values_not_of_type: int = 0
     # What planning changed or found, one line each (an end cut at now - settle, ...).
     notes: list[str] = field(default_factory=list)
     # The chunk window this run planned with, and whether `window: auto` chose it.
@@ -242,6 +245,11 @@ class RunSummary:
                 f"{len(self.held)} remote tags held in {windows} windows ({why}): not complete "
                 "until the link is back and drained; `historian state` lists them"
             )
+        if self.values_not_of_type:
+            lines.append(
+                f"{self.values_not_of_type} text values are not of their tag's configured type "
+                "(number or boolean): kept as text, in value_str"
+            )
         return lines
 
     @property
@@ -260,6 +268,7 @@ class RunSummary:
         for tag in outcome.held:
             self.held.setdefault(tag, []).append(outcome.window)
         self.rows_out_of_range += outcome.rows_out_of_range
+        self.values_not_of_type += outcome.values_not_of_type
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -285,6 +294,7 @@ class RunSummary:
             "rows_out_of_range": self.rows_out_of_range,
             "held": {tag: [str(w) for w in windows] for tag, windows in self.held.items()},
             "holds": self.holds,
+            "values_not_of_type": self.values_not_of_type,
             "notes": self.remarks,
             "window": self.window_label,
             "shard": self.shard,
@@ -528,6 +538,7 @@ class FlowRun:
                 filter_query=resolved.filter_query,
                 missing_is_fatal=resolved.explicit,
                 node_version=version,
+                tag_types=_typed_tags(resolved.types),
             )
         )
         return resolved.members
@@ -777,6 +788,7 @@ class FlowRun:
             missing=result.missing,
             rows_out_of_range=result.rows_out_of_range,
             held=held,
+            values_not_of_type=result.values_not_of_type,
         )
 
     def results(self, submit: Submitter = THREADS) -> Iterator[ChunkResult]:
@@ -999,3 +1011,9 @@ def _counts_by_index(keys: pa.DictionaryArray, bad: pa.Array) -> tuple[Counter[s
         if bad_count:
             bad_rows[name] += bad_count
     return rows, bad_rows
+
+
+def _typed_tags(types: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """(tag, configured type) of the tags whose details say `number` or `boolean`: their
+    values go to that type's column, whatever JSON type the node sends them as."""
+    return tuple((tag, kind) for tag, kind in types.items() if kind in ("number", "boolean"))

@@ -297,6 +297,7 @@ def combined(parts: list[RunSummary]) -> RunSummary:
         total.rows_per_tag.update(part.rows_per_tag)
         total.bad_quality_per_tag.update(part.bad_quality_per_tag)
         total.rows_out_of_range += part.rows_out_of_range
+        total.values_not_of_type += part.values_not_of_type
         total.sinks.update(part.sinks)
         total.notes += [f"node {part.node}: {remark}" for remark in part.remarks]
     total.seconds = max(part.seconds for part in parts)

@@ -7,6 +7,7 @@ import math
 import os
 from typing import Any
 
+import pyarrow as pa
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -159,7 +160,10 @@ def _outcome(parse: Any, body: bytes) -> tuple[Any, ...]:
     signs = [
         None if v is None else math.copysign(1.0, v) for v in page.table.column("value").to_pylist()
     ]
-    return ("page", page.table.to_pylist(), signs, page.tags, page.table.schema)
+    # Stamps as epoch ms: a stamp read in seconds may lie beyond Python's datetime range.
+    index = page.table.schema.get_field_index("ts")
+    rows = page.table.set_column(index, "ts", page.table.column("ts").cast(pa.int64()))
+    return ("page", rows.to_pylist(), signs, page.tags, page.table.schema)
 
 
 @settings(max_examples=examples(200), suppress_health_check=[HealthCheck.too_slow], deadline=None)

@@ -10,7 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from connectors.errors import MalformedAnswer
-from connectors.normalise.details import parse_tag_details, tag_details_paths
+from connectors.normalise.details import (
+    parse_tag_details,
+    tag_details_paths,
+    tag_details_paths_and_types,
+)
 from connectors.schema import TAG_METADATA_SCHEMA
 from tests.connectors.normalise.json_values import T0, json_values
 
@@ -114,3 +118,16 @@ def test_details_paths_agree_with_the_full_reading(answer: Any) -> None:
 def test_details_paths_of_a_truncated_answer_are_malformed() -> None:
     with pytest.raises(MalformedAnswer, match="not JSON"):
         tag_details_paths(orjson.dumps(DETAILS)[:40])
+
+
+def test_paths_and_configured_types_are_read_in_one_pass() -> None:
+    body = (
+        b'{"tags": {"a": {"fullPath": "/g/a", "config": {"type": "number", "x": [1]}},'
+        b' "b": {"config": {"type": "boolean"}}, "c": {"fullPath": "/g/c", "config": null},'
+        b' "d": {"fullPath": "/g/d", "config": {"type": 5}}}}'
+    )
+    paths, types = tag_details_paths_and_types(body, group="/g/")
+    assert paths == tag_details_paths(body, group="/g/") == ["/g/a", "/g/b", "/g/c", "/g/d"]
+    assert types == {"/g/a": "number", "/g/b": "boolean"}
+    odd = b'{"tags": {"a": {"fullPath": "/g/a", "config": "number"}}}'
+    assert tag_details_paths_and_types(odd) == (["/g/a"], {})

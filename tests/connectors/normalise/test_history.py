@@ -242,7 +242,8 @@ BAD_ANSWERS = {
     "row of five": b'{"/t": {"data": [[1704067200000, 1, 192, 0, 0]]}}',
     "ts string": b'{"/t": {"data": [["2024-01-01", 1, 192, 0]]}}',
     "ts null": b'{"/t": {"data": [[1, 1, 192, 0], [null, 1, 192, 0]]}}',
-    "ts fraction": b'{"/t": {"data": [[1.5, 1, 192, 0]]}}',
+    "ts fraction of a millisecond": b'{"/t": {"data": [[1700000000000.5, 1, 192, 0]]}}',
+    "ts numbers and text": b'{"/t": {"data": [[1700000000000, 1, 192, 0], ["2024-01-01T00:00:00Z", 1, 192, 0]]}}',
     "ts boolean": b'{"/t": {"data": [[true, 1, 192, 0]]}}',
     "ts boolean after float": b'{"/t": {"data": [[1.0, 1, 192, 0], [true, 1, 192, 0]]}}',
     "ts too big": b'{"/t": {"data": [[18446744073709551615, 1, 192, 0]]}}',
@@ -727,3 +728,31 @@ def test_nan_is_never_invented_for_a_null_value() -> None:
     value = page.table.column("value")[0].as_py()
     assert value is None
     assert not (isinstance(value, float) and math.isnan(value))
+
+
+# Row stamps in another unit (issue 27, item 1): each tag's stamps are read in their unit.
+MS = 1_763_640_000_123
+STAMPS_OF_ONE_MOMENT = {
+    "epoch ms": f"[[{MS},1,192,0]]",
+    "epoch seconds": f"[[{MS // 1000},1,192,0],[{MS // 1000 + 1},2,192,0]]",
+    "epoch seconds as integral floats": f"[[{MS // 1000}.0,1,192,0]]",
+    "epoch seconds with a fraction": f"[[{MS / 1000},1,192,0],[{MS // 1000},2,192,0]]",
+    "ISO 8601 with Z": '[["2025-11-20T12:00:00.123Z",1,192,0]]',
+    "ISO 8601 with an offset": '[["2025-11-20T13:00:00.123+01:00",1,192,0]]',
+    "ISO 8601 without a zone (UTC)": '[["2025-11-20T12:00:00.123",1,192,0]]',
+}
+
+
+@pytest.mark.parametrize("data", STAMPS_OF_ONE_MOMENT.values(), ids=STAMPS_OF_ONE_MOMENT.keys())
+def test_row_stamps_are_read_in_their_unit_tag_by_tag(data: str) -> None:
+    body = answer_text({"/other": f"[[{T0},1,192,0]]", "/t": data})
+    careful = outcome(parse_history_answer_careful, body)
+    assert outcome(parse_history_answer, body) == careful
+    page = parse_history_answer(body, "n")
+    stamps = [
+        int(row["ts"].timestamp() * 1000) for row in page.table.to_pylist() if row["tag"] == "/t"
+    ]
+    assert stamps[0] in (MS, MS - 123), stamps
+    assert page.tags["/t"].first_ts_ms == min(stamps)
+    others = [row["ts"] for row in page.table.to_pylist() if row["tag"] == "/other"]
+    assert [int(ts.timestamp() * 1000) for ts in others] == [T0]
