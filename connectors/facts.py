@@ -4,7 +4,8 @@ readings of the spec's open points it learned (or assumed) about it.
 `read_facts` asks the node what can change between runs, cheaply, once per run: one
 `system?cmd=status` (`n3.versions`, `n3.node`, `sys.ts`) and one `license?cmd=getUid`
 (`uid`). The other fields are learned by probes elsewhere (timestamp unit, raw cap, bucket
-stamping, browse `recurrent`, details keying); None in a slot means "not probed": `lines()`
+stamping, browse `recurrent`, details keying: `connectors/probes.py`, asked by `historian
+check`); None in a slot means "not probed": `lines()`
 says so rather than guess.
 
 Identity (issue 27, item 10): progress belongs to the node it was extracted from. The node
@@ -140,7 +141,7 @@ class NodeFacts:
             f"version: {version}",
             f"clock: {describe_skew(self.clock)}",
             f"timestamp unit: {self.timestamp_unit or NOT_PROBED}",
-            f"raw cap: {self.raw_cap or NOT_PROBED}",
+            f"raw cap: {self.raw_cap or 'learned by runs (answers at limit or a cap continued)'}",
             f"bucket stamping: {self.bucket_stamping or NOT_PROBED}",
             f"browse recurrent: {recurrent[self.browse_recurrent]}",
             f"details keyed by: {self.details_keyed_by or NOT_PROBED}",

@@ -4,6 +4,7 @@ every sink probed, one `ok` or `fail` line each; nothing is written."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from pipelines.cli.base import (
 )
 
 if TYPE_CHECKING:  # config pulls in pandas and pyarrow: imported when needed
+    from connectors.facts import NodeFacts
     from pipelines.config.models import Config, FlowConfig
     from pipelines.config.nodes import ConnectedNode, NodePool
 
@@ -69,7 +71,7 @@ def _check_nodes(cfg: Config, nodes: NodePool, fail: Callable[[str, Exception], 
         try:
             node = nodes.get(name)
             node.client.system_status()  # answers, and accepts the credentials
-            facts = node.facts()
+            facts = _with_readings(cfg, node, node.facts())
         except NodeError as exc:
             fail(f"node {name}", exc)
             continue
@@ -86,6 +88,40 @@ def _check_nodes(cfg: Config, nodes: NodePool, fail: Callable[[str, Exception], 
             out.print(f"     {line}", highlight=False, soft_wrap=True)
         _check_views(node)
     return reachable
+
+
+def _with_readings(cfg: Config, node: ConnectedNode, facts: NodeFacts) -> NodeFacts:
+    """`facts` with the readings probed on one of the node's flow tags (connectors/
+    probes.py), at the node's own time; as they were when no flow names a tag there."""
+    from dataclasses import asdict, replace
+
+    from connectors.probes import probe_readings
+
+    tag = _probe_tag(cfg, node)
+    if tag is None:
+        return facts
+    now = facts.clock.node_time if facts.clock is not None else datetime.now(UTC)
+    return replace(facts, **asdict(probe_readings(node.client, tag, now)))
+
+
+def _probe_tag(cfg: Config, node: ConnectedNode) -> str | None:
+    """The first tag a tag flow on `node` names or selects (None: no such flow)."""
+    from pipelines.config.models import TagHistoryFlow
+    from pipelines.selection import resolve_tags
+
+    for name, flow in cfg.flows.items():
+        if not isinstance(flow, TagHistoryFlow) or node.name not in cfg.flow_nodes(name):
+            continue
+        assert flow.tags is not None
+        if flow.tags.paths:
+            return flow.tags.paths[0]
+        try:
+            members = resolve_tags(node.client, node.name, flow.tags, where="").members
+        except NodeError:
+            continue  # the flow checks below say why
+        if members:
+            return members[0]
+    return None
 
 
 def _check_views(node: ConnectedNode) -> None:

@@ -59,9 +59,27 @@ def test_check_shows_what_the_node_tells_us_and_a_clock_behind_ours(tmp_path: Pa
     assert code == 0, output
     assert f"identity: 'sim-node-b' (uid {node.admin.uid})" in output
     assert "clock: 10 min behind ours (node says" in output
-    for slot in ("timestamp unit", "raw cap", "bucket stamping", "details keyed by"):
-        assert f"{slot}: not probed" in output
-    assert "browse recurrent: not probed" in output
+    assert "timestamp unit: epoch milliseconds" in output
+    assert "bucket stamping: bucket start" in output
+    assert "browse recurrent: honoured" in output
+    assert "details keyed by: tag name" in output
+
+
+def test_check_shows_the_readings_of_a_node_that_reads_the_spec_otherwise(
+    tmp_path: Path,
+) -> None:
+    """Stamps as text, buckets at their end, browse recursing always, details by path:
+    each probed on a flow's tag and shown as the node reads it."""
+    profile = "rows-iso+buckets-at-end+browse-always-recurses+details-by-path"
+    with served(profile) as (node, url):
+        flows = {"f": flow(node.tag_paths()[:2])}
+        path = write_config(tmp_path, node={"url": url}, flows=flows, sinks=["lake"])
+        code, output = check(path)
+    assert code == 0, output
+    assert "timestamp unit: ISO 8601 text" in output
+    assert "bucket stamping: bucket end (stored as its start)" in output
+    assert "browse recurrent: ignored (always recurses)" in output
+    assert "details keyed by: full path" in output
 
 
 def test_check_says_a_node_clock_in_step(tmp_path: Path) -> None:
