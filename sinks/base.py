@@ -67,6 +67,9 @@ class ChunkScope:
     # The flow's chunk size (`window` may be clipped at the span's ends): a lake with
     # `partition: auto` sizes a new dataset's partitions to it.
     window_size: timedelta | None = None
+    # Members written but not proven complete (member -> why, e.g. a link still
+    # draining): the ledger records them `held` with the reason (`sinks.ledger`).
+    held: Mapping[str, str] = field(default_factory=dict, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ class Sink(Protocol):
     progress (`historian state`, `reset`, `repair` on any sink), describe, close.
 
     Everything else a sink may do is a capability beside it (`Compacts`, `Probes`,
-    `Reads`, `ReadsCoverage`): callers ask `isinstance(sink, Capability)`, never for a
+    `Reads`, `ReadsCoverage`, `ReadsLedger`): callers ask `isinstance(sink, Capability)`, never for a
     sink's class.
     """
 
@@ -212,6 +215,15 @@ class ReadsCoverage(Protocol):
 
     def coverage_reader(self, dataset: str, kind: str) -> CoverageReader:
         """A reader of the dataset's groups (nothing read until asked)."""
+
+
+@runtime_checkable
+class ReadsLedger(Protocol):
+    """A sink that keeps the completeness ledger beside its datasets (`sinks.ledger`):
+    written with each chunk's rows, read without scanning them."""
+
+    def read_ledger(self, dataset: str) -> pa.Table:
+        """Every ledger row of a dataset (`sinks.ledger.LEDGER_SCHEMA`)."""
 
 
 def iter_merged(windows: list[Window]) -> Iterator[Window]:

@@ -299,7 +299,8 @@ class Journal:
             if op["op"] == "place":
                 dest = self.store.path(op["dest"])
                 if not self.store.remove(self.store.path(op["tmp"])):  # moved, or lost
-                    if op.get("new"):
+                    # A chunk's ledger file goes with its forgotten marker.
+                    if op.get("new") or op.get("ledger"):
                         self.store.remove(dest)
                     elif "was" in op and self.placed(op):
                         self.store.copy_over(self.empty_template(str(intent["dataset"])), dest)

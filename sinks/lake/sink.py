@@ -7,6 +7,8 @@ Layout (under the lake's root, a local directory or any fsspec URL such as s3://
     <root>/<dataset>/node-<node>/year=YYYY/part-<chunk_id>[-<n>].parquet        "year"
     <root>/<dataset>/node-<node>/part-<chunk_id>[-<n>].parquet                  "none"
     <root>/tag_metadata/part-tag_metadata.parquet                    the tag dimension
+    <root>/<dataset>.coverage/<key>/part-<chunk_id>.parquet    the completeness ledger
+                                                (sinks/lake/ledger.py), in the chunk's commit
     <root>/_historian/                                               the sink's own state
         _flows/<key>/markers/<chunk_id>.json    one per committed chunk: flow, dataset,
                                                 chunk_id, window, members, files (with
@@ -113,9 +115,11 @@ from sinks.lake.files import (
     visible_files,
 )
 from sinks.lake.journal import Journal, Plan
+from sinks.lake.ledger import read_ledger, stage_ledger
 from sinks.lake.overlap import WritePlanner
 from sinks.lake.rows import HISTORY_KINDS, reason, sorted_rows, table_of
 from sinks.lake.state import LakeState
+from sinks.ledger import ledger_rows
 from sinks.scope import check_scope
 from sinks.store.file_sink import FileSink
 from sinks.store.layout import (
@@ -260,6 +264,12 @@ class ParquetLake(FileSink):
         """The dataset read file by file for a coverage report (`sinks.lake.coverage`)."""
         return LakeCoverage(self.store, dataset, kind)
 
+    def read_ledger(self, dataset: str) -> pa.Table:
+        """The dataset's completeness ledger (`sinks.lake.ledger`)."""
+        check_dataset(dataset)
+        with self._errors(f"read the ledger of dataset '{dataset}'"):
+            return read_ledger(self.store, dataset)
+
     # -- writing --------------------------------------------------------------------------
 
     def write(self, scope: ChunkScope, rows: Rows, rows_fetched: int) -> int:
@@ -278,6 +288,7 @@ class ParquetLake(FileSink):
                 f"to commit but {rows_fetched} fetched; nothing written"
             )
         table = sorted_rows(table, tables.KEYS[scope.kind])
+        ledger = ledger_rows(scope, table)
         parts = self.parts  # opened first: opening recovers under the lock taken next
         with self._errors(what), self._dataset_lock(dataset):
             parts.journal.recover(dataset)
@@ -285,6 +296,7 @@ class ParquetLake(FileSink):
             plan = Plan(ident=chunk, dataset=dataset)
             try:
                 parts.writes.plan(plan, scope, table)
+                stage_ledger(parts.journal, plan, scope, ledger)  # in the chunk's commit
             except BaseException:
                 parts.journal.discard(plan)
                 raise
