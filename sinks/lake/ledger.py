@@ -22,21 +22,13 @@ import pyarrow.parquet as pq
 from sinks.base import ChunkScope
 from sinks.lake.journal import Journal, Plan
 from sinks.ledger import LEDGER_SCHEMA, overlapped
-from sinks.store.layout import is_data_file, join, key_name
+from sinks.store.layout import LEDGER_SUFFIX, is_data_file, ledger_file
 from sinks.store.objects import LakeStore
-
-LEDGER_SUFFIX = ".coverage"
 
 
 def ledger_dir(dataset: str) -> str:
     """The ledger's folder, relative to the lake's root."""
     return dataset + LEDGER_SUFFIX
-
-
-def ledger_file(dataset: str, flow: str, chunk_id: str) -> str:
-    """A chunk's ledger file, relative to the lake's root: under its progress key (chunk
-    ids are unique per key, as markers are), `chunk_id` already checked."""
-    return join(ledger_dir(dataset), key_name(flow), f"part-{chunk_id}.parquet")
 
 
 def stage_ledger(journal: Journal, plan: Plan, scope: ChunkScope, rows: pa.Table) -> None:
