@@ -362,6 +362,22 @@ def _marks(
     return marks, reasons
 
 
+def _flagged(ledger: pa.Table | None, window: Window | None) -> set[str]:
+    """Tags with a held or missing ledger window in the range (drawn, rows or none)."""
+    if ledger is None or window is None:
+        return set()
+    flagged = ledger.filter(
+        pc.and_(
+            pc.not_equal(ledger.column("status"), "complete"),
+            pc.and_(
+                pc.less(ledger.column("window_start"), pa.scalar(window.end_ms, _TS)),
+                pc.greater(ledger.column("window_end"), pa.scalar(window.start_ms, _TS)),
+            ),
+        )
+    )
+    return {str(tag) for tag in flagged.column("tag").to_pylist()}
+
+
 def _nothing(lo: datetime, hi: datetime, known: list[Window]) -> NoReturn:
     held = "no rows and no extracted window"
     if known:
@@ -420,18 +436,7 @@ def tag_coverage(
         if window is not None
         and any(w.start < window.end and w.end > window.start for w in progress.windows_of(member))
     }
-    if ledger is not None and window is not None:  # held and missing tags, rows or none
-        flagged = ledger.filter(
-            pc.and_(
-                pc.not_equal(ledger.column("status"), "complete"),
-                pc.and_(
-                    pc.less(ledger.column("window_start"), pa.scalar(window.end_ms, _TS)),
-                    pc.greater(ledger.column("window_end"), pa.scalar(window.start_ms, _TS)),
-                ),
-            )
-        )
-        in_range |= {str(tag) for tag in flagged.column("tag").to_pylist()}
-    members, index = _members(found, in_range)
+    members, index = _members(found, in_range | _flagged(ledger, window))
     shape = (len(members), grid.count)
     arrays: dict[str, np.ndarray] = {
         "rows": np.zeros(shape, np.int64),
