@@ -91,6 +91,9 @@ class ChunkScope:
     # The flow's chunk size (`window` may be clipped at the span's ends): a lake with
     # `partition: auto` sizes a new dataset's partitions to it.
     window_size: timedelta | None = None
+    # Members written but not proven complete (member -> why, e.g. a link still
+    # draining): the ledger records them `held` with the reason (`sinks.ledger`).
+    held: Mapping[str, str] = field(default_factory=dict, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -127,8 +130,8 @@ class Sink(Protocol):
     progress (`historian state`, `reset`, `repair` on any sink), describe, close.
 
     Everything else a sink may do is a capability beside it (`Compacts`, `Probes`,
-    `Reads`, `ReadsCoverage`, `Verifies`): callers ask `isinstance(sink, Capability)`,
-    never for a sink's class.
+    `Reads`, `ReadsCoverage`, `ReadsLedger`, `Verifies`): callers ask `isinstance(sink,
+    Capability)`, never for a sink's class.
     """
 
     name: str
@@ -271,6 +274,15 @@ class Verifies(Protocol):
         """Check every chunk of progress key `flow` (windows overlapping `window`) whose
         rows are `node`'s; `repair`: move unreadable files aside (never delete them) and
         forget the damaged chunks, so the next run fetches exactly them again."""
+
+
+@runtime_checkable
+class ReadsLedger(Protocol):
+    """A sink that keeps the completeness ledger beside its datasets (`sinks.ledger`):
+    written with each chunk's rows, read without scanning them."""
+
+    def read_ledger(self, dataset: str) -> pa.Table:
+        """Every ledger row of a dataset (`sinks.ledger.LEDGER_SCHEMA`)."""
 
 
 def iter_merged(windows: list[Window]) -> Iterator[Window]:

@@ -41,6 +41,8 @@ ROW_IN = 0.16  # one series: 11.5 pt, room for 7 pt labels
 TOP_IN, BOTTOM_IN = 0.65, 0.55  # time labels above and below a grid
 LABEL_CHARS = 44
 GAP_COLOUR = "#cfcfcf"  # extracted, no row
+HELD_COLOUR = "#fdae61"  # ledger: written, not proven complete
+MISSING_COLOUR = "#8073ac"  # ledger: the node left the tag out
 NOT_EXTRACTED_COLOUR = "#ffffff"
 GOOD_COLOUR, BAD_COLOUR = "#41ab5d", "#d7301f"
 BAND_COLOUR, MEAN_COLOUR = "#6baed6", "#08306b"
@@ -279,6 +281,8 @@ def _tag_key(norm: Any) -> Figure:
         handles=[
             Patch(facecolor=GAP_COLOUR, edgecolor="#999999", label="gap: extracted, no row"),
             Patch(facecolor=NOT_EXTRACTED_COLOUR, edgecolor="#999999", label="not extracted"),
+            Patch(facecolor=HELD_COLOUR, label="held: not proven complete"),
+            Patch(facecolor=MISSING_COLOUR, label="missing: left out by the node"),
             Patch(facecolor=BAND_COLOUR, label="trend: min to max per bucket"),
             Line2D([0], [0], color=MEAN_COLOUR, linewidth=1.2, label="trend: mean per bucket"),
         ],
@@ -346,6 +350,9 @@ def _tag_grid(cov: TagCoverage, norm: Any, count: int) -> Figure:
     with np.errstate(invalid="ignore", divide="ignore"):
         share = bad / np.maximum(rows, 1)
     _paint(colours, bad > 0, _cmap("Reds", 0.35), _share_norm(), share)
+    for marks, colour in ((cov.held, HELD_COLOUR), (cov.missing, MISSING_COLOUR)):
+        if marks is not None:  # the ledger's windows, drawn apart from gaps
+            colours[marks[:count]] = to_rgba(colour)
     _cells(grid_ax, cov.grid, colours)
     _series_axis(grid_ax, cov.members, count)
     grid_ax.set_title(f"Coverage: rows per tag and {bucket_text(cov.grid)}")

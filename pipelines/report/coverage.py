@@ -10,13 +10,19 @@ Years of rows are never loaded at once. A sink with a coverage reader
 buckets, not rows. Any other sink is read whole through `Reads.read` (correct, unbounded).
 The progress the sink keeps for the flow tells extracted buckets without rows (gaps)
 from buckets never extracted.
+
+Where the sink keeps the completeness ledger (`sinks.base.ReadsLedger`, `sinks.ledger`),
+the report reads it instead of the data for what the data cannot say and what would
+otherwise take a scan: the range to draw (the ledger's windows, not the rows' span),
+the windows held (written, not proven complete, with why) and missing (left out of the
+node's answers), each drawn apart from gaps.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NoReturn
 
@@ -34,6 +40,7 @@ from sinks.base import (
     Progress,
     Reads,
     ReadsCoverage,
+    ReadsLedger,
     Sink,
     SinkError,
     merge_windows,
@@ -142,6 +149,12 @@ class TagCoverage:
     total: np.ndarray  # float64: sum of good values
     counted: np.ndarray  # int64: good values (numbers and booleans)
     extracted: np.ndarray  # bool: the flow's progress covers (part of) the bucket
+    # bool: a ledger window held (not proven complete) / missing (left out by the node)
+    # touches the bucket; all False where the sink keeps no ledger
+    held: np.ndarray | None = None
+    missing: np.ndarray | None = None
+    # Per tag, why its windows are held (from the ledger), first reason first.
+    reasons: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def mean(self) -> np.ndarray:
@@ -155,6 +168,14 @@ class TagCoverage:
     def not_extracted(self, index: int) -> int:
         return int((~self.extracted[index]).sum())
 
+    def held_buckets(self, index: int) -> int:
+        """Buckets a held window of the tag touches (ledger)."""
+        return 0 if self.held is None else int(self.held[index].sum())
+
+    def missing_buckets(self, index: int) -> int:
+        """Buckets a window the node left the tag out of touches (ledger)."""
+        return 0 if self.missing is None else int(self.missing[index].sum())
+
     def bad_buckets(self, index: int) -> int:
         """Buckets in which the tag has at least one bad-quality row."""
         return int((self.bad[index] > 0).sum())
@@ -166,6 +187,8 @@ class TagCoverage:
             "rows": int(self.rows.sum()),
             "bad_rows": int(self.bad.sum()),
             "members_with_gaps": sum(1 for i in range(len(self.members)) if self.gaps(i)),
+            "members_held": sum(1 for i in range(len(self.members)) if self.held_buckets(i)),
+            "members_missing": sum(1 for i in range(len(self.members)) if self.missing_buckets(i)),
         }
 
 
@@ -271,20 +294,88 @@ def _progress_span(progress: Progress) -> Window | None:
 
 
 def _resolve(
-    start: datetime | None, end: datetime | None, source: CoverageReader, progress: Progress
+    start: datetime | None,
+    end: datetime | None,
+    source: CoverageReader,
+    progress: Progress,
+    ledger: pa.Table | None = None,
 ) -> Window | None:
     """The range to draw: as asked, else from the first row or extracted window to the last.
 
-    The sink is asked for its rows' span only when a bound is missing (a full scan on some).
+    Only when a bound is missing: the ledger's windows where it has any, else the sink is
+    asked for its rows' span (a full scan on some).
     """
     if start is not None and end is not None:
         return Window(start, end) if end > start else _nothing(start, end, [])
-    known = [s for s in (source.span(), _progress_span(progress)) if s is not None]
+    rows_span = _ledger_span(ledger) if ledger is not None and ledger.num_rows else source.span()
+    known = [s for s in (rows_span, _progress_span(progress)) if s is not None]
     lo = start or min((s.start for s in known), default=None)
     hi = end or max((s.end for s in known), default=None)
     if lo is None or hi is None:
         return None
     return Window(lo, hi) if hi > lo else _nothing(lo, hi, known)
+
+
+def _ledger_span(ledger: pa.Table) -> Window:
+    starts = pc.min(pc.cast(ledger.column("window_start"), pa.int64())).as_py()
+    ends = pc.max(pc.cast(ledger.column("window_end"), pa.int64())).as_py()
+    return Window.from_ms(int(starts), int(ends))
+
+
+def flow_ledger(sink: object, flow: str, dataset: str) -> pa.Table | None:
+    """The ledger rows of the flow's progress keys (`flow`, `flow@node`, its shards') in
+    the dataset; None where the sink keeps no ledger."""
+    if not isinstance(sink, ReadsLedger):
+        return None
+    table = sink.read_ledger(dataset)
+    keys = table.column("flow")
+    return table.filter(pc.or_(pc.equal(keys, flow), pc.starts_with(keys, f"{flow}@")))
+
+
+def _marks(
+    ledger: pa.Table | None, status: str, members: list[str], grid: TimeGrid, window: Window | None
+) -> tuple[np.ndarray, dict[str, list[str]]]:
+    """Buckets per member that a ledger window of `status` touches, and their reasons."""
+    marks = np.zeros((len(members), grid.count), dtype=bool)
+    reasons: dict[str, list[str]] = {}
+    if ledger is None or window is None:
+        return marks, reasons
+    found = ledger.filter(pc.equal(ledger.column("status"), status))
+    position = {name: i for i, name in enumerate(members)}
+    starts = pc.cast(found.column("window_start"), pa.int64()).to_pylist()
+    ends = pc.cast(found.column("window_end"), pa.int64()).to_pylist()
+    for tag, lo, hi, why in zip(
+        found.column("tag").to_pylist(),
+        starts,
+        ends,
+        found.column("reason").to_pylist(),
+        strict=True,
+    ):
+        row = position.get(tag)
+        lo, hi = max(lo, window.start_ms), min(hi, window.end_ms)
+        if row is None or lo >= hi:
+            continue
+        first, last = grid.span(lo, hi)
+        marks[row, first:last] = True
+        if why and why not in reasons.setdefault(tag, []):
+            reasons[tag].append(why)
+    return marks, reasons
+
+
+def _flagged(ledger: pa.Table | None, window: Window | None) -> set[str]:
+    """Tags with a held or missing ledger window in the range (drawn, rows or none)."""
+    if ledger is None or window is None:
+        return set()
+    flagged = ledger.filter(
+        pc.and_(
+            pc.not_equal(ledger.column("status"), "complete"),
+            pc.and_(
+                pc.less(ledger.column("window_start"), pa.scalar(window.end_ms, _TS)),
+                pc.greater(ledger.column("window_end"), pa.scalar(window.start_ms, _TS)),
+            ),
+        )
+    )
+    return {str(tag) for tag in flagged.column("tag").to_pylist()}
 
 
 def _nothing(lo: datetime, hi: datetime, known: list[Window]) -> NoReturn:
@@ -307,10 +398,11 @@ def _gather(
     start: datetime | None,
     end: datetime | None,
     bucket: timedelta | None,
+    ledger: pa.Table | None = None,
 ) -> tuple[Window | None, TimeGrid, pa.Table]:
     """The range, its buckets, and the dataset's groups in it (one row per group)."""
     source = _source(sink, dataset, kind)
-    window = _resolve(start, end, source, progress)
+    window = _resolve(start, end, source, progress, ledger)
     if window is None:
         return None, TimeGrid(0, 3_600_000, 0), pa.table({})
     grid = plan_grid(window, bucket)
@@ -334,14 +426,17 @@ def tag_coverage(
     """Tag history coverage of `flow` in `sink` over [start, end) (default: all it holds);
     `progress`: what counts as extracted (default: the sink's progress of `flow`)."""
     progress = progress or sink.progress(flow)
-    window, grid, found = _gather(sink, dataset, KIND_TAG_HISTORY, progress, start, end, bucket)
+    ledger = flow_ledger(sink, flow, dataset)
+    window, grid, found = _gather(
+        sink, dataset, KIND_TAG_HISTORY, progress, start, end, bucket, ledger
+    )
     in_range = {
         member
         for member in tag_members(progress)  # not the records of windows a node left out
         if window is not None
         and any(w.start < window.end and w.end > window.start for w in progress.windows_of(member))
     }
-    members, index = _members(found, in_range)
+    members, index = _members(found, in_range | _flagged(ledger, window))
     shape = (len(members), grid.count)
     arrays: dict[str, np.ndarray] = {
         "rows": np.zeros(shape, np.int64),
@@ -360,7 +455,19 @@ def tag_coverage(
                 column.fill_null(filler).to_numpy() if column.null_count else column.to_numpy()
             )
     extracted = _extracted(members, progress, grid, window)
-    return TagCoverage(flow, window, grid, members, extracted=extracted, **arrays)
+    held, reasons = _marks(ledger, "held", members, grid, window)
+    missing, _ = _marks(ledger, "missing", members, grid, window)
+    return TagCoverage(
+        flow,
+        window,
+        grid,
+        members,
+        extracted=extracted,
+        held=held,
+        missing=missing,
+        reasons=reasons,
+        **arrays,
+    )
 
 
 def natural_key(name: str) -> tuple[tuple[tuple[int, int | str], ...], str]:

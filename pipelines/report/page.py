@@ -113,6 +113,8 @@ def render_tag_page(cov: TagCoverage, *, title: str, where: str) -> str:
             ("rows", f"{totals['rows']:,}"),
             ("bad-quality rows", f"{totals['bad_rows']:,}"),
             ("tags with gaps", f"{totals['members_with_gaps']:,}"),
+            ("tags held", f"{totals['members_held']:,}"),
+            ("tags missing", f"{totals['members_missing']:,}"),
         ]
     )
     rows_html = []
@@ -121,21 +123,30 @@ def render_tag_page(cov: TagCoverage, *, title: str, where: str) -> str:
         low = float(np.nanmin(cov.low[i])) if counted else float("nan")
         high = float(np.nanmax(cov.high[i])) if counted else float("nan")
         average = float(cov.total[i].sum() / counted) if counted else float("nan")
-        gaps = cov.gaps(i)
+        gaps, held, missing = cov.gaps(i), cov.held_buckets(i), cov.missing_buckets(i)
+        why = "; ".join(cov.reasons.get(member, []))
         rows_html.append(
-            f'<tr{" class=gap" if gaps else ""}><td class="n">{i + 1}</td>'
+            f'<tr{" class=gap" if gaps or held or missing else ""}><td class="n">{i + 1}</td>'
             f'<td class="p">{html.escape(printable(member))}</td>'
-            f"{_cell(int(cov.rows[i].sum()))}{_cell(gaps)}{_cell(cov.not_extracted(i))}"
+            f"{_cell(int(cov.rows[i].sum()))}{_cell(gaps)}{_cell(held)}{_cell(missing)}"
+            f"{_cell(cov.not_extracted(i))}"
             f"{_cell(int(cov.bad[i].sum()))}{_cell(cov.bad_buckets(i))}"
-            f"{_value(low)}{_value(average)}{_value(high)}</tr>"
+            f"{_value(low)}{_value(average)}{_value(high)}"
+            f'<td class="p">{html.escape(printable(why))}</td></tr>'
         )
     table = (
         "<h2>Every tag</h2><table><tr><th>#</th><th>tag</th><th>rows</th><th>gap buckets</th>"
+        "<th>held buckets</th><th>missing buckets</th>"
         "<th>buckets not extracted</th><th>bad-quality rows</th><th>buckets with bad quality</th>"
-        "<th>min</th><th>mean</th><th>max</th></tr>" + "".join(rows_html) + "</table>"
+        "<th>min</th><th>mean</th><th>max</th><th>held because</th></tr>"
+        + "".join(rows_html)
+        + "</table>"
     )
     note = (
         "<p>A gap is a bucket the flow has extracted in which the tag has no row. "
+        "Held and missing buckets come from the sink's completeness ledger: a held window "
+        "was written but is not proven complete (the reason is listed), a missing one is "
+        "a window the node left the tag out of its answers. "
         "Trends use good-quality values only (quality 192 and above; booleans as 0/1); "
         "each tag is drawn on its own scale, its range printed on the right.</p>"
     )

@@ -38,7 +38,7 @@ from sinks.base import SinkError
 from sinks.lake.dataset import DatasetFacts
 from sinks.lake.files import RETIRED_KEY, FileFormat, LakeFiles
 from sinks.lake.state import LakeState
-from sinks.store.layout import LOCKS_DIR, STATE_DIR, Owner, check_dataset
+from sinks.store.layout import LOCKS_DIR, STATE_DIR, Owner, check_dataset, ledger_file
 from sinks.store.objects import Entry, LakeStore, token
 
 Op = dict[str, Any]
@@ -299,7 +299,8 @@ class Journal:
             if op["op"] == "place":
                 dest = self.store.path(op["dest"])
                 if not self.store.remove(self.store.path(op["tmp"])):  # moved, or lost
-                    if op.get("new"):
+                    # A chunk's ledger file goes with its forgotten marker.
+                    if op.get("new") or op.get("ledger"):
                         self.store.remove(dest)
                     elif "was" in op and self.placed(op):
                         self.store.copy_over(self.empty_template(str(intent["dataset"])), dest)
@@ -309,6 +310,9 @@ class Journal:
             forget.add((str(marker["flow"]), str(marker["chunk_id"])))
         for flow, chunk in sorted(forget):
             self.state.remove_marker(flow, chunk)
+            # Its ledger rows go with it (`sinks.lake.ledger`): they described rows that
+            # this roll back may have emptied.
+            self.store.remove(self.store.path(ledger_file(str(intent["dataset"]), flow, chunk)))
         self.store.remove(path)
 
     def recover(self, dataset: str, *, min_age_s: float = 0.0) -> None:

@@ -9,6 +9,8 @@ Layout (under the lake's root, a local directory or any fsspec URL such as s3://
     <root>/tag_metadata/part-tag_metadata.parquet                    the tag dimension
     <root>/_quarantine/<dataset>/<path>      unreadable files `historian verify --repair`
                                              moved aside (sinks.verify.lake)
+    <root>/<dataset>.coverage/<key>/part-<chunk_id>.parquet    the completeness ledger
+                                                (sinks/lake/ledger.py), in the chunk's commit
     <root>/_historian/                                               the sink's own state
         _flows/<key>/markers/<chunk_id>.json    one per committed chunk: flow, dataset,
                                                 chunk_id, window, members, files (with
@@ -118,9 +120,11 @@ from sinks.lake.files import (
     visible_files,
 )
 from sinks.lake.journal import Journal, Plan
+from sinks.lake.ledger import read_ledger, stage_ledger
 from sinks.lake.overlap import WritePlanner
 from sinks.lake.rows import HISTORY_KINDS, reason, sorted_rows, table_of
 from sinks.lake.state import LakeState
+from sinks.ledger import ledger_rows
 from sinks.scope import check_scope
 from sinks.store.file_sink import FileSink
 from sinks.store.layout import (
@@ -279,6 +283,12 @@ class ParquetLake(FileSink):
                 self.parts.files.clear()
             return found
 
+    def read_ledger(self, dataset: str) -> pa.Table:
+        """The dataset's completeness ledger (`sinks.lake.ledger`)."""
+        check_dataset(dataset)
+        with self._errors(f"read the ledger of dataset '{dataset}'"):
+            return read_ledger(self.store, dataset)
+
     # -- writing --------------------------------------------------------------------------
 
     def write(self, scope: ChunkScope, rows: Rows, rows_fetched: int) -> int:
@@ -297,6 +307,7 @@ class ParquetLake(FileSink):
                 f"to commit but {rows_fetched} fetched; nothing written"
             )
         table = sorted_rows(table, tables.KEYS[scope.kind])
+        ledger = ledger_rows(scope, table)
         parts = self.parts  # opened first: opening recovers under the lock taken next
         with self._errors(what), self._dataset_lock(dataset):
             parts.journal.recover(dataset)
@@ -304,6 +315,7 @@ class ParquetLake(FileSink):
             plan = Plan(ident=chunk, dataset=dataset)
             try:
                 parts.writes.plan(plan, scope, table)
+                stage_ledger(parts.journal, plan, scope, ledger)  # in the chunk's commit
             except UnreadableFile as exc:
                 parts.journal.discard(plan)
                 raise exc.for_flow(scope.flow.split("@", 1)[0]) from exc

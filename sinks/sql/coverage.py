@@ -1,7 +1,13 @@
-"""A warehouse dataset (table or view) reduced for a coverage report by the database.
+"""A warehouse dataset (table or view) reduced for a coverage report by the database, and
+the warehouse's completeness ledger.
 
 The rows never leave the database: one GROUP BY yields the groups of `sinks.coverage`
 (the same columns and meaning as the lake's reader, `sinks.lake.coverage`).
+
+The ledger (`sinks.ledger`) is one table, `historian_coverage`, with a `dataset` column,
+keyed by (dataset, node, tag, window_start, chunk_id): in a chunk's own transaction
+(`write_ledger`) the ledger rows its scope overlaps are deleted (as its rows are) and its
+own loaded, so they commit with its rows and progress or not at all.
 """
 
 from __future__ import annotations
@@ -11,14 +17,74 @@ from typing import Any
 
 import pyarrow as pa
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from connectors.schema import GOOD_QUALITY, KIND_TAG_HISTORY
 from connectors.timewindow import Window, from_ms
-from sinks.base import Buckets
+from sinks.base import Buckets, ChunkScope
 from sinks.coverage import ALARM_KEYS, ALARM_PARTS, BATCH_ROWS, TAG_PARTS
-from sinks.sql.load import epoch_ms_sql
-from sinks.sql.tables import Layout
+from sinks.ledger import LEDGER_KEY, LEDGER_SCHEMA, MISSING_PREFIX
+from sinks.sql import mysql as sql_mysql
+from sinks.sql.dialects import quote
+from sinks.sql.load import copy_binary, epoch_ms_sql, load_duckdb, select_arrow
+from sinks.sql.tables import Layout, check_dataset_name
+
+LEDGER_TABLE = "historian_coverage"
+
+
+def ensure_ledger(conn: Connection, layout: Layout) -> None:
+    """Create the ledger table (and the index its per-chunk delete uses) if absent."""
+    if layout.columns(conn, LEDGER_TABLE):
+        return
+    columns = [
+        (f.name, layout.column_ddl(f, f.name in LEDGER_KEY).split(" ", 1)[1]) for f in LEDGER_SCHEMA
+    ]
+    conn.execute(sa.text(layout.create_table(LEDGER_TABLE, columns, LEDGER_KEY)))
+
+
+def write_ledger(conn: Connection, layout: Layout, scope: ChunkScope, rows: pa.Table) -> None:
+    """Replace the ledger rows the chunk's scope overlaps (its node's, of its members, in
+    windows overlapping its own) by its `rows`, in the caller's transaction."""
+    members = sorted({m.removeprefix(MISSING_PREFIX) for m in scope.members})
+    target = layout.table(LEDGER_TABLE)
+    where = (
+        "dataset = :d AND node = :n AND window_start < :e AND window_end > :s AND "
+        + layout.sql.in_list("tag", "members")
+    )
+    conn.execute(
+        layout.sql.text(f"DELETE FROM {target} WHERE {where}", "members"),
+        {
+            "d": scope.dataset,
+            "n": scope.node,
+            "s": scope.window.start,
+            "e": scope.window.end,
+            "members": members,
+        },
+    )
+    if rows.num_rows == 0:
+        return
+    if layout.dialect == "postgresql":
+        copy_binary(conn, target, rows)
+    elif layout.dialect == "mysql":
+        sql_mysql.load_data(conn, target, rows)
+    else:
+        load_duckdb(conn, target, rows, LEDGER_KEY)
+
+
+def read_ledger(conn: Connection, layout: Layout, dataset: str) -> pa.Table:
+    """A dataset's ledger rows (LEDGER_SCHEMA); empty when the table is absent."""
+    if not layout.columns(conn, LEDGER_TABLE):
+        return LEDGER_SCHEMA.empty_table()
+    columns = ", ".join(
+        layout.sql.epoch_ms(f.name) if pa.types.is_timestamp(f.type) else quote(f.name)
+        for f in LEDGER_SCHEMA
+    )
+    check_dataset_name(dataset)  # a plain name: safe in the SQL text
+    sql = (
+        f"SELECT {columns} FROM {layout.table(LEDGER_TABLE)} WHERE dataset = '{dataset}' "
+        "ORDER BY window_start, tag"
+    )
+    return select_arrow(conn, layout.dialect, sql, LEDGER_SCHEMA)
 
 
 class SqlCoverage:

@@ -66,6 +66,7 @@ STATE_TABLES = (
     PROGRESS_TABLE,
     METADATA_TABLE,
     SERIES_TABLE,
+    "historian_coverage",  # the completeness ledger (sinks/sql/coverage.py)
 )
 ROWS_PREFIX = "historian_rows_"
 SERIES_KEY = ("series_id", "ts", "seq")

@@ -1,6 +1,7 @@
 """The SQL warehouse sink: PostgreSQL (binary COPY), MariaDB/MySQL (LOAD DATA) or DuckDB.
 
-Every chunk write is ONE transaction (sinks/sql/chunk.py): the state lives with the data,
+Every chunk write is ONE transaction (sinks/sql/chunk.py, and the chunk's ledger rows:
+sinks/sql/coverage.py `write_ledger`): the state lives with the data,
 so a crash or a dropped connection at any point leaves either the whole chunk or nothing,
 and a re-run replaces instead of adding. This class keeps what lives between calls (the
 engine, the flow locks, the datasets prepared, the series ids learned) and the policy
@@ -69,11 +70,12 @@ from sinks.base import (
     Verified,
 )
 from sinks.identity import identity
+from sinks.ledger import ledger_rows
 from sinks.scope import check_scope
 from sinks.sql import mysql as sql_mysql
 from sinks.sql import state
 from sinks.sql.chunk import replace_chunk
-from sinks.sql.coverage import SqlCoverage
+from sinks.sql.coverage import SqlCoverage, ensure_ledger, read_ledger, write_ledger
 from sinks.sql.datasets import check_facts
 from sinks.sql.dialects import dialect_of, quote
 from sinks.sql.errors import duckdb_holder, is_database_error, is_transient, one_line
@@ -284,6 +286,7 @@ class SqlWarehouse:
                 with engine.begin() as conn:
                     self._ddl_lock(conn)
                     self.layout.ensure_state(conn)
+                    ensure_ledger(conn, self.layout)
             except BaseException:
                 engine.dispose()
                 raise
@@ -364,15 +367,24 @@ class SqlWarehouse:
             raise SinkError(f"chunk {scope.chunk_id}: cannot write kind {scope.kind!r}")
         table = typed_table(rows, scope.kind)
         check_scope(scope, table, f"sink {self.name}")
-        return self._retrying(lambda: self._write(scope, table, rows_fetched), flow=scope.flow)
+        ledger = ledger_rows(scope, table)
+        return self._retrying(
+            lambda: self._write(scope, table, rows_fetched, ledger), flow=scope.flow
+        )
 
-    def _write(self, scope: ChunkScope, table: pa.Table, rows_fetched: int) -> int:
+    def _write(
+        self, scope: ChunkScope, table: pa.Table, rows_fetched: int, ledger: pa.Table
+    ) -> int:
         storage = self._ensure_dataset(scope.dataset, scope.kind)
         self._register(scope)
         table = self._narrow(table) if storage.narrow else plain(table)
         with self._errors(f"write chunk {scope.chunk_id}"), self.engine.begin() as conn:
             self._check_lock(conn, scope.flow)
-            return replace_chunk(conn, self.layout, scope, table, storage, rows_fetched, self.name)
+            committed = replace_chunk(
+                conn, self.layout, scope, table, storage, rows_fetched, self.name
+            )
+            write_ledger(conn, self.layout, scope, ledger)  # the same transaction
+            return committed
 
     def _check_lock(self, conn: Connection, flow: str) -> None:
         """Inside a write: does this sink still hold the flow's lock? A server restart ends
@@ -486,6 +498,12 @@ class SqlWarehouse:
             if repair and found.damages:
                 found.forgotten = verifier.forget(conn, flow, found.damages)
         return found
+
+    def read_ledger(self, dataset: str) -> pa.Table:
+        """The dataset's completeness ledger (`historian_coverage`, sinks/sql/coverage.py)."""
+        check_dataset_name(dataset)
+        with self._errors(f"read the ledger of {dataset}"), self.engine.connect() as conn:
+            return read_ledger(conn, self.layout, dataset)
 
     def read(self, dataset: str, kind: str) -> pd.DataFrame:
         schema = SCHEMAS[kind]

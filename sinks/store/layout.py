@@ -142,6 +142,15 @@ def auto_partition(window: timedelta) -> str:
     return "none"
 
 
+LEDGER_SUFFIX = ".coverage"  # `<dataset>.coverage/`: the completeness ledger's folder
+
+
+def ledger_file(dataset: str, flow: str, chunk_id: str) -> str:
+    """A chunk's ledger file in the lake, relative to its root (`sinks.lake.ledger`): under
+    its progress key (chunk ids are unique per key, as markers are)."""
+    return join(dataset + LEDGER_SUFFIX, key_name(flow), f"part-{chunk_id}.parquet")
+
+
 def is_data_file(name: str) -> bool:
     """A file readers see: `*.parquet` not hidden by a `.` or `_` prefix."""
     return name.endswith(".parquet") and not name.startswith((".", "_"))

@@ -246,9 +246,12 @@ class DeltaLake(TableSink):
             members=scope.members,
             rows_fetched=rows_fetched,
             rows_committed=table.num_rows,
+            scope=scope,
         )
+        ledger = self._ledger_rows(scope, table, record)
         with self._errors(f"write chunk {scope.chunk_id}"), self._dataset_lock(scope.dataset):
             retry_conflicts(lambda: self._commit(scope, table, record), lost_race)
+            self.ledger.fold(scope.dataset, ledger)  # this chunk's, and any left unfolded
         return int(table.num_rows)
 
     def _commit(self, scope: ChunkScope, table: pa.Table, record: dict[str, Any]) -> None:

@@ -208,6 +208,7 @@ class IcebergLake(TableSink):
 
     def _opened(self) -> None:
         self.catalog  # noqa: B018 - reach the catalog now, not at the first chunk
+        super()._opened()  # the ledgers brought up to the logs
 
     def close(self) -> None:
         if self._catalog is not None:
@@ -327,11 +328,14 @@ class IcebergLake(TableSink):
                 members=[],
                 rows_fetched=rows_fetched,
                 rows_committed=table.num_rows,
+                scope=scope,
             )
+            ledger = self._ledger_rows(scope, table, record)
             record["members"] = self._member_lists.save(self._members_dir, scope.members)
             properties = {RECORD_KEY: orjson.dumps(record).decode()}
             files = self._write_files(target, table)
             retry_conflicts(lambda: self._commit(scope, table, files, properties), lost_race)
+            self.ledger.fold(scope.dataset, ledger)  # this chunk's, and any left unfolded
         return int(table.num_rows)
 
     def _commit(

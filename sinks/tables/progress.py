@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from connectors.timewindow import Window
-from sinks.base import ChunkRecord, Progress, SharedWindows, SinkError, merge_ms
+from sinks.base import ChunkRecord, ChunkScope, Progress, SharedWindows, SinkError, merge_ms
 from sinks.store.layout import STATE_DIR, check_flow, key_name
 from sinks.store.objects import LakeStore
 
@@ -50,9 +50,15 @@ def chunk_record(
     members: Sequence[str],
     rows_fetched: int,
     rows_committed: int,
+    scope: ChunkScope | None = None,
 ) -> Record:
-    """The record a chunk's commit carries (JSON-serialisable)."""
+    """The record a chunk's commit carries (JSON-serialisable); with the `scope`'s node,
+    kind and held members, from which the ledger is folded (`sinks.tables.ledger`)."""
+    about: Record = {}
+    if scope is not None:
+        about = {"node": scope.node, "kind": scope.kind, "held": dict(scope.held)}
     return {
+        **about,
         "flow": flow,
         "dataset": dataset,
         "chunk_id": chunk_id,

@@ -9,6 +9,7 @@ to and scanned, which each says in `_scan` and its own write.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
@@ -19,8 +20,10 @@ from connectors.schema import Rows
 from connectors.timewindow import Window
 from sinks.base import ChunkScope, SinkError, Verified
 from sinks.identity import differences
+from sinks.ledger import ledger_rows
 from sinks.store.file_sink import FileSink
 from sinks.store.layout import check_dataset, check_flow
+from sinks.tables.ledger import TableLedger, own_key
 from sinks.tables.progress import Record, TableProgress
 from sinks.tables.rows import chunk_rows, plain, reason, transient, typed_table
 from sinks.verify.tables import TableFiles, TablesVerifier
@@ -63,12 +66,42 @@ class TableSink(FileSink):
         self.local = "://" not in url or url.startswith("file://")
         super().__init__(url, name=name, storage_options={} if self.local else s3)
         self._progress: TableProgress | None = None
+        self._ledger: TableLedger | None = None
 
     @property
     def state(self) -> TableProgress:
         if self._progress is None:
             self._progress = TableProgress(self.store, self)
         return self._progress
+
+    @property
+    def ledger(self) -> TableLedger:
+        """The completeness ledger, folded from the tables' logs (`sinks.tables.ledger`)."""
+        if self._ledger is None:
+            self._ledger = TableLedger(self.store, self)
+        return self._ledger
+
+    def _opened(self) -> None:
+        """Fold into each dataset's ledger the commits a killed writer left unfolded."""
+        for dataset in self.datasets():
+            with self._dataset_lock(dataset):
+                self.ledger.fold(dataset)
+
+    def read_ledger(self, dataset: str) -> pa.Table:
+        """The dataset's completeness ledger, up to its log (`sinks.tables.ledger`)."""
+        check_dataset(dataset)
+        with self._errors(f"read the ledger of dataset '{dataset}'"):
+            with self._dataset_lock(dataset):
+                self.ledger.fold(dataset)
+            return self.ledger.read(dataset)
+
+    @staticmethod
+    def _ledger_rows(
+        scope: ChunkScope, table: pa.Table, record: Mapping[str, Any]
+    ) -> dict[tuple[str, int], pa.Table]:
+        """The chunk's ledger rows, by the key of the record its commit carries."""
+        moment = datetime.fromtimestamp(int(record["committed_ns"]) / 1e9, UTC)
+        return {own_key(record): ledger_rows(scope, table, committed_at=moment)}
 
     def _transient(self, exc: BaseException) -> bool:
         return transient(exc)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from connectors.timewindow import Window
 from sinks.base import Damage, UnreadableFile, Verified
 from sinks.lake.state import LakeState
+from sinks.store.layout import ledger_file
 
 QUARANTINE_DIR = "_quarantine"
 # Footers and markers are read this many at a time: on object storage each is a GET.
@@ -85,8 +86,11 @@ class LakeVerifier:
                 if problem is not None and problem[1]:
                     self._quarantine(item, found)
             forget = sorted({c for item, problem in problems if problem for c in item.chunks})
+            store = self.state.store
             for chunk in forget:
                 self.state.remove_marker(flow, chunk)
+                # Its ledger rows go with it: they vouched for rows no longer all there.
+                store.remove(store.path(ledger_file(dataset, flow, chunk)))
             found.forgotten += len(forget)
 
     def _recorded(self, flow: str, chunks: Iterable[str]) -> list[Recorded]:

@@ -89,3 +89,7 @@ def assert_every_scope_once(sink: Sink) -> None:
     assert north.windows_of("c") == [hours(0, 2)]
     assert sink.progress("f@south").windows_of("b") == [hours(0, 3)]
     assert len(sink.chunk_log("f@north", limit=100)) == 2 + 4
+    from tests.sinks.contract_ledger import assert_ledger_holds
+
+    ledger = assert_ledger_holds(sink, "hist")  # every chunk's ledger rows, and no other
+    assert len(ledger) == sum(len(s.members) for job in JOBS for s, _ in chunks_of(job))

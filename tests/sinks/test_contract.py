@@ -25,6 +25,7 @@ import pytest
 
 from connectors import schema
 from sinks.base import Compacts, CountMismatch, FlowLocked, Probes, Reads, Sink, SinkError
+from tests.sinks.contract_ledger import assert_ledger_holds
 from tests.sinks.contract_sinks import (
     COMMIT_STEPS,
     SINKS,
@@ -120,6 +121,8 @@ def test_the_same_chunk_written_twice_holds_each_row_once(sink: Sink) -> None:
     written(sink, ["a", "b"], hours(0, 1))
     assert_holds(sink, "hist", HIST, frame)
     assert sink.progress("f1").windows_of("a") == [hours(0, 1)]
+    ledger = assert_ledger_holds(sink, "hist")
+    assert sorted(ledger["tag"]) == ["a", "b"], "the chunk's ledger rows, replaced"
 
 
 def test_a_rewrite_over_another_window_size_holds_each_row_once(sink: Sink) -> None:
@@ -128,6 +131,32 @@ def test_a_rewrite_over_another_window_size_holds_each_row_once(sink: Sink) -> N
     written(sink, ["a"], hours(0.5, 2.5))  # a look-back across two earlier chunks
     assert_holds(sink, "hist", HIST, history(["a"], hours(0, 3)))
     assert sink.progress("f1").windows_of("a") == [hours(0, 3)]
+    # The ledger rows of the windows it overlaps give way to the look-back's own.
+    ledger = assert_ledger_holds(sink, "hist", whole=False)
+    look_back = hours(0.5, 2.5)
+    assert list(zip(ledger["window_start"], ledger["window_end"], strict=True)) == [
+        (look_back.start, look_back.end)
+    ]
+
+
+def test_the_ledger_says_what_each_chunk_wrote_in_the_same_step(sink: Sink) -> None:
+    frame = history(["a", "b"], hours(0, 1), step_s=600)
+    frame = frame[~((frame["tag"] == "b") & (frame["ts"] >= hours(0.25, 1).start))]
+    frame = frame[~((frame["tag"] == "a") & frame["ts"].isin(list(frame["ts"].iloc[2:4])))]
+    frame.loc[frame.index[:1], "quality"] = 0
+    members = ["a", "b", "quiet", "missing:gone"]
+    assert sink.write(scope(members, hours(0, 1)), frame, len(frame)) == len(frame)
+    ledger = assert_ledger_holds(sink, "hist").set_index("tag")
+    assert sorted(ledger.index) == ["a", "b", "gone", "quiet"]
+    a, b = ledger.loc["a"], ledger.loc["b"]
+    assert (a["samples"], a["longest_gap_ms"], a["usual_gap_ms"]) == (4, 1_800_000, 600_000)
+    assert (a["bad"], a["good"]) == (0.25, 0.75)
+    assert (b["samples"], b["longest_gap_ms"]) == (2, 600_000)
+    assert ledger.loc["quiet", "samples"] == 0
+    assert dict(ledger["status"]) == {
+        "a": "complete", "b": "complete", "quiet": "complete", "gone": "missing",
+    }  # fmt: skip
+    assert set(ledger["chunk_id"]) == {scope(members, hours(0, 1)).chunk_id}
 
 
 def test_a_count_mismatch_commits_nothing_and_keeps_earlier_rows(sink: Sink) -> None:
@@ -375,12 +404,16 @@ def test_a_write_killed_between_data_and_state_leaves_the_chunk_whole_or_absent(
     try:
         completed = sink.progress("f1").completed
         held = len(sink.read("hist", HIST))
+        ledger = assert_ledger_holds(sink, "hist")
         if completed:
             assert set(completed) == {f"t{i}" for i in range(40)}
             assert held == rows_in_chunk
+            assert ledger["samples"].sum() == held
+            assert len(ledger) == 40
         else:
             assert held == 0
             assert sink.chunk_log("f1") == []
+            assert ledger.empty
     finally:
         sink.close()
 
@@ -458,8 +491,12 @@ def test_a_writer_killed_at_its_commit_step_leaves_the_chunk_absent_or_whole(
             kept = first[first["ts"] < hours(1, 2).start]
             assert_holds(sink, "hist", HIST, pd.concat([kept, second], ignore_index=True))
             assert sink.progress("f1").windows_of("t0") == [hours(0, 3)]
+            ledger = assert_ledger_holds(sink, "hist", whole=False)
+            assert set(ledger["window_start"]) == {hours(1, 3).start}
         else:
             assert_holds(sink, "hist", HIST, first)
             assert sink.progress("f1").windows_of("t0") == [hours(0, 2)]
+            ledger = assert_ledger_holds(sink, "hist")
+            assert set(ledger["window_start"]) == {hours(0, 2).start}
     finally:
         sink.close()

@@ -23,6 +23,7 @@ import pytest
 
 from pipelines.config.destinations import SinkSet
 from tests.fixtures import canonical, load, write_config
+from tests.sinks.contract_ledger import assert_ledger_holds
 
 HISTORIAN = str(Path(sys.executable).with_name("historian"))
 START, END = "2026-11-01T00:00:00Z", "2026-11-01T06:00:00Z"
@@ -141,3 +142,10 @@ def test_sigkill_then_resume_gives_the_uninterrupted_output(
     assert set(got) == set(sinks)
     for name, rows in got.items():
         assert rows == expected, name
+    # The completeness ledger survived the kill too: a row per tag and window, each
+    # saying what the sink holds there (tests/sinks/contract_ledger.py).
+    with SinkSet(load(tmp_path / "flows.yaml"), tmp_path) as opened:
+        for name in sinks:
+            ledger = assert_ledger_holds(opened.get(name), "f")
+            assert len(ledger) == 40 * WRITES, name
+            assert set(ledger["status"]) == {"complete"}, name

@@ -230,6 +230,8 @@ def test_every_sink_gives_the_numbers_pandas_gives(project: tuple[Path, Any]) ->
         "rows": table.num_rows,
         "bad_rows": int((table.column("quality").to_pandas().fillna(-1) < 192).sum()),
         "members_with_gaps": 2,
+        "members_held": 0,
+        "members_missing": 0,
     }
 
 
@@ -278,7 +280,7 @@ def test_buckets_outside_the_progress_are_not_extracted_not_gaps(tmp_path: Path)
     assert (cov.gaps(1), cov.not_extracted(1)) == (4, 2), "/b was extracted for 4 of the 6 hours"
 
 
-def test_a_tag_the_node_left_out_is_not_drawn_as_a_series_of_its_own(tmp_path: Path) -> None:
+def test_a_tag_the_node_left_out_is_drawn_with_its_missing_windows(tmp_path: Path) -> None:
     path = write_config(
         tmp_path,
         node={"url": "http://127.0.0.1:9"},
@@ -295,8 +297,47 @@ def test_a_tag_the_node_left_out_is_not_drawn_as_a_series_of_its_own(tmp_path: P
             3,
         )
         cov = tag_coverage(lake, "f", "f", bucket=HOUR)
-    assert cov.members == ["/a"]
+    # Its own series (not one named `missing:/b`), its windows drawn as missing (ledger).
+    assert cov.members == ["/a", "/b"]
     assert cov.window == Window(START, START + 3 * HOUR)
+    assert (cov.missing_buckets(1), cov.rows[1].sum(), cov.gaps(1)) == (3, 0, 0)
+    assert cov.totals["members_missing"] == 1
+
+
+def test_held_and_missing_windows_come_from_the_ledger_drawn_apart_from_gaps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_config(
+        tmp_path,
+        node={"url": "http://127.0.0.1:9"},
+        flows={"f": {"node": "n", "tags": {"paths": ["/a", "/b", "/c"]}, "start": "-1d"}},
+        sinks=["lake"],
+    )
+    rows = tag_table([("/a", START + i * HOUR, 1.0, 192) for i in range(3)])
+    rows = pa.concat_tables([rows, tag_table([("/b", START, 2.0, 192)])])
+    window = Window(START, START + 3 * HOUR)
+    held = ChunkScope(
+        "f", "f", KIND_TAG_HISTORY, ("/a", "/b", missing_member("/c")), window, "f-1",
+        {"kind": KIND_TAG_HISTORY}, node="n", held={"/b": "link to site 2 still draining"},
+    )  # fmt: skip
+
+    def no_scan(self: object) -> None:
+        raise AssertionError("the range was taken from the rows, not the ledger")
+
+    monkeypatch.setattr("sinks.lake.coverage.LakeCoverage.span", no_scan)
+    with SinkSet(load(path), tmp_path) as sinks:
+        lake = sinks.get("lake")
+        lake.write(held, frame_from_table(rows), 4)
+        cov = tag_coverage(lake, "f", "f", bucket=HOUR)
+    assert cov.members == ["/a", "/b", "/c"]
+    assert cov.window == window
+    assert [cov.held_buckets(i) for i in range(3)] == [0, 3, 0]
+    assert [cov.missing_buckets(i) for i in range(3)] == [0, 0, 3]
+    assert [cov.gaps(i) for i in range(3)] == [0, 2, 0], "gaps stay gaps"
+    assert cov.reasons == {"/b": ["link to site 2 still draining"]}
+    page = render_tag_page(cov, title="t", where="w")
+    assert "link to site 2 still draining" in page
+    assert "<th>held buckets</th><th>missing buckets</th>" in page
 
 
 def test_alarms_are_counted_by_priority_and_status(project: tuple[Path, Any]) -> None:

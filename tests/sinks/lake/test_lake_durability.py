@@ -49,7 +49,8 @@ def test_a_chunk_of_new_files_waits_for_its_data_and_directory_only(
     write(lake, TAGS[:2], (0, 2), "first")  # creates the dataset (dataset.json is synced)
     syncs = Syncs(monkeypatch)
     write(lake, TAGS[2:], (0, 2), "second")
-    assert (syncs.files, syncs.dirs) == (1, 1), "the data file, then its directory"
+    # The chunk's ledger file (sinks/lake/ledger.py) is as durable as its rows.
+    assert (syncs.files, syncs.dirs) == (2, 2), "data and ledger files, then their directories"
     # A rewrite of an earlier file: the intent must reach the disk before the change.
     syncs.files = syncs.dirs = 0
     write(lake, TAGS[1:3], (1, 2), "overlap")

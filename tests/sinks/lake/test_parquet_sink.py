@@ -23,6 +23,7 @@ from connectors import schema
 from sinks.base import FlowLocked, Sink, SinkError, SinkUnavailable
 from sinks.lake.sink import ParquetLake
 from sinks.store.layout import is_data_file
+from tests.sinks.contract_ledger import assert_ledger_holds
 from tests.sinks.lake.lake_frames import (
     ATTRS,
     HOSTILE_TAGS,
@@ -617,6 +618,12 @@ def test_a_crash_at_any_step_shows_rows_at_most_once_and_recovers_exactly_once(
         got = rows_of(recovered.read("hist", "tag_history"))
         committed = (root / "_historian/_flows/f/markers/B.json").exists()
         assert got == (final if committed else only_a), f"crash at step {step}"
+        ledger = assert_ledger_holds(recovered, "hist", whole=not committed)
+        assert sorted(zip(ledger["chunk_id"], ledger["tag"], strict=True)) == (
+            [("A", TAGS[0]), ("B", TAGS[1]), ("B", TAGS[2])]
+            if committed
+            else [("A", TAGS[0]), ("A", TAGS[1])]
+        ), f"the ledger after a crash at step {step}"
         outcomes.add(committed)
         assert not list((root / "_historian/hist/pending").glob("*"))
         assert not list((root / "_historian/hist/tmp").glob("*"))
@@ -658,6 +665,7 @@ def test_a_lost_staged_file_rolls_back_and_forgets_the_touched_chunks(
     assert not (tmp_lake / "_historian/hist/pending/B.json").exists()
     assert [r.chunk_id for r in recovered.chunk_log("f")] == ["untouched"], "A, O, B forgotten"
     assert recovered.progress("f").windows_of(TAGS[0]) == []
+    assert set(assert_ledger_holds(recovered, "hist", whole=False)["chunk_id"]) == {"untouched"}
     # The pipeline re-fetches what progress no longer has: then every row is there once.
     recovered.write(scope(TAGS[:2], window(0, 6), "A"), a_rows, len(a_rows))
     recovered.write(scope(TAGS[2:], window(0, 6), "O"), o_rows, len(o_rows))
@@ -668,6 +676,7 @@ def test_a_lost_staged_file_rolls_back_and_forgets_the_touched_chunks(
          b_rows, history_frame(TAGS[3:], window(6, 9))]
     )  # fmt: skip
     assert rows_of(recovered.read("hist", "tag_history")) == rows_of(expected)
+    assert_ledger_holds(recovered, "hist", whole=False)  # B's window took A's, O's rows
 
 
 def test_a_crash_during_compaction_recovers(

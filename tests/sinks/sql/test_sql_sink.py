@@ -485,6 +485,7 @@ def test_pg_tables_have_the_schema_types(pg_sink: SqlWarehouse) -> None:
         "historian_datasets": "dataset",
         "historian_chunks": "flow,chunk_id",
         "historian_progress": "flow,member,window_start",
+        "historian_coverage": "dataset,node,tag,window_start,chunk_id",
     }
 
 
