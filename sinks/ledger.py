@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +45,10 @@ TS = pa.timestamp("ms", tz="UTC")
 # A member of a chunk's scope that records a tag the node left out (the runner's
 # `pipelines.state.MISSING_PREFIX`; sinks cannot import pipelines).
 MISSING_PREFIX = "missing:"
+# Members recording a tag held behind a link (`held:<link, percent-encoded>:<tag>`) and the
+# node the chunk came from (`node:<identity>`): `pipelines.state.HELD_PREFIX`, `IDENTITY_PREFIX`.
+HELD_PREFIX = "held:"
+RECORDS = (MISSING_PREFIX, HELD_PREFIX, "node:")
 UNCERTAIN_QUALITY = 64  # OPC DA: below is bad, from here to GOOD_QUALITY uncertain
 
 COMPLETE, HELD, MISSING, PARTIAL = "complete", "held", "missing", "partial"
@@ -90,9 +95,12 @@ def ledger_rows(
     """The chunk's ledger rows (LEDGER_SCHEMA) for the rows `table` it writes; its tags in
     `scope.held` (written, not proven complete) are `held` with their reason."""
     now = committed_at or datetime.now(UTC)
+    held = {**held_behind_links(scope.members), **scope.held}
     if scope.kind == KIND_TAG_HISTORY:
         names, stats = tag_stats(table)
-        members = [m for m in scope.members if not m.startswith(MISSING_PREFIX)]
+        members = [m for m in scope.members if not m.startswith(RECORDS)] + [
+            tag for tag in held if tag not in scope.members
+        ]
     else:
         names, stats = alarm_stats(table, scope.members[0] if scope.members else "")
         members = list(scope.members[:1])
@@ -114,7 +122,7 @@ def ledger_rows(
             taken = np.where(absent, 0, taken).astype(np.int64)
         columns[name] = pa.array(taken, mask=absent).cast(kind)
     columns["samples"] = pc.fill_null(columns["samples"], 0)
-    status, reason = _statuses(scope, members, missing, now, scope.held)
+    status, reason = _statuses(scope, members, missing, now, held)
     size = len(listed)
     return pa.Table.from_pydict(
         {
@@ -134,6 +142,16 @@ def ledger_rows(
         },
         schema=LEDGER_SCHEMA,
     )
+
+
+def held_behind_links(members: Sequence[str]) -> dict[str, str]:
+    """The tags a scope records held behind a link, each with its reason."""
+    held = {}
+    for member in members:
+        if member.startswith(HELD_PREFIX):
+            link, _, tag = member[len(HELD_PREFIX) :].partition(":")
+            held[tag] = f"behind link {unquote(link)!r}, offline or still draining"
+    return held
 
 
 def _statuses(
@@ -285,6 +303,7 @@ def overlapped(table: pa.Table, scope: ChunkScope) -> pa.Array:
     """Which ledger rows describe rows the scope replaces: its node's, of its members
     (tags left out included), in windows overlapping its window."""
     members = {m.removeprefix(MISSING_PREFIX) for m in scope.members}
+    members |= set(held_behind_links(scope.members))
     start = pa.scalar(scope.window.start_ms, pa.int64()).cast(
         LEDGER_SCHEMA.field("window_start").type
     )

@@ -37,6 +37,7 @@ from pipelines.core.holds import (
 from pipelines.core.runner import RunSummary
 from pipelines.core.units import run_flow
 from pipelines.state import held_windows, missing_windows
+from sinks.base import ReadsLedger
 from tests.fixtures import history_rows, load, truth_history_rows, write_config
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -111,6 +112,21 @@ def progresses(path: Path) -> dict[str, Any]:
         return {name: sinks.get(name).progress("f") for name in config.flows["f"].sinks}
 
 
+def ledger_statuses(path: Path) -> dict[str, dict[str, set[str]]]:
+    """Per sink keeping a ledger, each tag's statuses in it (the latest windows' included)."""
+    config = load(path)
+    found: dict[str, dict[str, set[str]]] = {}
+    with SinkSet(config, path.parent) as sinks:
+        for name in config.flows["f"].sinks:
+            sink = sinks.get(name)
+            if isinstance(sink, ReadsLedger):
+                table = sink.read_ledger("f").to_pylist()
+                found[name] = {}
+                for row in table:
+                    found[name].setdefault(row["tag"], set()).add(row["status"])
+    return found
+
+
 def state_output(path: Path) -> str:
     return CliRunner().invoke(app, ["state", "--config", str(path)]).output
 
@@ -174,6 +190,12 @@ def test_state_shows_the_hold_while_it_lasts_and_other_tags_go_on(tmp_path: Path
     assert summary.watermark_after <= NOW + MINUTE
     assert f"HELD f -> lake: tag {remote[0]!r} behind link 'to-remote'" in shown
     assert "not complete until the link is back and drained" in shown
+    for sink, statuses in ledger_statuses(path).items():
+        assert sorted(statuses) == sorted(remote + local), f"{sink}: only tags in the ledger"
+        for tag in remote:
+            assert "held" in statuses[tag], f"{sink}: {tag} held in the ledger"
+        for tag in local:
+            assert "held" not in statuses[tag], sink
 
 
 @pytest.mark.parametrize("warehouse", WAREHOUSES)
