@@ -1,6 +1,7 @@
 """`historian run` and `historian backfill`: one or more flows extracted in this process
-(or as Prefect flow runs it starts), a progress bar per (flow, node), then the summary;
-`backfill --shards/--per-node --pool` hands the range to pipelines/cli/fleet.py."""
+(or, with a Prefect server configured or `--prefect`, as Prefect flow runs it starts), a
+progress bar per (flow, node), then the summary; `backfill --shards/--per-node --pool`
+hands the range to pipelines/cli/fleet.py."""
 
 from __future__ import annotations
 
@@ -46,6 +47,36 @@ if TYPE_CHECKING:  # config and runner pull in pandas and pyarrow: imported when
     from pipelines.core.runner import ChunkOutcome, Plan, RunRequest, RunSummary
 
 TIMES = "ISO 8601, UTC unless an offset is given; or relative: -2d, now-90m"
+
+DirectOption = Annotated[
+    bool,
+    typer.Option(
+        "--direct",
+        help="Run in this process, without Prefect, even where a Prefect server is configured.",
+    ),
+]
+PrefectOption = Annotated[
+    bool,
+    typer.Option(
+        "--prefect",
+        help="Run as a Prefect flow run: on the configured Prefect server (PREFECT_API_URL "
+        "or the active Prefect profile), else on a temporary one. Default: in this process "
+        "unless a server is configured.",
+    ),
+]
+
+
+def in_process(direct: bool, prefect: bool) -> bool:
+    """Whether the flows run in this process (the default) or as Prefect flow runs: the
+    latter with --prefect, or when a Prefect server is configured, where a run belongs in
+    its history and UI. Decided without importing Prefect."""
+    if direct and prefect:
+        raise UserError("give --direct or --prefect, not both", EXIT_USAGE)
+    if direct or prefect:
+        return direct
+    from pipelines.orchestration.env import prefect_server_configured
+
+    return not prefect_server_configured()
 
 
 def _progress() -> Progress:
@@ -252,9 +283,8 @@ def run(
         str | None, typer.Option(help=f"Explicit end ({TIMES}). Default: now - settle.")
     ] = None,
     config: ConfigOption = Path(DEFAULT_CONFIG),
-    direct: Annotated[
-        bool, typer.Option("--direct", help="Run in this process without Prefect.")
-    ] = False,
+    direct: DirectOption = False,
+    prefect: PrefectOption = False,
     node: NodeOption = None,
     verbose: VerboseOption = False,
 ) -> None:
@@ -265,6 +295,7 @@ def run(
             raise UserError("give a FLOW name or --all", EXIT_USAGE)
         if all_flows and node:
             raise UserError("--node needs a FLOW name (not --all)", EXIT_USAGE)
+        here = in_process(direct, prefect)
         cfg = load(config)
         names = list(cfg.flows) if all_flows else [flow or ""]
         _run_flows(
@@ -273,7 +304,7 @@ def run(
             start=moment(start, "--start"),
             end=moment(end, "--end"),
             backfill=False,
-            direct=direct,
+            direct=here,
             config=cfg,  # read once: a flows.yaml may name 10,000 tags
             nodes=node,
         )
@@ -285,7 +316,8 @@ def backfill(
     start: Annotated[str, typer.Option(help=f"Start ({TIMES}).")],
     end: Annotated[str | None, typer.Option(help=f"End ({TIMES}). Default: now - settle.")] = None,
     config: ConfigOption = Path(DEFAULT_CONFIG),
-    direct: Annotated[bool, typer.Option("--direct", help="Run without Prefect.")] = False,
+    direct: DirectOption = False,
+    prefect: PrefectOption = False,
     node: NodeOption = None,
     shards: Annotated[
         int | None,
@@ -306,6 +338,7 @@ def backfill(
     With --shards N (and/or --per-node) --pool P: as flow runs on a Prefect work pool."""
     setup_logging(verbose)
     with user_errors():
+        here = in_process(direct, prefect)
         if shards is not None or per_node or pool is not None:
             from pipelines.cli.fleet import sharded_backfill
 
@@ -329,6 +362,6 @@ def backfill(
             start=moment(start, "--start"),
             end=moment(end, "--end"),
             backfill=True,
-            direct=direct,
+            direct=here,
             nodes=node,
         )

@@ -316,13 +316,15 @@ def test_a_prefect_run_from_the_cli_is_quiet(tmp_path: Path, token_server: Any) 
     )
     home = tmp_path / "prefect-home"  # the ephemeral server's database, read below
     env = {"NODE_TOKEN": "s3cret-t0ken-value", "PREFECT_HOME": str(home)}
-    result = historian("run", "f", cwd=tmp_path, env=env, timeout=300)
+    result = historian("run", "f", "--prefect", cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     assert result.stderr.strip() == "", result.stderr
     assert "historian run" in result.stdout
     assert "s3cret-t0ken-value" not in result.stdout
-    backfill = historian("backfill", "f", "--start", START, cwd=tmp_path, env=env, timeout=300)
+    backfill = historian(
+        "backfill", "f", "--start", START, "--prefect", cwd=tmp_path, env=env, timeout=300
+    )
     assert backfill.returncode == 0, backfill.stderr
     assert backfill.stderr.strip() == "", backfill.stderr
     # Both runs are on record; their task runs are not: the recorder, whose write in
