@@ -48,7 +48,8 @@ def main() -> None:
         signum = getattr(exc, "signal", None)  # Prefect's TerminationSignal, in a flow run
         if interrupts.signum is None and signum in (signal.SIGINT, signal.SIGTERM):
             interrupts.signum = signum
-        if interrupts.signum is not None:  # whatever the signal became on its way up
+        stopped = isinstance(exc, SystemExit) and exc.code in (0, None)  # `simulate`'s end
+        if interrupts.signum is not None and not stopped:  # whatever the signal became
             interrupts.finish()
         if isinstance(exc, SystemExit):
             raise

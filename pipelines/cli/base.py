@@ -296,13 +296,20 @@ def prefect_api_error(exc: BaseException) -> str | None:
     return None
 
 
-def _json_line(level: str, message: str, flow: str | None, chunk: str | None) -> None:
+def _json_line(
+    level: str,
+    message: str,
+    flow: str | None,
+    chunk: str | None,
+    extra: dict[str, object] | None = None,
+) -> None:
     line = {
         "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "level": level,
         "flow": flow,
         "chunk": chunk,
         "message": message,
+        **(extra or {}),
     }
     sys.stderr.write(orjson.dumps(line).decode() + "\n")
     sys.stderr.flush()
@@ -379,6 +386,12 @@ def check_flow(config: Config, name: str, source: Path) -> None:
     if name not in config.flows:
         known = ", ".join(config.flows)
         raise UserError(f"{source.name}: no flow named {quoted(name)} (flows: {known})", EXIT_USAGE)
+
+
+def json_progress(flow: str, message: str, progress: dict[str, object]) -> None:
+    """A progress line under --log-format json, shown with or without -v: the message, and
+    its numbers under `progress` for a collector that charts them."""
+    _json_line("INFO", message, flow, None, {"progress": progress})
 
 
 _chunks_log = logging.getLogger("historian.chunks")

@@ -5,7 +5,10 @@ hands the range to pipelines/cli/fleet.py."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -33,6 +36,7 @@ from pipelines.cli.base import (
     check_flow,
     current_flow,
     err,
+    json_progress,
     load,
     log_chunk,
     log_format,
@@ -120,8 +124,9 @@ def _run_flows(
     request = RunRequest(
         start=start, end=end, backfill=backfill, nodes=tuple(nodes) if nodes else None
     )
+    ticker = _ticker()
     with _progress() as progress:
-        bars = _Bars(progress)
+        bars = _Bars(progress, ticker)
         # Every flow runs, whatever an earlier one did: one summary says which failed.
         outcomes = [
             _run_one(config, config_path, name, request, bars, direct=direct) for name in names
@@ -146,10 +151,12 @@ def _raise_failures(outcomes: list[FlowOutcome]) -> None:
 
 
 class _Bars:
-    """One progress bar per (flow, node): a fleet flow's nodes advance apart."""
+    """One progress bar per (flow, node): a fleet flow's nodes advance apart. On a
+    terminal only; under --log-format json a `_Ticker` says the same in log lines."""
 
-    def __init__(self, progress: Progress) -> None:
+    def __init__(self, progress: Progress, ticker: _Ticker | None) -> None:
         self._progress = progress
+        self._ticker = ticker
         self._tasks: dict[str, TaskID] = {}
 
     def on_plan(self, plan: Plan) -> None:
@@ -157,6 +164,8 @@ class _Bars:
         self._tasks[key] = self._progress.add_task(
             "", total=len(plan.pending), flow=key, rows=0, rate=0.0
         )
+        if self._ticker is not None:
+            self._ticker.on_plan(key, len(plan.pending))
 
     def on_chunk(self, outcome: ChunkOutcome, summary: RunSummary) -> None:
         key = summary.key or summary.flow
@@ -170,6 +179,72 @@ class _Bars:
             task, advance=outcome.chunks, rows=summary.rows, rate=summary.rows / elapsed
         )
         log_chunk(outcome, summary)
+        if self._ticker is not None:
+            self._ticker.on_chunk(key, outcome.chunks, summary.rows)
+
+
+# Under --log-format json, a progress line per (flow, node) at most this often.
+PROGRESS_EVERY_ENV = "HISTORIAN_PROGRESS_EVERY_S"
+PROGRESS_EVERY_S = 10.0
+
+
+@dataclass
+class _Count:
+    planned: int | None
+    started: float
+    said: float
+    done: int = 0
+
+
+class _Ticker:
+    """What the bars show, as a JSON log line per (flow, node) every `every_s` seconds
+    (at a committed chunk) and at its last chunk: a scheduler's log shows a long run move."""
+
+    def __init__(self, every_s: float) -> None:
+        self._every_s = every_s
+        self._counts: dict[str, _Count] = {}
+
+    def on_plan(self, key: str, planned: int) -> None:
+        now = time.monotonic()
+        self._counts[key] = _Count(planned, now, now)
+
+    def on_chunk(self, key: str, chunks: int, rows: int) -> None:
+        now = time.monotonic()
+        count = self._counts.setdefault(key, _Count(None, now, now))
+        count.done += chunks
+        if now - count.said < self._every_s and count.done != count.planned:
+            return
+        count.said = now
+        elapsed = max(now - count.started, 1e-9)
+        rate = rows / elapsed
+        left = None if count.planned is None else max(count.planned - count.done, 0)
+        eta = None if left is None or not count.done else round(elapsed / count.done * left, 1)
+        of = f" of {count.planned}" if count.planned is not None else ""
+        until = f", ETA {eta:.0f} s" if eta is not None else ""
+        json_progress(
+            key,
+            f"{key}: {count.done}{of} chunks, {rows:,} rows, {rate:,.0f} rows/s{until}",
+            {
+                "chunks_done": count.done,
+                "chunks_planned": count.planned,
+                "rows": rows,
+                "rows_per_s": round(rate, 1),
+                "eta_s": eta,
+            },
+        )
+
+
+def _ticker() -> _Ticker | None:
+    """The JSON progress lines, under --log-format json only."""
+    if log_format.get() != "json":
+        return None
+    value = os.environ.get(PROGRESS_EVERY_ENV) or str(PROGRESS_EVERY_S)
+    try:
+        every_s = float(value)
+    except ValueError:
+        message = f"{PROGRESS_EVERY_ENV}: {value!r} is not a number of seconds"
+        raise UserError(message, EXIT_USAGE) from None
+    return _Ticker(every_s)
 
 
 def _run_one(
