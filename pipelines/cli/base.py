@@ -14,8 +14,8 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -139,6 +139,17 @@ class Interrupts:
         self.signum: int | None = None
         self._arrived = 0
         self._said = threading.Event()
+        self._last_words: list[Callable[[], None]] = []
+
+    @contextmanager
+    def last_words(self, say: Callable[[], None]) -> Iterator[None]:
+        """Call `say` if the command is ended by force during the block (it is not when
+        the block ends first): a run's record in the run log."""
+        self._last_words.append(say)
+        try:
+            yield
+        finally:
+            self._last_words.remove(say)
 
     def install(self) -> None:
         """Take SIGINT and SIGTERM (main thread only), and watch their arrivals."""
@@ -197,6 +208,9 @@ class Interrupts:
     def force(self) -> NoReturn:
         from pipelines.orchestration.children import end_descendants
 
+        for say in list(self._last_words):
+            with suppress(Exception):  # the exit must come, whatever these do
+                say()
         self.say()
         end_descendants()
         sys.stderr.flush()

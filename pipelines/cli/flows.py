@@ -1,14 +1,20 @@
-"""`historian flows`: every flow of flows.yaml in one table, with how far it is."""
+"""`historian flows`: every flow of flows.yaml in one table, with how far it is; and
+`historian runs`: the run log every `run` and `backfill` appends its outcome to."""
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Any
 
+import orjson
+import typer
 from rich.table import Table
 
 from pipelines.cli.base import (
     DEFAULT_CONFIG,
+    EXIT_USAGE,
     ConfigOption,
     UserError,
     app,
@@ -204,3 +210,112 @@ def flows_command(config: ConfigOption = Path(DEFAULT_CONFIG)) -> None:
         out.print(table)
         if unreadable:
             raise UserError(unreadable_line(unreadable))
+
+
+# -- the run log: every run's outcome, any path, for `historian runs` ------------------------
+
+RUNS_LOG_ENV = "HISTORIAN_RUNS_LOG"
+RUNS_LOG_KEEP = 1000  # runs kept when the log is trimmed
+RUNS_LOG_TRIM_BYTES = 1 << 20
+
+
+def runs_log(config_path: Path) -> Path:
+    """The run log: `HISTORIAN_RUNS_LOG`, else `.historian/runs.jsonl` beside flows.yaml
+    (a local file whatever the sinks are: it is the command's history, not the data's)."""
+    chosen = os.environ.get(RUNS_LOG_ENV)
+    if chosen:
+        return Path(chosen)
+    return config_path.resolve().parent / ".historian" / "runs.jsonl"
+
+
+def record_run(config_path: Path, entry: dict[str, object]) -> None:
+    """Append one run's line (one write, so concurrent commands do not interleave); a log
+    that cannot be written is a warning, never the run's failure."""
+    path = runs_log(config_path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab") as log:
+            log.write(orjson.dumps(entry) + b"\n")
+        if path.stat().st_size > RUNS_LOG_TRIM_BYTES:
+            kept = path.read_bytes().splitlines(keepends=True)[-RUNS_LOG_KEEP:]
+            partial = path.with_suffix(".tmp")
+            partial.write_bytes(b"".join(kept))
+            os.replace(partial, path)
+    except OSError as exc:
+        logging.getLogger("historian").warning("run log %s not written: %s", path, exc)
+
+
+def read_runs(config_path: Path, flow: str | None, count: int) -> list[dict[str, Any]]:
+    """The last `count` runs of the log (of `flow` when given), oldest first; lines that
+    do not parse (a write cut by a crash) are skipped."""
+    path = runs_log(config_path)
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise UserError(f"{path}: {exc.strerror}") from None
+    runs = []
+    for line in lines:
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(entry, dict) and (flow is None or entry.get("flow") == flow):
+            runs.append(entry)
+    return runs[-count:] if count > 0 else []
+
+
+def _when(value: object) -> str:
+    text = str(value or "-")
+    return text[:19].replace("T", " ") + ("Z" if len(text) > 19 else "")
+
+
+def _took(entry: dict[str, Any]) -> str:
+    from datetime import datetime
+
+    try:
+        seconds = (
+            datetime.fromisoformat(entry["end"]) - datetime.fromisoformat(entry["start"])
+        ).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return "-"
+    return f"{seconds:,.1f}"
+
+
+@app.command("runs")
+def runs_command(
+    flow: Annotated[str | None, typer.Argument(help="Only this flow's runs.")] = None,
+    count: Annotated[int, typer.Option("-n", "--last", help="How many runs, newest last.")] = 20,
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+) -> None:
+    """List the last runs of `run` and `backfill` (any path): start, seconds, flow, node,
+    rows, chunks, status (ok, failed, interrupted) and the error line."""
+    from rich.markup import escape
+
+    with user_errors():
+        if count < 0:
+            raise UserError("-n must not be negative", EXIT_USAGE)
+        runs = read_runs(config, flow, count)
+        if not runs:
+            which = f" of flow {flow}" if flow else ""
+            out.print(f"no runs{which} recorded yet ({runs_log(config)})", highlight=False)
+            return
+        table = Table(title=f"runs ({runs_log(config)})", title_justify="left")
+        for column in ("start", "seconds", "flow", "node", "rows", "chunks", "status", "error"):
+            justify = "right" if column in ("seconds", "rows", "chunks") else "left"
+            table.add_column(column, justify=justify)  # type: ignore[arg-type]
+        for entry in runs:
+            status = str(entry.get("status", "-"))
+            colour = {"ok": "green", "failed": "red", "interrupted": "yellow"}.get(status)
+            table.add_row(
+                _when(entry.get("start")),
+                _took(entry),
+                escape(str(entry.get("flow", "-"))),
+                escape(str(entry.get("node") or "-")),
+                f"{int(entry.get('rows') or 0):,}",
+                str(entry.get("chunks", "-")),
+                f"[{colour}]{status}[/]" if colour else escape(status),
+                escape(str(entry.get("error") or "")),
+            )
+        out.print(table)

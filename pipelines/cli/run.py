@@ -6,10 +6,11 @@ hands the range to pipelines/cli/fleet.py."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -36,6 +37,7 @@ from pipelines.cli.base import (
     check_flow,
     current_flow,
     err,
+    interrupts,
     json_progress,
     load,
     log_chunk,
@@ -129,7 +131,7 @@ def _run_flows(
         bars = _Bars(progress, ticker)
         # Every flow runs, whatever an earlier one did: one summary says which failed.
         outcomes = [
-            _run_one(config, config_path, name, request, bars, direct=direct) for name in names
+            _recorded(config, config_path, name, request, bars, direct=direct) for name in names
         ]
     title = "historian backfill" if backfill else "historian run"
     print_outcomes(config, config_path, outcomes, title=title)
@@ -158,6 +160,13 @@ class _Bars:
         self._progress = progress
         self._ticker = ticker
         self._tasks: dict[str, TaskID] = {}
+        # (flow, key) -> rows and chunks committed so far: what an interrupted run kept.
+        self._done: dict[tuple[str, str], tuple[int, int]] = {}
+
+    def done(self, flow: str) -> tuple[int, int]:
+        """Rows and chunks the flow's units committed so far."""
+        counts = [count for (name, _), count in self._done.items() if name == flow]
+        return sum(rows for rows, _ in counts), sum(chunks for _, chunks in counts)
 
     def on_plan(self, plan: Plan) -> None:
         key = plan.key or plan.flow
@@ -179,6 +188,7 @@ class _Bars:
             task, advance=outcome.chunks, rows=summary.rows, rate=summary.rows / elapsed
         )
         log_chunk(outcome, summary)
+        self._done[(summary.flow, key)] = (summary.rows, summary.chunks_done)
         if self._ticker is not None:
             self._ticker.on_chunk(key, outcome.chunks, summary.rows)
 
@@ -245,6 +255,57 @@ def _ticker() -> _Ticker | None:
         message = f"{PROGRESS_EVERY_ENV}: {value!r} is not a number of seconds"
         raise UserError(message, EXIT_USAGE) from None
     return _Ticker(every_s)
+
+
+def _recorded(
+    config: Config,
+    config_path: Path,
+    name: str,
+    request: RunRequest,
+    bars: _Bars,
+    *,
+    direct: bool,
+) -> FlowOutcome:
+    """`_run_one`, its outcome appended to the run log (`historian runs`), an interrupted
+    or crashed run's too, with what its committed chunks held."""
+    from pipelines.cli.flows import record_run
+
+    started = datetime.now(UTC)
+    entry: dict[str, object] = {
+        "start": started.isoformat(),
+        "flow": name,
+        "command": "backfill" if request.backfill else "run",
+        "path": "in process" if direct else "prefect",
+    }
+    written = threading.Lock()  # one record, from this thread or an interrupt's timer
+
+    def record(**outcome: object) -> None:
+        if written.acquire(blocking=False):
+            record_run(config_path, {**entry, **outcome, "end": datetime.now(UTC).isoformat()})
+
+    def interrupted(error: str = "interrupted") -> None:
+        rows, chunks = bars.done(name)
+        status = "interrupted" if error == "interrupted" else "failed"
+        record(node=None, rows=rows, chunks=chunks, status=status, error=error)
+
+    try:
+        with interrupts.last_words(interrupted):
+            outcome = _run_one(config, config_path, name, request, bars, direct=direct)
+    except KeyboardInterrupt:
+        interrupted()
+        raise
+    except BaseException as exc:
+        interrupted(one_line(exc))
+        raise
+    summary = outcome.summary
+    record(
+        node=summary.node if summary else None,
+        rows=summary.rows if summary else 0,
+        chunks=summary.chunks_done if summary else 0,
+        status="failed" if outcome.failure else "ok",
+        error=outcome.failure,
+    )
+    return outcome
 
 
 def _run_one(
