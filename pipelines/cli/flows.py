@@ -319,3 +319,101 @@ def runs_command(
                 escape(str(entry.get("error") or "")),
             )
         out.print(table)
+
+
+# -- what a node holds: `historian tags` --------------------------------------------------
+
+
+def _dig(obj: object, *keys: str) -> object:
+    for key in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _remote(remote: object) -> str:
+    """The spec shows only `null` for a local tag: a remote one's link name where its
+    marker names one, else `yes`."""
+    if remote in (None, False, ""):
+        return "-"
+    name = _dig(remote, "link") or _dig(remote, "name") or _dig(remote, "node")
+    if name:
+        return str(name)
+    return remote if isinstance(remote, str) else "yes"
+
+
+def tag_rows(answer: object, path: str) -> list[tuple[str, str, str, str, str]]:
+    """A `tag?cmd=details` answer as (path, type, units, history, remote) rows, sorted by
+    path: the entry's `fullPath`, else its key under the group asked for."""
+    tags = _dig(answer, "tags")
+    if not isinstance(tags, dict):
+        return []
+    group = path if path.endswith("/") else path + "/"
+    rows = []
+    for name, entry in tags.items():
+        if not isinstance(entry, dict):
+            continue
+        full = entry.get("fullPath") or (name if str(name).startswith("/") else group + name)
+        config = entry.get("config")
+        history = _dig(config, "extensions", "history", "enabled")
+        units = _dig(config, "engUnits")
+        rows.append(
+            (
+                str(full),
+                str(_dig(config, "type") or "-"),
+                str(units) if units not in (None, "") else "-",
+                {True: "yes", False: "no"}.get(history, "-"),  # type: ignore[call-overload]
+                _remote(entry.get("remote")),
+            )
+        )
+    return sorted(rows)
+
+
+@app.command("tags")
+def tags_command(
+    node: Annotated[str, typer.Argument(help="Node name in flows.yaml.")],
+    path: Annotated[str, typer.Argument(help="A group (ending in /) or a tag path.")] = "/",
+    recursive: Annotated[
+        bool, typer.Option("--recursive", "-r", help="Also the tags of every group below.")
+    ] = False,
+    filter_rx: Annotated[
+        str | None, typer.Option("--filter", help="Only tag paths this regex matches (the node's).")
+    ] = None,
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+) -> None:
+    """List a node's tags under PATH: path, type, units, history enabled, remote. Reads the
+    node's tag details (one request); writes nothing."""
+    from rich.markup import escape
+
+    from connectors.errors import NodeError, one_line, quoted
+    from pipelines.config.nodes import NodePool
+
+    with user_errors():
+        cfg = load(config)
+        if node not in cfg.nodes:
+            known = ", ".join(cfg.nodes)
+            message = f"{config.name}: no node named {quoted(node)} (nodes: {known})"
+            raise UserError(message, EXIT_USAGE)
+        with NodePool(cfg) as nodes:
+            client = nodes.get(node).client
+            try:
+                body = client.tag_details_bytes(path, filter_regex=filter_rx, recurrent=recursive)
+            except NodeError as exc:
+                if exc.status != 404:
+                    raise UserError(f"node {node}: {one_line(exc)}") from None
+                below = "" if recursive else " (only its own tags: --recursive lists those below)"
+                raise UserError(f"node {node}: no tags at {quoted(path)}{below}") from None
+        try:
+            rows = tag_rows(orjson.loads(body), path)
+        except orjson.JSONDecodeError:
+            raise UserError(f"node {node}: tag.details answered something not JSON") from None
+        if not rows:
+            out.print(f"no tags under {escape(path)} on node {escape(node)}", highlight=False)
+            return
+        table = Table(title=f"{len(rows):,} tags under {escape(path)} on node {escape(node)}")
+        for column in ("path", "type", "units", "history", "remote"):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*(escape(cell) for cell in row))
+        out.print(table)

@@ -80,7 +80,7 @@ def test_help_lists_every_command(tmp_path: Path) -> None:
     result = historian("--help", cwd=tmp_path)
     assert result.returncode == 0
     commands = ("run", "backfill", "state", "check", "simulate", "serve", "report", "flows")
-    for command in (*commands, "plan", "init", "runs"):
+    for command in (*commands, "plan", "init", "runs", "tags"):
         assert command in result.stdout
 
 
