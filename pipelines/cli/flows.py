@@ -174,12 +174,50 @@ def sink_error_cell(exc: Exception) -> str:
     return f"[red]{escape(one_line(exc))}[/]"
 
 
+def print_selection(cfg: Config, config_path: Path, name: str) -> None:
+    """What flow `name`'s selection resolves to on its nodes now: a tag path per line on
+    stdout (`node<TAB>path` for a flow on several nodes), the counts on stderr."""
+    from rich.markup import escape
+
+    from pipelines.cli.base import check_flow, err
+    from pipelines.config.models import AlarmHistoryFlow
+    from pipelines.config.nodes import NodePool
+    from pipelines.selection import resolve_tags
+
+    check_flow(cfg, name, config_path)
+    flow = cfg.flows[name]
+    if isinstance(flow, AlarmHistoryFlow):
+        raise UserError(f"flows.{name}: an alarm flow selects alarms, not tags", EXIT_USAGE)
+    assert flow.tags is not None
+    with NodePool(cfg) as nodes:
+        for node in cfg.flow_nodes(name):
+            resolved = resolve_tags(
+                nodes.get(node).client, node, flow.tags, where=f"flows.{name}.tags"
+            )
+            prefix = f"{node}\t" if flow.fleet else ""
+            for member in resolved.members:
+                out.print(escape(prefix + member), highlight=False, soft_wrap=True)
+            err.print(f"flow {name} on node {node}: {len(resolved.members)} tags", highlight=False)
+
+
 @app.command("flows")
-def flows_command(config: ConfigOption = Path(DEFAULT_CONFIG)) -> None:
+def flows_command(
+    config: ConfigOption = Path(DEFAULT_CONFIG),
+    tags: Annotated[
+        str | None,
+        typer.Option(
+            "--tags", metavar="FLOW", help="The tags FLOW's selection resolves to on its nodes now."
+        ),
+    ] = None,
+) -> None:
     """List every flow: node, kind, tag or alarm selection, mode, sinks, schedule and
     watermark (where its next run starts; `-`: nothing extracted yet). A flow whose sink
-    cannot be read shows that sink's error in its row; the command then exits 1."""
+    cannot be read shows that sink's error in its row; the command then exits 1. With
+    --tags FLOW: the tag paths FLOW's selection resolves to today, one per line."""
     with user_errors():
+        if tags is not None:
+            print_selection(load(config), config, tags)
+            return
         from pipelines.config.destinations import SinkSet
         from sinks.base import SinkError
 

@@ -51,3 +51,21 @@ def test_tags_of_an_unknown_node_or_path_is_one_line(tmp_path: Path) -> None:
         "node n: no tags at '/Plant A/'",
         "--recursive",
     )
+
+
+def test_flows_tags_prints_what_a_flows_selection_resolves_to_now(tmp_path: Path) -> None:
+    flow = {
+        "node": "n",
+        "tags": {"browse": "/Plant B/", "include": ["."], "exclude": ["Pressure"]},
+        "mode": "raw",
+        "start": "-1h",
+    }
+    write_config(tmp_path, node={"simulator": SIM}, flows={"f": flow}, sinks=["lake"])
+    truth = sorted(SimulatedNode(SimConfig(**SIM)).tag_paths())
+    result = historian("flows", "--tags", "f", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    want = [p for p in truth if p.startswith("/Plant B/") and "Pressure" not in p]
+    assert result.stdout.splitlines() == want
+    assert result.stderr.strip() == f"flow f on node n: {len(want)} tags"
+    assert not (tmp_path / "lake").exists(), "writes nothing"
+    assert_clean_failure(historian("flows", "--tags", "g", cwd=tmp_path), 2, "no flow named 'g'")
