@@ -340,6 +340,7 @@ def _run_one(
             )
         return FlowOutcome(name, summary)
     except RunFailed as exc:
+        _raise_settings_error(name, exc.__cause__)
         reason = _failure(config, name, exc, exc.summary.chunks_done)
         return FlowOutcome(name, exc.summary, reason)
     except ConfigError:
@@ -349,9 +350,19 @@ def _run_one(
 
         if not isinstance(exc, NodeError | SinkError | UserError):
             raise
+        _raise_settings_error(name, exc)
         return FlowOutcome(name, None, _failure(config, name, exc, 0))
     finally:
         current_flow.reset(token)
+
+
+def _raise_settings_error(name: str, exc: BaseException | None) -> None:
+    """A node's settings that cannot work (a credential's environment variable not set)
+    are a configuration error: exit 2, one line, its message once (it names the node)."""
+    from connectors.settings import SettingsError
+
+    if isinstance(exc, SettingsError):
+        raise UserError(f"flow {name}: {exc.message}", EXIT_USAGE) from None
 
 
 def _failure(config: Config, name: str, failed: BaseException, chunks_done: int) -> str:

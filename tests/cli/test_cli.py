@@ -144,8 +144,11 @@ def test_missing_token_variable_is_named(tmp_path: Path, token_server: Any) -> N
         flows={"f": small_flow()},
         sinks=["lake"],
     )
-    result = historian("run", "f", "--direct", cwd=tmp_path)
-    assert_clean_failure(result, 1, "NODE_TOKEN_UNSET")
+    for path in ("--direct", "--prefect"):
+        result = historian("run", "f", path, cwd=tmp_path, timeout=300)
+        line = assert_clean_failure(result, 2, "NODE_TOKEN_UNSET")
+        # A configuration error (exit 2), its prefixes once.
+        assert line == "error: flow f: node n: environment variable NODE_TOKEN_UNSET is not set"
 
 
 def test_tls_without_the_ca_fails_clearly_and_with_it_works(
