@@ -11,10 +11,12 @@ peak RSS (GNU time) of that process, start-up and imports included. Contenders a
 within each round, so machine noise hits them alike; the report gives medians and the
 ratio of this pipeline to each peer. The `node` contender only downloads the answers: its
 line is the simulator's own serving rate on the same requests. `cli` is `historian` as a
-one-off command (it starts Prefect's ephemeral server); `cli-served` is the same command
-against a long-lived Prefect server (PREFECT_API_URL), as scheduled runs have;
-`cli-direct` is the same command with `--direct` (no Prefect), so that what Prefect adds
-reads apart from what the command line adds (its imports, reading flows.yaml).
+one-off command, as a user types it (in this process since issue 29: no Prefect server is
+configured); `cli-prefect` is the same command with `--prefect` (a flow run on Prefect's
+ephemeral server, the default before issue 29); `cli-served` is the same command against a
+long-lived Prefect server (PREFECT_API_URL), as scheduled runs have; `cli-direct` is the
+same command with `--direct` (no Prefect), so that what Prefect adds reads apart from
+what the command line adds (its imports, reading flows.yaml).
 
 `pipeline@REV` is the `pipeline` contender with the package as it was at git revision
 REV (a checkout in a temporary folder, first on the child's PYTHONPATH): a change
@@ -55,10 +57,11 @@ from pipelines.orchestration.server import free_port, local_server  # noqa: E402
 
 PYTHON = sys.executable
 HISTORIAN = str(Path(sys.executable).with_name("historian"))
-# `cli` starts Prefect's ephemeral server itself, as a one-off command does; `cli-served`
-# talks to a long-lived server (PREFECT_API_URL), as scheduled runs under `historian serve`
-# or a deployment do; `cli-direct` runs the command with --direct, without Prefect.
-CLI_CONTENDERS = ("cli", "cli-served", "cli-direct")
+# `cli` is the command as typed (in process); `cli-prefect` starts Prefect's ephemeral
+# server itself (--prefect); `cli-served` talks to a long-lived server (PREFECT_API_URL),
+# as scheduled runs under `historian serve` or a deployment do; `cli-direct` runs the
+# command with --direct, without Prefect.
+CLI_CONTENDERS = ("cli", "cli-prefect", "cli-served", "cli-direct")
 # Every workload ends here (a Thursday: on the grid of 1-day and 7-day windows alike).
 END = datetime(2026, 10, 29, tzinfo=UTC)
 
@@ -321,7 +324,11 @@ def _invoke(
             ]
         if name == "cli-direct":
             command.append("--direct")
-        env = None
+        if name == "cli-prefect":
+            command.append("--prefect")
+        env = {**os.environ}
+        for setting in ("PREFECT_API_URL", "PREFECT_PROFILE"):  # `cli`: no server configured
+            env.pop(setting, None)
         if name == "cli-served":
             assert ctx.prefect_api is not None
             env = {**os.environ, "PREFECT_API_URL": ctx.prefect_api}

@@ -8,7 +8,7 @@ Each cycle starts a backfill into a fresh directory (and, for PostgreSQL, a fres
 schema), kills it with SIGKILL after a random delay (seeded) across the clean run's
 duration — sometimes several times in a row — then lets it finish, and compares every
 sink row for row with the reference. `--path direct` runs in the command's process
-(`--direct`); `--path prefect` through Prefect's ephemeral server, on a fresh Prefect
+(`--direct`); `--path prefect` through Prefect's ephemeral server (`--prefect`), on a fresh Prefect
 home per cycle, so kills land in the server's start-up and its database's first set-up
 too (`--kill-within S` draws the kill points from the first S seconds, where the server
 starts, instead of the reference's whole duration). Every process a cycle starts carries a marker in its environment: after the resume,
@@ -64,7 +64,7 @@ GONE_S = 30.0  # a server told to stop (SIGTERM) by its dead command ends within
 
 
 def backfill(cwd: Path, path: str, mark: str) -> subprocess.Popen[bytes]:
-    direct = ["--direct"] if path == "direct" else []
+    direct = ["--direct"] if path == "direct" else ["--prefect"]
     env = {**os.environ, MARK: mark, "PREFECT_HOME": str(cwd / "prefect")}
     env.pop("PREFECT_API_URL", None)
     return subprocess.Popen(

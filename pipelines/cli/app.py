@@ -5,14 +5,24 @@ state, verify) and registers itself on `app` when imported, below.
 User errors (bad config, unreachable node, refused credentials, TLS, a sink that cannot
 be written, a flow already running) end with one line on stderr and a non-zero exit:
 2 for configuration and usage errors, 1 for everything that failed while running.
-`HISTORIAN_DEBUG=1` shows the traceback instead, for bug reports.
+`HISTORIAN_DEBUG=1` shows the traceback instead, for bug reports. Ctrl-C and SIGTERM end
+any command within a few seconds: exit 130 or 143 and one line (`base.Interrupts`).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 
-from pipelines.cli.base import DEFAULT_CONFIG, EXIT_FAILED, EXIT_USAGE, UserError, app, err
+from pipelines.cli.base import (
+    DEFAULT_CONFIG,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    UserError,
+    app,
+    err,
+    interrupts,
+)
 
 # The command modules register on `app` when imported: in the order `--help` lists them.
 # isort: off
@@ -32,11 +42,18 @@ def main() -> None:
 
     bound_memory()
     configure_prefect()
+    interrupts.install()
     try:
         app()
-    except SystemExit:
-        raise
-    except Exception as exc:
+    except BaseException as exc:
+        signum = getattr(exc, "signal", None)  # Prefect's TerminationSignal, in a flow run
+        if interrupts.signum is None and signum in (signal.SIGINT, signal.SIGTERM):
+            interrupts.signum = signum
+        stopped = isinstance(exc, SystemExit) and exc.code in (0, None)  # `simulate`'s end
+        if interrupts.signum is not None and not stopped:  # whatever the signal became
+            interrupts.finish()
+        if isinstance(exc, SystemExit):
+            raise
         from pipelines.config.models import ConfigError
 
         if not isinstance(exc, ConfigError):

@@ -10,9 +10,12 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
+import signal
+import socket
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -107,6 +110,116 @@ def _options(
     setup_logging(verbose=False)  # every command logs its warnings in the chosen format
 
 
+INTERRUPTED = "interrupted; committed chunks are kept and the next run continues"
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised in the main thread so that the command unwinds (sink
+    locks released, a Prefect run marked) and exits 128 + the signal: 130 or 143."""
+
+    def __init__(self, signum: int) -> None:
+        self.code = 128 + signum
+        super().__init__(signal.Signals(signum).name)
+
+
+class Interrupts:
+    """Ctrl-C and SIGTERM end every command within `grace_s` plus a second, with one line.
+
+    The signal raises `Interrupted` in the main thread, so that the command unwinds. A
+    thread that watches every signal's arrival (Python's wakeup fd: it sees them whoever's
+    handler runs, Prefect's too during a flow run) starts a timer at the first: what has
+    not ended after `grace_s` (a fetch waiting on a slow node, a Prefect client retrying a
+    server that is gone, a served run's process) is ended: the line, every process below
+    this one stopped, `os._exit`. A second signal does that at once. Chunks committed
+    are kept either way: each commit is atomic (RELIABILITY.md)."""
+
+    grace_s = 3.0
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._arrived = 0
+        self._said = threading.Event()
+        self._last_words: list[Callable[[], None]] = []
+
+    @contextmanager
+    def last_words(self, say: Callable[[], None]) -> Iterator[None]:
+        """Call `say` if the command is ended by force during the block (it is not when
+        the block ends first): a run's record in the run log."""
+        self._last_words.append(say)
+        try:
+            yield
+        finally:
+            self._last_words.remove(say)
+
+    def install(self) -> None:
+        """Take SIGINT and SIGTERM (main thread only), and watch their arrivals."""
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(reader, writer), daemon=True).start()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.on_signal)
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+        raise Interrupted(signum)
+
+    def _watch(self, reader: socket.socket, writer: socket.socket) -> None:
+        while data := reader.recv(64):
+            for signum in data:
+                if signum in (signal.SIGINT, signal.SIGTERM):
+                    self._arrival(signum)
+
+    def _arrival(self, signum: int) -> None:
+        self._arrived += 1
+        if self.signum is None:
+            self.signum = signum
+        if self._arrived > 1:
+            self.force()
+        timer = threading.Timer(self.grace_s, self.force)
+        timer.daemon = True
+        timer.start()
+
+    @property
+    def code(self) -> int:
+        return 128 + (self.signum or signal.SIGINT)
+
+    def say(self) -> None:
+        """The one line, once, whichever thread comes first."""
+        if self._said.is_set():
+            return
+        self._said.set()
+        if log_format.get() == "json":
+            _json_line("ERROR", INTERRUPTED, current_flow.get(), None)
+        else:
+            err.show_cursor(True)  # a progress bar hid it
+            err.print(f"[bold red]error:[/] {INTERRUPTED}", highlight=False, soft_wrap=True)
+
+    def finish(self) -> NoReturn:
+        """The line and the exit code, once the command has unwound; what it started and
+        did not stop is stopped."""
+        from pipelines.orchestration.children import end_descendants
+
+        self.say()
+        end_descendants()
+        sys.exit(self.code)
+
+    def force(self) -> NoReturn:
+        from pipelines.orchestration.children import end_descendants
+
+        for say in list(self._last_words):
+            with suppress(Exception):  # the exit must come, whatever these do
+                say()
+        self.say()
+        end_descendants()
+        sys.stderr.flush()
+        os._exit(self.code)
+
+
+interrupts = Interrupts()
+
+
 class UserError(Exception):
     """A problem the user can fix; printed as one line."""
 
@@ -147,8 +260,9 @@ def user_errors() -> Iterator[None]:
         from pipelines.cli.busy import busy_line
 
         fail(busy_line(exc) or f"sink: {one_line(exc)}", EXIT_FAILED)
-    except KeyboardInterrupt:
-        fail("interrupted; committed chunks are kept and the next run continues", 130)
+    except KeyboardInterrupt as exc:
+        interrupts.say()
+        raise typer.Exit(exc.code if isinstance(exc, Interrupted) else 130) from None
     except OSError as exc:
         fail(one_line(exc), EXIT_FAILED)
     except Exception as exc:
@@ -203,18 +317,25 @@ def prefect_api_error(exc: BaseException) -> str | None:
         return (
             f"Prefect's temporary server did not start within {waited} s: raise "
             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, point PREFECT_API_URL at a "
-            "running server, or run with --direct"
+            "running server, or run without --prefect (in this process)"
         )
     return None
 
 
-def _json_line(level: str, message: str, flow: str | None, chunk: str | None) -> None:
+def _json_line(
+    level: str,
+    message: str,
+    flow: str | None,
+    chunk: str | None,
+    extra: dict[str, object] | None = None,
+) -> None:
     line = {
         "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "level": level,
         "flow": flow,
         "chunk": chunk,
         "message": message,
+        **(extra or {}),
     }
     sys.stderr.write(orjson.dumps(line).decode() + "\n")
     sys.stderr.flush()
@@ -291,6 +412,12 @@ def check_flow(config: Config, name: str, source: Path) -> None:
     if name not in config.flows:
         known = ", ".join(config.flows)
         raise UserError(f"{source.name}: no flow named {quoted(name)} (flows: {known})", EXIT_USAGE)
+
+
+def json_progress(flow: str, message: str, progress: dict[str, object]) -> None:
+    """A progress line under --log-format json, shown with or without -v: the message, and
+    its numbers under `progress` for a collector that charts them."""
+    _json_line("INFO", message, flow, None, {"progress": progress})
 
 
 _chunks_log = logging.getLogger("historian.chunks")

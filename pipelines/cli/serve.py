@@ -13,9 +13,11 @@ from pipelines.cli.base import (
     DEFAULT_CONFIG,
     EXIT_USAGE,
     ConfigOption,
+    Interrupted,
     UserError,
     app,
     check_flow,
+    interrupts,
     load,
     out,
     user_errors,
@@ -51,6 +53,8 @@ def serve(
             )
         except ServerStartError as exc:
             raise UserError(str(exc)) from None
+        if interrupts.signum is not None:  # the runner took the signal and returned
+            raise Interrupted(interrupts.signum)
         out.print("stopped", highlight=False)
 
 

@@ -9,12 +9,15 @@ parent dies (`prctl(PR_SET_PDEATHSIG)`), set between fork and exec.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -141,3 +144,50 @@ def end_with_this_process(pid: int) -> Child | None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, parents before their children (Linux /proc; empty
+    elsewhere), whatever session or process group each is in."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        current = todo.pop(0)
+        try:
+            tasks = list(Path(f"/proc/{current}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.append(child)
+                    todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def end_descendants(grace_s: float = 1.0) -> None:
+    """SIGTERM every process below this one, then SIGKILL what still runs after `grace_s`:
+    what an interrupted command started (Prefect's servers, a served flow run's process)
+    ends with it, even when the command cannot wait for them in order."""
+    pids = descendants(os.getpid())
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)  # no event to wait on for a process that is not our child
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

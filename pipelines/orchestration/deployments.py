@@ -9,8 +9,9 @@ with this package installed loads the same flow.
 
 from __future__ import annotations
 
+import signal
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, cast
 
@@ -137,17 +138,47 @@ def serve_flows(
     The schedules fire on the configured Prefect API, or on a local Prefect server started
     for the command and stopped with it (`pipelines/orchestration/server.py`): Prefect's ephemeral
     server runs no scheduler. `announce` gets one line saying where the UI and API are.
-    Ctrl-C and SIGTERM stop the runner (Prefect pauses the schedules), then the server.
+    Ctrl-C and SIGTERM come out as the caller's signal handlers make them (the runner
+    stops, Prefect pauses the schedules, then the server stops): Prefect's `serve` would
+    swallow them and its runner take SIGTERM over, so the runner is started here.
     """
-    from prefect import serve
+    import asyncio
+
+    from prefect.runner import Runner
 
     deployments = build_deployments(config_path, names)
     if not deployments:
         raise ConfigError(f"{config_path.name}: no flow has a schedule")
+    ours_on_sigterm = signal.getsignal(signal.SIGTERM)
+
+    class _Runner(Runner):
+        def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
+            if callable(ours_on_sigterm):
+                ours_on_sigterm(signal.SIGTERM, None)
+            else:
+                super().handle_sigterm(*args, **kwargs)
+
     with api_for_schedules() as (api_url, ours):
         if announce is not None:
             announce(serving_line(api_url, ours, [d.name for d in deployments]))
-        serve(*deployments, print_starting_message=False)
+        runner = _Runner(pause_on_shutdown=True)
+        for deployment in deployments:
+            runner.add_deployment(deployment)
+        asyncio.run(_run_quietly(runner.start()))
+
+
+async def _run_quietly(runner: Coroutine[Any, Any, None]) -> None:
+    """The runner, on a loop that does not print the cancellations of its stop (a signal
+    cancels every task; one of its control channel's callbacks reported that as a
+    traceback on the user's terminal): anything else is reported as asyncio does."""
+    import asyncio
+
+    def report(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if not isinstance(context.get("exception"), asyncio.CancelledError):
+            loop.default_exception_handler(context)
+
+    asyncio.get_running_loop().set_exception_handler(report)
+    await runner
 
 
 def serving_line(api_url: str, ours: bool, names: list[str]) -> str:

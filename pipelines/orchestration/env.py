@@ -30,8 +30,11 @@
   is its terminal's foreground process. An explicit `PREFECT_FLOWS_HEARTBEAT_FREQUENCY`
   (environment or Prefect profile) is kept. Scheduled runs (`historian serve`) and
   work-pool runs keep Prefect's heartbeats.
-* Without `PREFECT_API_URL` (or a profile naming an API), a run goes to Prefect's own
-  ephemeral server, which Prefect's client starts on first use and stops at exit
+* `historian run` and `backfill` run in this process, without Prefect, unless a Prefect
+  server is configured (`prefect_server_configured()`: `PREFECT_API_URL`, or the active
+  Prefect profile naming one), which is read without importing Prefect (a second and a
+  half): then each flow is a flow run on that server. `--prefect` asks for a flow run
+  anyway; without a configured server it goes to Prefect's own ephemeral server, which Prefect's client starts on first use and stops at exit
   (`PREFECT_SERVER_ALLOW_EPHEMERAL_MODE`, Prefect's default); `historian serve` starts a
   full local server instead (`pipelines/orchestration/server.py`), because schedules need the
   scheduler the ephemeral server does not run.
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tomllib
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -68,6 +72,25 @@ EPHEMERAL_ONLY = {
 }
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 RECORDER_SETTING = "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED"
+
+
+def prefect_server_configured() -> bool:
+    """Whether Prefect would send a flow run to a server the user configured: a non-empty
+    `PREFECT_API_URL` in the environment or in the active profile of Prefect's profiles
+    file (`PREFECT_PROFILES_PATH`, else `PREFECT_HOME/profiles.toml`; the active one is
+    `PREFECT_PROFILE`, else the file's `active`). Read here without importing Prefect; a
+    test holds it to what Prefect's own settings say."""
+    if "PREFECT_API_URL" in os.environ:
+        return bool(os.environ["PREFECT_API_URL"])
+    home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    try:
+        profiles = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False  # no profiles file: Prefect's defaults name no server
+    active = os.environ.get("PREFECT_PROFILE") or profiles.get("active")
+    profile = profiles.get("profiles", {}).get(active, {}) if isinstance(active, str) else {}
+    return isinstance(profile, dict) and bool(profile.get("PREFECT_API_URL"))
 
 
 def configure_prefect() -> None:

@@ -69,6 +69,9 @@ class BoundEphemeralServer(SubprocessASGIServer):
                 **get_current_settings().to_environment_variables(exclude_unset=True),
             },
             preexec_fn=die_with_parent(),
+            # Not in the terminal's process group: Ctrl-C reaches the command, which ends
+            # its run (marking it in this server) and then stops the server, in order.
+            start_new_session=True,
         )
 
 

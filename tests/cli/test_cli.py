@@ -80,7 +80,7 @@ def test_help_lists_every_command(tmp_path: Path) -> None:
     result = historian("--help", cwd=tmp_path)
     assert result.returncode == 0
     commands = ("run", "backfill", "state", "check", "simulate", "serve", "report", "flows")
-    for command in (*commands, "plan", "init"):
+    for command in (*commands, "plan", "init", "runs", "tags"):
         assert command in result.stdout
 
 
@@ -144,8 +144,11 @@ def test_missing_token_variable_is_named(tmp_path: Path, token_server: Any) -> N
         flows={"f": small_flow()},
         sinks=["lake"],
     )
-    result = historian("run", "f", "--direct", cwd=tmp_path)
-    assert_clean_failure(result, 1, "NODE_TOKEN_UNSET")
+    for path in ("--direct", "--prefect"):
+        result = historian("run", "f", path, cwd=tmp_path, timeout=300)
+        line = assert_clean_failure(result, 2, "NODE_TOKEN_UNSET")
+        # A configuration error (exit 2), its prefixes once.
+        assert line == "error: flow f: node n: environment variable NODE_TOKEN_UNSET is not set"
 
 
 def test_tls_without_the_ca_fails_clearly_and_with_it_works(
@@ -316,13 +319,15 @@ def test_a_prefect_run_from_the_cli_is_quiet(tmp_path: Path, token_server: Any) 
     )
     home = tmp_path / "prefect-home"  # the ephemeral server's database, read below
     env = {"NODE_TOKEN": "s3cret-t0ken-value", "PREFECT_HOME": str(home)}
-    result = historian("run", "f", cwd=tmp_path, env=env, timeout=300)
+    result = historian("run", "f", "--prefect", cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     assert result.stderr.strip() == "", result.stderr
     assert "historian run" in result.stdout
     assert "s3cret-t0ken-value" not in result.stdout
-    backfill = historian("backfill", "f", "--start", START, cwd=tmp_path, env=env, timeout=300)
+    backfill = historian(
+        "backfill", "f", "--start", START, "--prefect", cwd=tmp_path, env=env, timeout=300
+    )
     assert backfill.returncode == 0, backfill.stderr
     assert backfill.stderr.strip() == "", backfill.stderr
     # Both runs are on record; their task runs are not: the recorder, whose write in

@@ -287,4 +287,4 @@ def test_a_temporary_prefect_server_that_does_not_start_in_time_is_one_line() ->
     assert "\n" not in line
     assert "within 7 s" in line
     assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in line
-    assert "--direct" in line
+    assert "without --prefect" in line

@@ -127,7 +127,7 @@ def environment(tmp_path: Path) -> dict[str, str]:
 
 
 COMMANDS = {
-    "run": ["run", "f", "--end", "2026-11-01T02:00:00Z"],  # Prefect's ephemeral server
+    "run": ["run", "f", "--end", "2026-11-01T02:00:00Z", "--prefect"],  # Prefect's ephemeral server
     "serve": ["serve"],  # a `prefect server start` of its own
 }
 MOMENTS = ("spawned", "database", "listening")
