@@ -152,6 +152,12 @@ def truth_alarm_rows(
     return sorted({(e["path"], e["ts"], e["status"], e["priority"]) for e in events})
 
 
+def in_windows(rows: set[Any], done: dict[str, list[Window]]) -> set[Any]:
+    """The alarm rows (path, ts, ...) stamped inside any window of `done`."""
+    windows = [window for member in done.values() for window in member]
+    return {r for r in rows if any(w.start_ms <= r[1] < w.end_ms for w in windows)}
+
+
 def server_missing(reason: str) -> NoReturn:
     """Skip a test whose server is missing here, but fail it where HISTORIAN_REQUIRE_SERVERS=1
     (CI, `.ci/run`; HISTORIAN_REQUIRE_PG=1 is its older name): there a missing server is a

@@ -29,6 +29,7 @@ from connectors.errors import (
     one_line,
     quoted,
 )
+from connectors.facts import NodeMoved
 from connectors.pager import ContinuationStuck
 from connectors.settings import SettingsError
 from connectors.version import UnsupportedByNode
@@ -53,6 +54,7 @@ SPLIT = [
     (UnknownTag, False),
     (SettingsError, False),
     (UnsupportedByNode, False),
+    (NodeMoved, False),
 ]
 
 
