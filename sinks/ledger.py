@@ -96,15 +96,17 @@ def ledger_rows(
     `scope.held` (written, not proven complete) are `held` with their reason."""
     now = committed_at or datetime.now(UTC)
     held = {**held_behind_links(scope.members), **scope.held}
+    missing = [m[len(MISSING_PREFIX) :] for m in scope.members if m.startswith(MISSING_PREFIX)]
     if scope.kind == KIND_TAG_HISTORY:
         names, stats = tag_stats(table)
-        members = [m for m in scope.members if not m.startswith(RECORDS)] + [
-            tag for tag in held if tag not in scope.members
-        ]
+        members = [m for m in scope.members if not m.startswith(RECORDS)]
+        # A tag held, and not written or recorded missing here (a hold past `hold_max` is
+        # recorded missing, its hold kept): one row, `held`.
+        listed_already = set(members) | set(missing)
+        members += [tag for tag in held if tag not in listed_already]
     else:
         names, stats = alarm_stats(table, scope.members[0] if scope.members else "")
         members = list(scope.members[:1])
-    missing = [m[len(MISSING_PREFIX) :] for m in scope.members if m.startswith(MISSING_PREFIX)]
     listed = pa.array(members + missing, pa.string())
     at = pc.index_in(listed, value_set=names).to_numpy(zero_copy_only=False)
     found = ~np.isnan(at)
@@ -142,6 +144,13 @@ def ledger_rows(
         },
         schema=LEDGER_SCHEMA,
     )
+
+
+def ledger_tags(scope: ChunkScope) -> set[str]:
+    """The tags (or alarm selection) whose ledger rows a scope replaces: its members, those
+    recorded missing and those held behind a link; never the node it came from."""
+    tags = {m.removeprefix(MISSING_PREFIX) for m in scope.members if not m.startswith(RECORDS[1:])}
+    return tags | set(held_behind_links(scope.members))
 
 
 def held_behind_links(members: Sequence[str]) -> dict[str, str]:
@@ -302,8 +311,7 @@ def _median(values: np.ndarray) -> int:
 def overlapped(table: pa.Table, scope: ChunkScope) -> pa.Array:
     """Which ledger rows describe rows the scope replaces: its node's, of its members
     (tags left out included), in windows overlapping its window."""
-    members = {m.removeprefix(MISSING_PREFIX) for m in scope.members}
-    members |= set(held_behind_links(scope.members))
+    members = ledger_tags(scope)
     start = pa.scalar(scope.window.start_ms, pa.int64()).cast(
         LEDGER_SCHEMA.field("window_start").type
     )

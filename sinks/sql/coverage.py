@@ -23,7 +23,7 @@ from connectors.schema import GOOD_QUALITY, KIND_TAG_HISTORY
 from connectors.timewindow import Window, from_ms
 from sinks.base import Buckets, ChunkScope
 from sinks.coverage import ALARM_KEYS, ALARM_PARTS, BATCH_ROWS, TAG_PARTS
-from sinks.ledger import LEDGER_KEY, LEDGER_SCHEMA, MISSING_PREFIX
+from sinks.ledger import LEDGER_KEY, LEDGER_SCHEMA, ledger_tags
 from sinks.sql import mysql as sql_mysql
 from sinks.sql.dialects import quote
 from sinks.sql.load import copy_binary, epoch_ms_sql, load_duckdb, select_arrow
@@ -45,7 +45,7 @@ def ensure_ledger(conn: Connection, layout: Layout) -> None:
 def write_ledger(conn: Connection, layout: Layout, scope: ChunkScope, rows: pa.Table) -> None:
     """Replace the ledger rows the chunk's scope overlaps (its node's, of its members, in
     windows overlapping its own) by its `rows`, in the caller's transaction."""
-    members = sorted({m.removeprefix(MISSING_PREFIX) for m in scope.members})
+    members = sorted(ledger_tags(scope))
     target = layout.table(LEDGER_TABLE)
     where = (
         "dataset = :d AND node = :n AND window_start < :e AND window_end > :s AND "

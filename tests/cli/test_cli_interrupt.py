@@ -25,7 +25,7 @@ import pandas as pd
 import pytest
 
 from connectors.simulator import SimConfig, SimulatedNode, run_server
-from tests.cli.held_node import HeldNode, held_node
+from tests.cli.held_node import FIRST_CHUNK, HeldNode, held_node
 from tests.cli.test_cli import HISTORIAN, small_flow
 from tests.fixtures import write_config
 
@@ -205,7 +205,7 @@ def test_an_interrupted_run_ends_in_bounded_time_keeps_its_chunks_and_the_next_c
     if path == "prefect":
         pytest.importorskip("prefect")
     env = environment(tmp_path)
-    with held_node(sim_url, answer=1) as node:
+    with held_node(sim_url, answer=FIRST_CHUNK) as node:
         flow_config(tmp_path, node)
         with command(RUNS[path], tmp_path, env) as run:
             run.wait_for("a chunk committed", run.committed)
