@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -117,18 +118,50 @@ def tag_links(bodies: Iterable[tuple[bytes, str | None]]) -> dict[str, TagLink]:
     for body, group in bodies:
         if not _REMOTE.search(body):
             continue
-        try:
-            tags = orjson.loads(body).get("tags") or {}
-        except (orjson.JSONDecodeError, AttributeError):
-            continue  # the selection read it already; nothing here to add
-        if not isinstance(tags, Mapping):
-            continue
-        for name, entry in tags.items():
-            if not isinstance(entry, Mapping) or entry.get("remote") is None:
-                continue
+        for name, entry in _remote_entries(body):
             path = _path(str(name), entry.get("fullPath"), group)
             found.setdefault(path, _tag_link(entry))
     return found
+
+
+class _Entry(msgspec.Struct):
+    """The fields of a details entry a hold needs (the rest, `config` above all, skipped
+    unread: a 10,000-tag answer is decoded in a fraction of a full parse)."""
+
+    remote: Any = None
+    fullPath: Any = None  # the node's spelling
+    status: Any = None
+
+
+class _Details(msgspec.Struct):
+    tags: dict[str, _Entry] | None = None
+
+
+_DETAILS = msgspec.json.Decoder(_Details)
+
+
+def _remote_entries(body: bytes) -> list[tuple[str, Mapping[str, Any]]]:
+    """(name, entry) of each remote tag of a details answer; an answer of another shape
+    is read whole, and one that is not JSON gives none (the selection read it already)."""
+    try:
+        tags: Mapping[str, Any] = {
+            name: {"remote": e.remote, "fullPath": e.fullPath, "status": e.status}
+            for name, e in (_DETAILS.decode(body).tags or {}).items()
+        }
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return []
+        whole = parsed.get("tags") if isinstance(parsed, dict) else None
+        if not isinstance(whole, Mapping):
+            return []
+        tags = whole
+    return [
+        (name, entry)
+        for name, entry in tags.items()
+        if isinstance(entry, Mapping) and entry.get("remote") is not None
+    ]
 
 
 def _path(name: str, full_path: Any, group: str | None) -> str:
