@@ -11,25 +11,28 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from urllib.parse import quote, unquote
 
 from connectors.facts import NodeClock, NodeIdentity, NodeMoved
 from connectors.timewindow import Window
 from pipelines.planning import Chunk
-from sinks.base import ChunkRecord, Progress, merge_windows
+from sinks.base import (
+    IDENTITY_PREFIX,
+    MISSING_PREFIX,
+    RECORD_PREFIXES,
+    ChunkRecord,
+    Progress,
+    held_of,
+    merge_windows,
+)
 
 # A window the node left a (group-resolved) tag out of is recorded, in the same atomic
 # write as the chunk's rows, as progress of the member `missing:<tag path>`: tag paths
 # start with `/`, so it can never be a tag's own progress.
-MISSING_PREFIX = "missing:"
 # A window held for a tag behind a link that has not delivered it yet (pipelines/core/
 # holds.py) is recorded the same way, as progress of `held:<link, percent-encoded>:<tag>`.
-HELD_PREFIX = "held:"
 # The node a window was extracted from is recorded the same way, as progress of the member
 # `node:<identity key>` (connectors.facts.NodeIdentity.key) in every chunk's write: the
 # progress says which node it came from, per window, in the sink that holds the rows.
-IDENTITY_PREFIX = "node:"
-_RECORDS = (MISSING_PREFIX, HELD_PREFIX, IDENTITY_PREFIX)
 
 
 class _Coverage:
@@ -201,24 +204,19 @@ def missing_member(tag: str) -> str:
     return MISSING_PREFIX + tag
 
 
-def held_member(tag: str, link: str) -> str:
-    """The progress member that records windows held for `tag` behind `link`."""
-    return f"{HELD_PREFIX}{quote(link, safe='')}:{tag}"
-
-
 def held_members(progress: Progress, tag: str) -> list[str]:
     """The members recording windows held for `tag` (behind any link)."""
     return [
         member
         for member in progress.completed
-        if member.startswith(HELD_PREFIX) and member[len(HELD_PREFIX) :].partition(":")[2] == tag
+        if (held := held_of(member)) is not None and held[1] == tag
     ]
 
 
 def tag_members(progress: Progress) -> list[str]:
     """The members of a flow's progress that are tags or alarm selections (not records of
     missing or held windows, or of the node they came from), sorted."""
-    return sorted(m for m in progress.completed if not m.startswith(_RECORDS))
+    return sorted(m for m in progress.completed if not m.startswith(RECORD_PREFIXES))
 
 
 def held_windows(progress: Progress) -> dict[str, tuple[str, list[Window]]]:
@@ -226,15 +224,15 @@ def held_windows(progress: Progress) -> dict[str, tuple[str, list[Window]]]:
     recorded missing (a hold past `hold_max`)."""
     held: dict[str, tuple[str, list[Window]]] = {}
     for member, windows in progress.completed.items():
-        if not member.startswith(HELD_PREFIX):
+        if (held_by := held_of(member)) is None:
             continue
-        link, _, tag = member[len(HELD_PREFIX) :].partition(":")
+        link, tag = held_by
         done = merge_windows([*progress.windows_of(tag), *progress.windows_of(missing_member(tag))])
         own = _Coverage(done)
         left = [window for window in merge_windows(list(windows)) if not own.covers(window)]
         if left:
             before = held.get(tag, ("", []))[1]
-            held[tag] = (unquote(link), merge_windows([*before, *left]))
+            held[tag] = (link, merge_windows([*before, *left]))
     return held
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import chain
 from typing import Protocol, runtime_checkable
+from urllib.parse import quote, unquote
 
 import pandas as pd
 import pyarrow as pa
@@ -61,6 +62,30 @@ class UnreadableFile(SinkError):
     def for_flow(self, flow: str) -> UnreadableFile:
         """The same error naming the flow in its repair command."""
         return UnreadableFile(self.path, self.reason, flow, self.shown)
+
+
+# A chunk's scope may carry, beside its tags, members that record something about them,
+# written in the same atomic step as its rows (`pipelines/state.py` writes them, the ledger
+# reads them): a tag the node left out (`missing:<tag>`), a tag held behind a link not yet
+# drained (`held:<link, percent-encoded>:<tag>`), the node the chunk came from
+# (`node:<identity>`). Tag paths start with `/`, so none of these is ever a tag.
+MISSING_PREFIX = "missing:"
+HELD_PREFIX = "held:"
+IDENTITY_PREFIX = "node:"
+RECORD_PREFIXES = (MISSING_PREFIX, HELD_PREFIX, IDENTITY_PREFIX)
+
+
+def held_member(tag: str, link: str) -> str:
+    """The member recording `tag` held behind `link`."""
+    return f"{HELD_PREFIX}{quote(link, safe='')}:{tag}"
+
+
+def held_of(member: str) -> tuple[str, str] | None:
+    """(link, tag) of a member recording a held tag; None for any other member."""
+    if not member.startswith(HELD_PREFIX):
+        return None
+    link, _, tag = member[len(HELD_PREFIX) :].partition(":")
+    return unquote(link), tag
 
 
 @dataclass(frozen=True)

@@ -32,23 +32,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.schema import GOOD_QUALITY, KIND_TAG_HISTORY, one_array
-from sinks.base import ChunkScope
+from sinks.base import (
+    HELD_PREFIX,
+    IDENTITY_PREFIX,
+    MISSING_PREFIX,
+    RECORD_PREFIXES,
+    ChunkScope,
+    held_of,
+)
 
 TS = pa.timestamp("ms", tz="UTC")
-# A member of a chunk's scope that records a tag the node left out (the runner's
-# `pipelines.state.MISSING_PREFIX`; sinks cannot import pipelines).
-MISSING_PREFIX = "missing:"
-# Members recording a tag held behind a link (`held:<link, percent-encoded>:<tag>`) and the
-# node the chunk came from (`node:<identity>`): `pipelines.state.HELD_PREFIX`, `IDENTITY_PREFIX`.
-HELD_PREFIX = "held:"
-RECORDS = (MISSING_PREFIX, HELD_PREFIX, "node:")
 UNCERTAIN_QUALITY = 64  # OPC DA: below is bad, from here to GOOD_QUALITY uncertain
 
 COMPLETE, HELD, MISSING, PARTIAL = "complete", "held", "missing", "partial"
@@ -99,7 +98,7 @@ def ledger_rows(
     missing = [m[len(MISSING_PREFIX) :] for m in scope.members if m.startswith(MISSING_PREFIX)]
     if scope.kind == KIND_TAG_HISTORY:
         names, stats = tag_stats(table)
-        members = [m for m in scope.members if not m.startswith(RECORDS)]
+        members = [m for m in scope.members if not m.startswith(RECORD_PREFIXES)]
         # A tag held, and not written or recorded missing here (a hold past `hold_max` is
         # recorded missing, its hold kept): one row, `held`.
         listed_already = set(members) | set(missing)
@@ -149,7 +148,11 @@ def ledger_rows(
 def ledger_tags(scope: ChunkScope) -> set[str]:
     """The tags (or alarm selection) whose ledger rows a scope replaces: its members, those
     recorded missing and those held behind a link; never the node it came from."""
-    tags = {m.removeprefix(MISSING_PREFIX) for m in scope.members if not m.startswith(RECORDS[1:])}
+    tags = {
+        m.removeprefix(MISSING_PREFIX)
+        for m in scope.members
+        if not m.startswith((HELD_PREFIX, IDENTITY_PREFIX))
+    }
     return tags | set(held_behind_links(scope.members))
 
 
@@ -157,9 +160,9 @@ def held_behind_links(members: Sequence[str]) -> dict[str, str]:
     """The tags a scope records held behind a link, each with its reason."""
     held = {}
     for member in members:
-        if member.startswith(HELD_PREFIX):
-            link, _, tag = member[len(HELD_PREFIX) :].partition(":")
-            held[tag] = f"behind link {unquote(link)!r}, offline or still draining"
+        if (found := held_of(member)) is not None:
+            link, tag = found
+            held[tag] = f"behind link {link!r}, offline or still draining"
     return held
 
 

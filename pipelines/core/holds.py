@@ -45,7 +45,8 @@ from connectors.schema import one_array
 from connectors.timewindow import Window, iso_utc
 from pipelines.config.models import TagHistoryFlow
 from pipelines.core.engine import ChunkResult
-from pipelines.state import held_member, missing_member
+from pipelines.state import missing_member
+from sinks.base import held_member
 
 log = logging.getLogger("historian.holds")
 

@@ -12,11 +12,9 @@ import pytest
 
 from connectors import schema
 from connectors.timewindow import Window
-from pipelines.state import MISSING_PREFIX as RUNNER_MISSING_PREFIX
-from sinks.base import ChunkScope
+from sinks.base import MISSING_PREFIX, ChunkScope, held_member, held_of
 from sinks.ledger import (
     LEDGER_SCHEMA,
-    MISSING_PREFIX,
     MISSING_REASON,
     PARTIAL_REASON,
     ledger_rows,
@@ -84,8 +82,11 @@ def test_tags_left_out_held_and_unfinished_windows_are_not_complete() -> None:
     assert (row["status"], row["reason"]) == ("partial", PARTIAL_REASON)
 
 
-def test_the_runner_and_the_ledger_spell_missing_tags_alike() -> None:
-    assert MISSING_PREFIX == RUNNER_MISSING_PREFIX
+def test_a_held_member_names_its_link_and_tag_whatever_they_hold() -> None:
+    link, tag = "to: remote/ß,1", "/Plant A/x:y, z"
+    assert held_of(held_member(tag, link)) == (link, tag)
+    assert held_of(f"{MISSING_PREFIX}{tag}") is None
+    assert held_of(tag) is None
 
 
 def test_rows_in_any_order_give_the_same_ledger() -> None:
