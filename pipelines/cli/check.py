@@ -3,7 +3,7 @@ every sink probed, one `ok` or `fail` line each; nothing is written."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +22,7 @@ from pipelines.cli.base import (
 
 if TYPE_CHECKING:  # config pulls in pandas and pyarrow: imported when needed
     from connectors.facts import NodeFacts
-    from pipelines.config.models import Config, FlowConfig
+    from pipelines.config.models import Config, FlowConfig, TagHistoryFlow
     from pipelines.config.nodes import ConnectedNode, NodePool
 
 
@@ -48,8 +48,9 @@ def check(
         from pipelines.config.nodes import NodePool
 
         with NodePool(cfg) as nodes:
-            reachable = _check_nodes(cfg, nodes, fail)
-            _check_flows(cfg, nodes, reachable, fail)
+            selections = _Selections()
+            reachable = _check_nodes(cfg, nodes, fail, selections)
+            _check_flows(cfg, nodes, reachable, fail, selections)
         _check_schedules(cfg, fail)
         _check_sinks(cfg, config.resolve().parent, fail)
         if problems:
@@ -60,7 +61,33 @@ def check(
             )
 
 
-def _check_nodes(cfg: Config, nodes: NodePool, fail: Callable[[str, Exception], None]) -> set[str]:
+class _Selections:
+    """Each tag flow's selection resolved once per node for the whole check: the node's
+    probes and the flow's own check both need it (a failure is not kept: asked again, it
+    is reported by the flow check)."""
+
+    def __init__(self) -> None:
+        self._members: dict[tuple[str, str], Sequence[str]] = {}
+
+    def members(self, name: str, flow: TagHistoryFlow, node: ConnectedNode) -> Sequence[str]:
+        from pipelines.selection import resolve_tags
+
+        key = (name, node.name)
+        if key not in self._members:
+            assert flow.tags is not None
+            where = f"flows.{name}.tags"
+            self._members[key] = resolve_tags(
+                node.client, node.name, flow.tags, where=where
+            ).members
+        return self._members[key]
+
+
+def _check_nodes(
+    cfg: Config,
+    nodes: NodePool,
+    fail: Callable[[str, Exception], None],
+    selections: _Selections,
+) -> set[str]:
     """Each node answers with its credentials; shows what the pipeline knows of it (its
     facts: identity, version, clock, the readings learned). A probe the extraction does
     not need (`tag?cmd=getViews`) is a warning: the flows are still checked."""
@@ -71,7 +98,7 @@ def _check_nodes(cfg: Config, nodes: NodePool, fail: Callable[[str, Exception], 
         try:
             node = nodes.get(name)
             node.client.system_status()  # answers, and accepts the credentials
-            facts = _with_readings(cfg, node, node.facts())
+            facts = _with_readings(cfg, node, node.facts(), selections)
         except NodeError as exc:
             fail(f"node {name}", exc)
             continue
@@ -90,24 +117,25 @@ def _check_nodes(cfg: Config, nodes: NodePool, fail: Callable[[str, Exception], 
     return reachable
 
 
-def _with_readings(cfg: Config, node: ConnectedNode, facts: NodeFacts) -> NodeFacts:
+def _with_readings(
+    cfg: Config, node: ConnectedNode, facts: NodeFacts, selections: _Selections
+) -> NodeFacts:
     """`facts` with the readings probed on one of the node's flow tags (connectors/
     probes.py), at the node's own time; as they were when no flow names a tag there."""
     from dataclasses import asdict, replace
 
     from connectors.probes import probe_readings
 
-    tag = _probe_tag(cfg, node)
+    tag = _probe_tag(cfg, node, selections)
     if tag is None:
         return facts
     now = facts.clock.node_time if facts.clock is not None else datetime.now(UTC)
     return replace(facts, **asdict(probe_readings(node.client, tag, now)))
 
 
-def _probe_tag(cfg: Config, node: ConnectedNode) -> str | None:
+def _probe_tag(cfg: Config, node: ConnectedNode, selections: _Selections) -> str | None:
     """The first tag a tag flow on `node` names or selects (None: no such flow)."""
     from pipelines.config.models import TagHistoryFlow
-    from pipelines.selection import resolve_tags
 
     for name, flow in cfg.flows.items():
         if not isinstance(flow, TagHistoryFlow) or node.name not in cfg.flow_nodes(name):
@@ -116,7 +144,7 @@ def _probe_tag(cfg: Config, node: ConnectedNode) -> str | None:
         if flow.tags.paths:
             return flow.tags.paths[0]
         try:
-            members = resolve_tags(node.client, node.name, flow.tags, where="").members
+            members = selections.members(name, flow, node)
         except NodeError:
             continue  # the flow checks below say why
         if members:
@@ -138,7 +166,11 @@ def _check_views(node: ConnectedNode) -> None:
 
 
 def _check_flows(
-    cfg: Config, nodes: NodePool, reachable: set[str], fail: Callable[[str, Exception], None]
+    cfg: Config,
+    nodes: NodePool,
+    reachable: set[str],
+    fail: Callable[[str, Exception], None],
+    selections: _Selections,
 ) -> None:
     """Each flow's tag selection resolves on its node (an unknown path or group is named
     by its config key), and its method is one the node's version computes; a fleet
@@ -148,7 +180,7 @@ def _check_flows(
         for node_name in fleet:
             if node_name in reachable:
                 what = f"flow {name}" + (f" on node {node_name}" if flow.fleet else "")
-                _check_flow_on(name, flow, nodes.get(node_name), what, fail)
+                _check_flow_on(name, flow, nodes.get(node_name), what, fail, selections)
 
 
 def _check_flow_on(
@@ -157,11 +189,11 @@ def _check_flow_on(
     node: ConnectedNode,
     what: str,
     fail: Callable[[str, Exception], None],
+    selections: _Selections,
 ) -> None:
     """One flow's selection and method on one of its nodes: an ok line, or `fail`."""
     from connectors.version import check_method
     from pipelines.config.models import AlarmHistoryFlow
-    from pipelines.selection import resolve_tags
 
     try:
         if isinstance(flow, AlarmHistoryFlow):
@@ -171,8 +203,7 @@ def _check_flow_on(
         else:
             assert flow.tags is not None
             check_method(flow.method, node.version(), where=f"flows.{name}.method")
-            resolved = resolve_tags(node.client, node.name, flow.tags, where=f"flows.{name}.tags")
-            found = f"{len(resolved.members)} tags"
+            found = f"{len(selections.members(name, flow, node))} tags"
         out.print(f"[green]ok[/] {what}: {found}", highlight=False)
     except NodeError as exc:
         fail(what, exc)
