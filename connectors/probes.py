@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pyarrow as pa
 
 from connectors.client import NodeClient
 from connectors.errors import NodeError, one_line
@@ -106,7 +107,7 @@ def _bucket_stamping(client: NodeClient, tag: str, now: datetime) -> str | None:
     stamps = stamps_of_values([row[0] for row in rows]) if rows else None
     if stamps is None:
         return None
-    ms = ms_of_integers(stamps) if str(stamps.type) == "int64" else stamps
+    ms = ms_of_integers(stamps) if pa.types.is_int64(stamps.type) else stamps
     learned = BucketStamping()
     start_ms = int(start.timestamp() * 1000)
     learned.starts_of(ms.to_numpy(), start_ms, int(end.timestamp() * 1000), 60_000)
