@@ -14,7 +14,7 @@ too (`--kill-within S` draws the kill points from the first S seconds, where the
 starts, instead of the reference's whole duration). Every process a cycle starts carries a marker in its environment: after the resume,
 any such process still alive (after a bound for SIGTERM'd servers to stop) counts as
 left behind. Prints rows lost, rows duplicated and processes left per cycle (all must be
-0) and a summary line for RELIABILITY.md.
+0) and a summary line for docs/reliability.md.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ rows travel in the chunk's own commit record and the ledger table is brought up 
 so the ledger says what the data holds without anyone scanning the data. It is an
 ordinary table of the sink: `<root>/<dataset>.coverage/*.parquet` in the lake,
 `historian_coverage` in a warehouse, so "which tags are incomplete last week" is one
-query (README, "The completeness ledger").
+query (docs/output.md, "The completeness ledger").
 
 One row per (chunk, tag): for alarm history per (chunk, alarm selection). A chunk's write
 replaces the ledger rows its scope overlaps (its node's, of its tags, in windows that

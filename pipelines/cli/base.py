@@ -131,7 +131,7 @@ class Interrupts:
     not ended after `grace_s` (a fetch waiting on a slow node, a Prefect client retrying a
     server that is gone, a served run's process) is ended: the line, every process below
     this one stopped, `os._exit`. A second signal does that at once. Chunks committed
-    are kept either way: each commit is atomic (RELIABILITY.md)."""
+    are kept either way: each commit is atomic (docs/reliability.md)."""
 
     grace_s = 3.0
 

@@ -22,7 +22,7 @@ STARTER = """\
 #   historian plan hourly      # what a run would fetch (writes nothing)
 #   historian run --all        # extract every flow now
 #   historian state            # how far each flow is, per sink
-# Every key is described in the README ("Configuration reference"). `${VAR}` in a value
+# Every key is described in docs/configuration.md. `${VAR}` in a value
 # is replaced by the environment variable VAR.
 
 nodes:

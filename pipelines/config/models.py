@@ -123,7 +123,7 @@ class SimulatorNode(_Strict):
     seed: int = 7
     tags: int = Field(default=200, ge=10, le=100_000)
     raw_cap: int = Field(default=10_000, ge=1)
-    # How the simulated node reads what the spec leaves open (README: simulator profiles):
+    # How the simulated node reads what the spec leaves open (docs/simulator.md):
     # a profile name, `a+b`, or a list of names.
     profile: str | list[str] = "default"
 
@@ -500,7 +500,7 @@ class TagHistoryFlow(_FlowBase):
 
     @model_validator(mode="after")
     def _mode_options(self) -> TagHistoryFlow:
-        """The keys that only one mode takes (README: `flows.<name>`)."""
+        """The keys that only one mode takes (docs/configuration.md, "Flows")."""
         aggregated = self.mode == "aggregated"
         if aggregated and (self.interval is None or self.interval < _ONE_MS):
             raise ValueError("mode aggregated needs interval (e.g. 15m)")

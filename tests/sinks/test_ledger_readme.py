@@ -1,4 +1,4 @@
-"""The README's "which tags are incomplete last week" queries, run exactly as printed, over
+"""The docs' "which tags are incomplete last week" queries (docs/output.md), run exactly as printed, over
 a real lake (DuckDB) and a real PostgreSQL the sinks wrote with the ledger beside the rows."""
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from sinks.lake.sink import ParquetLake
 from sinks.sql.warehouse import SqlWarehouse
 from tests.sinks.sql.sql_frames import history, scope
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "output.md"
 
 
 def readme_query(name: str) -> str:
-    """The SQL block under `<!-- ledger-query: name -->` in the README, as printed."""
+    """The SQL block under `<!-- ledger-query: name -->` in docs/output.md, as printed."""
     found = re.search(
-        rf"<!-- ledger-query: {name} -->\n```sql\n(.*?)```", README.read_text(), re.DOTALL
+        rf"<!-- ledger-query: {name} -->\n```sql\n(.*?)```", PAGE.read_text(), re.DOTALL
     )
-    assert found, f"README has no ledger query {name!r}"
+    assert found, f"docs/output.md has no ledger query {name!r}"
     return found.group(1).strip().rstrip(";")
 
 
@@ -53,7 +53,7 @@ EXPECTED = [("node1", "c", 1, "missing")]
 
 @pytest.fixture
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)  # the README's query names the lake `lake/`
+    monkeypatch.chdir(tmp_path)  # the page's query names the lake `lake/`
     return tmp_path
 
 

@@ -450,7 +450,7 @@ def test_readers_see_the_same_rows_and_types(lake: ParquetLake, tmp_lake: Path) 
     assert rows_of(schema.frame_from_table(from_polars)) == expected
 
     # pandas infers Hive columns as categories, which clash with the files' own `node`
-    # column: it reads the files' columns (README).
+    # column: it reads the files' columns (docs/output.md).
     panda = pd.read_parquet(tmp_lake / "hist")
     assert str(panda["ts"].dtype) == "datetime64[ms, UTC]"
     assert str(panda["value"].dtype) == "float64"
