@@ -263,8 +263,10 @@ def test_mkdocs_builds_the_site_strictly(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "site" / "index.html").read_text().count("Quick start") >= 1
-    assert (tmp_path / "site" / "configuration" / "index.html").exists()
+    home = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert "Quick start" in home  # the README is the home page
+    assert 'href="configuration/"' in home  # its `docs/configuration.md` link, pointed here
+    assert (tmp_path / "site" / "benchmarks" / "index.html").exists()
 
 
 # --- the checkers, on synthetic pages --------------------------------------------------
