@@ -203,6 +203,27 @@ def bad_commands(page: str, text: str, cli: Any) -> list[str]:
     return found
 
 
+def commands_of(cli: Any, names: tuple[str, ...] = ("historian",)) -> Iterator[tuple[str, Any]]:
+    """Every command of the CLI (groups too), by its full name: `historian state reset`."""
+    yield " ".join(names), cli
+    for name, sub in sorted(getattr(cli, "commands", {}).items()):
+        yield from commands_of(sub, (*names, name))
+
+
+def undocumented(cli: Any, text: str) -> list[str]:
+    """The commands without a `### historian ...` heading in the page, and the long options
+    the page never names."""
+    found = []
+    for name, command in commands_of(cli):
+        if name != "historian" and not re.search(rf"^### {re.escape(name)}$", text, re.M):
+            found.append(f"{name}: no heading")
+        for option in (o for param in command.params for o in param.opts):
+            named = re.search(rf"{re.escape(option)}(?![\w-])", text)
+            if option.startswith("--") and option != "--help" and not named:
+                found.append(f"{name} {option}: not named")
+    return found
+
+
 def long_cells(text: str, limit: int) -> list[str]:
     """Table cells of more than `limit` characters."""
     found = []
@@ -238,6 +259,10 @@ def test_every_historian_command_shown_is_a_real_command_with_real_options(
 def test_the_pages_show_commands_at_all() -> None:
     shown = [argv for page in pages() for _, argv in historian_commands(page.read_text())]
     assert {"init", "check", "backfill", "serve"} <= {argv[0] for argv in shown if argv}
+
+
+def test_every_command_and_option_is_in_the_commands_page(cli: Any) -> None:
+    assert undocumented(cli, (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")) == []
 
 
 def test_readme_is_a_front_page_with_short_cells() -> None:
@@ -358,3 +383,24 @@ def test_headings_inside_code_blocks_are_not_anchors() -> None:
 
 def test_long_cells_are_found() -> None:
     assert long_cells(f"| a | {'x' * 200} |\n", 160) == ["line 1: a cell of 200 characters"]
+
+
+def test_undocumented_commands_and_options_are_named() -> None:
+    group = click.Group(
+        "historian",
+        commands=[
+            click.Command(
+                "run",
+                params=[
+                    click.Option(["--start"]),
+                    click.Option(["-x", "--hidden-gem"], is_flag=True),
+                ],
+            ),
+            click.Command("tail"),
+        ],
+    )
+    page = "### historian run\n\n`historian run --start T`\n"
+    assert undocumented(group, page) == [
+        "historian run --hidden-gem: not named",
+        "historian tail: no heading",
+    ]
