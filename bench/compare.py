@@ -183,6 +183,18 @@ WORKLOADS = {
         window=timedelta(minutes=1),
         period_ms=1000,
     ),
+    "incr-1k-hour": Workload(
+        "incr-1k-hour",
+        1000,
+        HOUR,
+        "incremental hourly run of 1,000 tags (fixed costs)",
+        mode="aggregated",
+        method="avg",
+        interval=QUARTER,
+        window=HOUR,
+        period_ms=60_000,
+        incremental=True,
+    ),
     "incr-10k-hour": Workload(
         "incr-10k-hour",
         10_000,
