@@ -162,14 +162,14 @@ WORKLOADS = {
         period_ms=60_000,
         replay_limit_mb=14_000,  # ~10.5 GB of answers, held uncompressed: the node stays idle
     ),
-    # Small chunks: one run's rows in windows of 1, 5 and 30 minutes, so a chunk's fixed
-    # cost (its request, parse, write and commit) reads apart from the cost per row.
+    # Small chunks: one run's rows (720,000) in windows of 1, 5 and 30 minutes, so a chunk's
+    # fixed cost (its request, parse, write and commit) reads apart from the cost per row.
     **{
         f"chunks-{minutes}m": Workload(
             f"chunks-{minutes}m",
             100,
-            6 * HOUR,
-            f"raw backfill in {minutes}-minute windows ({360 // minutes} chunks)",
+            2 * HOUR,
+            f"raw backfill in {minutes}-minute windows ({120 // minutes} chunks)",
             window=timedelta(minutes=minutes),
             period_ms=1000,
         )
