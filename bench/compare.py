@@ -183,30 +183,25 @@ WORKLOADS = {
         window=timedelta(minutes=1),
         period_ms=1000,
     ),
-    "incr-1k-hour": Workload(
-        "incr-1k-hour",
-        1000,
-        HOUR,
-        "incremental hourly run of 1,000 tags (fixed costs)",
-        mode="aggregated",
-        method="avg",
-        interval=QUARTER,
-        window=HOUR,
-        period_ms=60_000,
-        incremental=True,
-    ),
-    "incr-10k-hour": Workload(
-        "incr-10k-hour",
-        10_000,
-        HOUR,
-        "incremental hourly run (fixed costs)",
-        mode="aggregated",
-        method="avg",
-        interval=QUARTER,
-        window=HOUR,
-        period_ms=60_000,
-        incremental=True,
-    ),
+    # Incremental hourly runs: the span before is primed, unmeasured (fixed costs).
+    **{
+        name: Workload(
+            name,
+            tags,
+            HOUR,
+            note,
+            mode="aggregated",
+            method="avg",
+            interval=QUARTER,
+            window=HOUR,
+            period_ms=60_000,
+            incremental=True,
+        )
+        for name, tags, note in (
+            ("incr-1k-hour", 1000, "incremental hourly run of 1,000 tags (fixed costs)"),
+            ("incr-10k-hour", 10_000, "incremental hourly run (fixed costs)"),
+        )
+    },
 }
 
 
