@@ -16,6 +16,9 @@ the node the same questions.
 * `baseline` — what a user writes by hand: httpx + json + pandas.DataFrame +
   `to_parquet` / `to_sql`.
 * `node` — fetches every answer and throws it away: the node's own serving rate.
+* `limit` — the physical limit of this machine for a lake (Parquet only): the same
+  answers fetched with httpx, parsed by orjson, columns built by Arrow from the parsed
+  lists, written as zstd Parquet; no checks, no state, no ledger.
 The `cli` contender (this project through `historian`, Prefect included) is launched by
 the parent directly, with the flows.yaml from `flow_document`.
 
@@ -296,7 +299,52 @@ def run_node(args: argparse.Namespace, tags: list[str], work: Work) -> int:
     return sum(sizes)  # bytes, not rows: the parent divides the pipeline's rows by the time
 
 
-RUNNERS = {"pipeline": run_pipeline, "dlt": run_dlt, "baseline": run_baseline, "node": run_node}
+def run_limit(args: argparse.Namespace, tags: list[str], work: Work) -> int:
+    """orjson -> Arrow -> Parquet (zstd), one file per answer: what parsing and writing the
+    rows costs at the least, in Python, on this machine."""
+    import httpx
+    import orjson
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(args.out) / "limit"
+    out.mkdir(parents=True, exist_ok=True)
+    rows = 0
+    with httpx.Client(timeout=300) as client:
+        for part, (url, lower, upper) in enumerate(requests_of(args.url, tags, work)):
+            lower_ms, upper_ms = int(lower.timestamp() * 1000), int(upper.timestamp() * 1000)
+            tables = []
+            for tag, entry in orjson.loads(client.get(url).content).items():
+                data = [r for r in entry.get("data") or [] if lower_ms <= r[0] < upper_ms]
+                if not data:
+                    continue
+                ts, value, quality, extra = zip(*data, strict=True)
+                numbers = [v if isinstance(v, int | float) else None for v in value]
+                tables.append(
+                    pa.table(
+                        {
+                            "tag": pa.array([tag] * len(ts)).dictionary_encode(),
+                            "ts": pa.array(ts, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+                            "value": pa.array(numbers, pa.float64()),
+                            "quality": pa.array(quality, pa.int16()),
+                            "extra": pa.array(extra, pa.int64()),
+                        }
+                    )
+                )
+            if tables:
+                table = pa.concat_tables(tables, promote_options="permissive")
+                pq.write_table(table, out / f"part-{part:06d}.parquet", compression="zstd")
+                rows += table.num_rows
+    return rows
+
+
+RUNNERS = {
+    "pipeline": run_pipeline,
+    "dlt": run_dlt,
+    "baseline": run_baseline,
+    "node": run_node,
+    "limit": run_limit,
+}
 
 
 def main() -> None:

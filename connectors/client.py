@@ -62,7 +62,7 @@ from connectors.errors import (
 )
 from connectors.failures import answered_error, is_markup, status_error, transport_error
 from connectors.options import AlarmFilter, HistoryOptions
-from connectors.params import encode_query, list_param
+from connectors.params import encode_query, list_param, on_base
 from connectors.proxy import describe_proxy
 from connectors.settings import NodeSettings, SettingsError
 
@@ -172,7 +172,7 @@ class NodeClient:
             transport=transport,
             follow_redirects=False,
         )
-        self._base = str(self._http.base_url).removesuffix("/") + "/"
+        self._base_url = httpx.URL(str(self._http.base_url).removesuffix("/") + "/")
         # The history answers the extraction reads are read up to this; see `read_capped`.
         self._max_answer = settings.max_answer_bytes
 
@@ -285,10 +285,12 @@ class NodeClient:
         raise status_error(operation, response, self.settings.retry_server_errors)
 
     def _absolute(self, url: str) -> httpx.URL:
-        """`url` (relative) on the node's base URL, parsed once: httpx parses a relative URL
-        twice (alone, then joined to the base), and parsing is Python work per character of
-        a history query's long percent-encoded paths."""
-        return httpx.URL(f"{self._base}{url.lstrip('/')}")
+        """`url` (relative) on the node's base URL, built once and not parsed again where
+        it is what `encode_query` wrote (`on_base`): httpx parses a relative URL twice
+        (alone, then joined to the base), and parsing is Python work per character of a
+        history query's long percent-encoded paths."""
+        resource, _, query = url.lstrip("/").partition("?")
+        return on_base(self._base_url, resource, query)
 
     def _target(self) -> str:
         """The node's URL, and the proxy it is reached through (never its credentials)."""

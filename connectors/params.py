@@ -9,15 +9,22 @@ no tag path can change the meaning of a URL.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 from urllib.parse import quote
 
+import httpx
 import orjson
 
 from connectors.timewindow import iso_utc
 
 _SAFE = "-._~"
+# What `encode_query` writes, and httpx leaves as it is: unreserved characters, escapes,
+# the separators; and a resource of letters only.
+_ENCODED = re.compile(r"(?:[A-Za-z0-9\-._~=&]|%[0-9A-Fa-f]{2})*")
+_RESOURCE = re.compile(r"[A-Za-z]+")
 
 
 def list_param(values: Iterable[str]) -> str:
@@ -69,3 +76,23 @@ def encode_query(params: Mapping[str, object]) -> str:
 def encoded_query_length(params: Mapping[str, object]) -> int:
     """Length of the encoded query: what the planner keeps under a safe URL size."""
     return len(encode_query(params))
+
+
+def on_base(base: httpx.URL, resource: str, query: str) -> httpx.URL:
+    """`base`/`resource`?`query`, the URL httpx would parse from that text, without
+    parsing it: httpx checks and re-quotes a URL in Python, character by character, and a
+    history query's paths are thousands (about 1.7 ms a request, more than the rest of a
+    small chunk's request). Only for what `encode_query` writes (checked by one regular
+    expression in C) and where httpx keeps its parts as named tuples; parsed otherwise."""
+    reference: Any = getattr(base, "_uri_reference", None)
+    if (
+        hasattr(reference, "_replace")
+        and _RESOURCE.fullmatch(resource)
+        and _ENCODED.fullmatch(query)
+        and not base.query
+    ):
+        url = httpx.URL(base)
+        path = f"{reference.path.removesuffix('/')}/{resource}"
+        url._uri_reference = reference._replace(path=path, query=query)
+        return url
+    return httpx.URL(f"{str(base).removesuffix('/')}/{resource}?{query}")

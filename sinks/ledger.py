@@ -270,9 +270,13 @@ def _counts(flags: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return np.add.reduceat(flags.view(np.int8), starts, dtype=np.int64)
 
 
-# Groups up to this many get their median gap from a partition each; more (many tags of
-# few rows: aggregated chunks), from one sort of all gaps packed with their group.
+# Groups up to this many, of this many rows on average at least, get their median gap from
+# a partition each; more groups or fewer rows (many tags of few rows: aggregated chunks,
+# small windows), from one sort of all gaps packed with their group (a partition's fixed
+# cost per group is more than sorting a few hundred gaps: 0.38 ms against 0.16 ms for
+# 100 tags of 60 rows, 1.4 ms against 11.7 ms for 100 tags of 1,800).
 _LOOPED_GROUPS = 512
+_LOOPED_ROWS = 256
 
 
 def _gaps(starts: np.ndarray, ends: np.ndarray, steps: np.ndarray) -> dict[str, np.ndarray]:
@@ -286,7 +290,7 @@ def _gaps(starts: np.ndarray, ends: np.ndarray, steps: np.ndarray) -> dict[str, 
     longest = np.maximum.reduceat(gaps, starts).astype(np.float64)
     longest[counts == 0] = np.nan
     usual = np.full(groups, np.nan)
-    if groups <= _LOOPED_GROUPS:
+    if groups <= _LOOPED_GROUPS and len(steps) >= _LOOPED_ROWS * groups:
         for index, (start, count) in enumerate(zip(starts.tolist(), counts.tolist(), strict=True)):
             if count:
                 usual[index] = _median(gaps[start : start + count])

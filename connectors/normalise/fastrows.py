@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, cast
 
 import msgspec
@@ -197,41 +198,56 @@ class Refused(Exception):
 
 def read_plans(csv: bytes, plans: list[CsvPlan | None]) -> list[Columns | None]:
     """`read_rows` of each planned text (None where there is no plan, where the text is
-    not rows of 4 values, or holds the integer `-0`), one read for each run of neighbours
-    of one kind when all of them are well formed (the counts add up only if each does: no
-    text gives fewer lines than its count); Refused for what the careful reading refuses."""
+    not rows of 4 values, or holds the integer `-0`): the texts of one kind (numbers,
+    booleans) in one read, wherever they stand, when all of them are well formed (the
+    counts add up only if each does: no text gives fewer lines than its count), each alone
+    otherwise; Refused for what the careful reading refuses. One read per kind, not per
+    run of neighbours: an answer mixing kinds (strings between numbers) paid a read per
+    run, a fixed cost per chunk that small windows felt (BENCHMARKS.md, small chunks)."""
     buffer = pa.py_buffer(csv)
     read: list[Columns | None] = [None] * len(plans)
-    first = 0
-    while first < len(plans):
-        plan = plans[first]
-        if plan is None:
-            first += 1
-            continue
-        last = first
-        while last + 1 < len(plans):
-            after = plans[last + 1]
-            if after is None or after.booleans != plan.booleans:
-                break
-            last += 1
-        run = cast(list[CsvPlan], plans[first : last + 1])
-        together = None
-        if len(run) > 1:
-            lines = buffer.slice(plan.start, run[-1].end - plan.start)
-            together = read_rows(lines, sum(each.rows for each in run), plan.booleans)
-        if together is None:
-            for index, each in enumerate(run, start=first):
-                lines = buffer.slice(each.start, each.end - each.start)
-                read[index] = _checked(read_rows(lines, each.rows, each.booleans), csv, [each])[0]
-        else:
-            at = 0
-            checked = _checked(together, csv, run)
-            for index, (each, fine) in enumerate(zip(run, checked, strict=True), start=first):
-                if fine is not None:
-                    read[index] = cast(Columns, tuple(c.slice(at, each.rows) for c in together))
-                at += each.rows
-        first = last + 1
+    for booleans in (False, True):
+        indices = [
+            index
+            for index, plan in enumerate(plans)
+            if plan is not None and plan.booleans == booleans
+        ]
+        if indices:
+            _read_kind(csv, buffer, [cast(CsvPlan, plans[i]) for i in indices], indices, read)
     return read
+
+
+def _read_kind(
+    csv: bytes,
+    buffer: pa.Buffer,
+    run: list[CsvPlan],
+    indices: list[int],
+    read: list[Columns | None],
+) -> None:
+    """`read_plans` of the texts `run` of one kind (at `indices` of `read`)."""
+    together = None
+    if len(run) > 1:
+        together = read_rows(_lines_of(csv, buffer, run), sum(p.rows for p in run), run[0].booleans)
+    if together is None:
+        for index, each in zip(indices, run, strict=True):
+            lines = buffer.slice(each.start, each.end - each.start)
+            read[index] = _checked(read_rows(lines, each.rows, each.booleans), csv, [each])[0]
+        return
+    at = 0
+    checked = _checked(together, csv, run)
+    for index, each, fine in zip(indices, run, checked, strict=True):
+        if fine is not None:
+            read[index] = cast(Columns, tuple(c.slice(at, each.rows) for c in together))
+        at += each.rows
+
+
+def _lines_of(csv: bytes, buffer: pa.Buffer, run: list[CsvPlan]) -> pa.Buffer:
+    """The lines of the texts of `run`, one after the other: a slice where they are
+    neighbours, else one copy of them (lines of whole texts join into lines of rows)."""
+    if all(one.end == after.start for one, after in pairwise(run)):
+        return buffer.slice(run[0].start, run[-1].end - run[0].start)
+    view = memoryview(csv)
+    return pa.py_buffer(b"".join(view[p.start : p.end] for p in run))
 
 
 def read_whole(csv: bytes, plans: list[CsvPlan | None]) -> Columns | None:

@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pyarrow as pa
@@ -239,8 +239,32 @@ class LakeFiles:
 
     def forget(self, path: str) -> None:
         """Drop what is known of a file and of its directory's listing (it changed)."""
-        self._infos.pop(path, None)
+        self._forget_file(path)
         self._listings.pop(path.rsplit("/", 1)[0], None)
+
+    def placed(self, paths: Sequence[str]) -> None:
+        """Files this writer just moved in whole (under the dataset's lock, nothing else
+        changed their directory): what was known of them is dropped, and a held listing of
+        their directory takes their new entries, one stat each, instead of being listed
+        again. A partition written chunk by chunk (a day of 1-minute windows) otherwise
+        listed and stat-ed all its files per chunk: a fixed cost growing with the
+        partition. Where the store cannot tell (object stores), this is `forget`."""
+        by_directory: dict[str, list[str]] = {}
+        for path in paths:
+            self._forget_file(path)
+            by_directory.setdefault(path.rsplit("/", 1)[0], []).append(path)
+        for directory, moved in by_directory.items():
+            held = self._listings.pop(directory, None)
+            version = self.store.dir_version(directory)
+            entries = [self.store.entry(path) for path in moved]
+            if held is None or version is None or None in entries:
+                continue
+            names = set(moved)
+            kept = [entry for entry in held[1] if entry.path not in names]
+            self._listings[directory] = (version, kept + cast(list[Entry], entries))
+
+    def _forget_file(self, path: str) -> None:
+        self._infos.pop(path, None)
         with self._decoded_lock:
             self._decoded.pop(path, None)
 

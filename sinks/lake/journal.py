@@ -228,19 +228,23 @@ class Journal:
         if any(op["op"] == "empty" for op in ops):
             template = self.empty_template(str(intent["dataset"]))
         directories: set[str] = set()
+        placed: list[str] = []
         for op in ops:
             if op["dest"] in done:
                 continue
             dest = store.path(op["dest"])
             if op["op"] == "place":
                 store.replace(store.path(op["tmp"]), dest)
+                placed.append(dest)
             elif op["op"] == "empty":
                 assert template is not None
                 store.copy_over(template, dest)
+                self.files.forget(dest)
             else:  # "drop": intents written before files were emptied instead
                 store.remove(dest)
+                self.files.forget(dest)
             directories.add(dest.rsplit("/", 1)[0])
-            self.files.forget(dest)
+        self.files.placed(placed)
         return directories
 
     def placed(self, op: Mapping[str, Any]) -> bool:

@@ -46,6 +46,11 @@ class Entry:
     modified_s: float = 0.0
 
 
+def _local_entry(path: str, name: str, stat: os.stat_result) -> Entry:
+    version = f"{stat.st_mtime_ns}-{stat.st_size}"
+    return Entry(path, name, stat.st_size, version, modified_s=max(stat.st_mtime, stat.st_ctime))
+
+
 def redacted_url(url: str) -> str:
     """The URL without userinfo or query (where credentials could hide)."""
     if "://" not in url:
@@ -156,6 +161,16 @@ class LakeStore:
             return None
         return f"{stat.st_mtime_ns}-{stat.st_ctime_ns}-{stat.st_nlink}"
 
+    def entry(self, path: str) -> Entry | None:
+        """The file at `path` as `listdir` lists it: local disk only (None elsewhere, or
+        when it is missing)."""
+        if not self.local:
+            return None
+        try:
+            return _local_entry(path, os.path.basename(path), os.stat(path))
+        except FileNotFoundError:
+            return None
+
     def listdir(self, directory: str) -> list[Entry]:
         """Entries directly in `directory` (empty when it does not exist)."""
         if self.local:
@@ -166,16 +181,7 @@ class LakeStore:
                         if entry.is_dir():
                             result.append(Entry(entry.path, entry.name, 0, "", True))
                         else:
-                            stat = entry.stat()
-                            result.append(
-                                Entry(
-                                    entry.path,
-                                    entry.name,
-                                    stat.st_size,
-                                    f"{stat.st_mtime_ns}-{stat.st_size}",
-                                    modified_s=max(stat.st_mtime, stat.st_ctime),
-                                )
-                            )
+                            result.append(_local_entry(entry.path, entry.name, entry.stat()))
                     return result
             except FileNotFoundError:
                 return []

@@ -5,13 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 from urllib.parse import parse_qsl
 
+import httpx
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from connectors.client import NodeClient
-from connectors.params import encode_query, encoded_query_length, list_param
+from connectors.params import encode_query, encoded_query_length, list_param, on_base
 from connectors.settings import NodeSettings, SecretText, SettingsError
 
 UNRESERVED = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -84,6 +85,30 @@ def test_any_key_and_value_round_trip_through_the_query(params: dict[str, str]) 
 def test_any_list_of_paths_round_trips_as_a_json_array(paths: list[str]) -> None:
     (pair,) = parse_qsl(encode_query({"paths": paths}), keep_blank_values=True)
     assert orjson.loads(pair[1]) == paths
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["http://node:3003/", "https://[::1]:8443/n3/", "http://user@h/a%20b/"]),
+    st.sampled_from(["tag", "system", "tag/", "../x"]),
+    st.dictionaries(_text.filter(bool), _text, max_size=4),
+    st.sampled_from(["", "&x=%", "&y=a b", "&z=%zz"]),
+)
+def test_a_url_on_the_base_is_the_url_httpx_parses_from_its_text(
+    base: str, resource: str, params: dict[str, str], tail: str
+) -> None:
+    # Built without parsing where the query is what encode_query writes; parsed otherwise
+    # (a resource that is not a name, a query with characters httpx would quote): the
+    # same URL either way, to the byte httpx sends.
+    query = encode_query({"cmd": "historyMany", **params}) + tail
+    built = on_base(httpx.URL(base), resource, query)
+    parsed = httpx.URL(f"{base.removesuffix('/')}/{resource}?{query}")
+    assert built == parsed
+    assert (built.raw_path, built.raw_host, built.port) == (
+        parsed.raw_path,
+        parsed.raw_host,
+        parsed.port,
+    )
 
 
 # -- settings --------------------------------------------------------------------------------

@@ -124,7 +124,9 @@ def test_the_ledger_has_its_schema_even_without_rows() -> None:
     assert table.column("samples").to_pylist() == [0]
 
 
-@pytest.mark.parametrize("tags", [40, 2000])  # a partition per tag; one sort of all gaps
+@pytest.mark.parametrize(
+    "tags", [40, 200, 2000]
+)  # a partition per tag; one sort (few rows, many tags)
 def test_stats_equal_a_plain_pandas_computation(tags: int) -> None:
     generator = np.random.default_rng(7)
     count = 20_000

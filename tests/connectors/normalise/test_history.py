@@ -438,6 +438,27 @@ def test_tags_of_one_kind_are_read_at_once(monkeypatch: pytest.MonkeyPatch) -> N
         assert history_page_from_bytes(body, "n") is not None, name
 
 
+def test_tags_of_each_kind_are_read_at_once_wherever_they_stand(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Numbers, booleans and strings interleaved: one read of the numbers, one of the
+    # booleans (not one per run of neighbours), the same page as the careful reading.
+    kinds = (f"[[{T0},1.5,192,0],[{T0 + 1},null,0,null]]", f"[[{T0},true,192,0]]", '[[1,"a",0,0]]')
+    body = answer_text({f"/t {i}": kinds[i % 3] for i in range(9)})
+    reads: list[int] = []
+    read_rows = fastrows.read_rows
+
+    def counted(lines: Any, rows: int, booleans: bool) -> Any:
+        reads.append(rows)
+        return read_rows(lines, rows, booleans)
+
+    monkeypatch.setattr(fastrows, "read_rows", counted)
+    page = history_page_from_bytes(body, "n")
+    assert page is not None
+    assert sorted(reads) == [3, 6]  # 3 boolean tags of 1 row, 3 number tags of 2
+    assert outcome(lambda *_, **__: page, body) == outcome(parse_history_answer_careful, body)
+
+
 COMPACT_BAD_ANSWERS = {
     **{name: body.replace(b": ", b":").replace(b", ", b",") for name, body in BAD_ANSWERS.items()},
     "number beyond a double in a later tag": answer_text(

@@ -164,3 +164,32 @@ def test_a_listing_is_kept_until_its_directory_changes_and_retires_then_removes_
     put(directory / "part-b.parquet", history(["/b"], 0, 3), [("f", "b")])
     assert len(files.listing(str(directory), KIND, retired.extend)) == 4
     assert len(listings) == 4
+
+
+def test_files_a_writer_placed_join_the_held_listing_without_listing_again(
+    tmp_path: Path,
+) -> None:
+    store = HookedStore(str(tmp_path))
+    listings: list[str] = []
+
+    def counted(listdir: Any, path: str) -> list[Entry]:
+        listings.append(path)
+        return list(listdir(path))
+
+    store.hook("listdir", counted)
+    files = LakeFiles(store, grace_s=60.0, decoded_rows=100)
+    directory = tmp_path / "d"
+    put(directory / "part-a.parquet", history(["/a"], 0, 3), [("f", "a")])
+    assert [e.name for e in files.listing(str(directory), KIND, print)] == ["part-a.parquet"]
+    put(directory / "part-b.parquet", history(["/b"], 0, 3), [("f", "b")])
+    put(directory / "part-a.parquet", history(["/a"], 0, 5), [("f", "a")])  # rewritten
+    files.placed([str(directory / "part-b.parquet"), str(directory / "part-a.parquet")])
+    listing = files.listing(str(directory), KIND, print)
+    assert len(listings) == 1, "the placed files joined the listing: not listed again"
+    assert {e.name: e for e in listing} == {e.name: e for e in store.listdir(str(directory))}, (
+        "the same entries (versions included) as a fresh listing"
+    )
+    assert files.info(next(e for e in listing if e.name == "part-a.parquet"), KIND).rows == 5
+    # A change the writer did not announce is still seen by the directory's version.
+    put(directory / "part-c.parquet", history(["/c"], 0, 3), [("f", "c")])
+    assert len(files.listing(str(directory), KIND, print)) == 3
