@@ -657,9 +657,11 @@ class Config(_Strict):
             return known
         for node in only:
             if node not in known:
+                # A node of another flow is no typo; a name of no node may be one.
+                hint = "" if node in self.nodes else did_you_mean(node, known)
                 raise ConfigError(
                     f"--node: {quoted(node)} is not a node of flow {quoted(flow)} "
-                    f"(its nodes: {_names(known)}){did_you_mean(node, known)}"
+                    f"(its nodes: {_names(known)}){hint}"
                 )
         return sorted(set(only))
 
