@@ -26,7 +26,9 @@ import logging
 import random
 import ssl
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -77,14 +79,32 @@ MAX_RETRY_AFTER_S = 120.0
 _warned_unverified: set[str] = set()
 
 
+# What this thread's requests are for (`flow f node n window ...`), named in retry warnings.
+_ASKING: ContextVar[str] = ContextVar("historian_asking", default="")
+
+
+@contextmanager
+def asking_for(what: str) -> Iterator[None]:
+    """Name what the requests made inside are for in their retry warnings (the caller
+    knows the flow and the window; the client knows only the operation)."""
+    token = _ASKING.set(what)
+    try:
+        yield
+    finally:
+        _ASKING.reset(token)
+
+
 def _log_retry(operation: str, state: RetryCallState, attempts: int) -> None:
-    """One WARNING per retry: operation, status, attempt; never headers, URL or body."""
+    """One WARNING per retry: what it is for, operation, status, attempt; never headers,
+    URL or body."""
     exc = state.outcome.exception() if state.outcome else None
     status = getattr(exc, "status", None)
     message = exc.message if isinstance(exc, NodeError) else type(exc).__name__
     sleep_s = state.next_action.sleep if state.next_action else 0.0
+    asking = _ASKING.get()
     log.warning(
-        "%s: %s%s; attempt %d of %d failed, retrying in %.2fs",
+        "%s%s: %s%s; attempt %d of %d failed, retrying in %.2fs",
+        f"{asking}: " if asking else "",
         operation,
         f"HTTP {status} " if status is not None else "",
         message,
@@ -272,7 +292,9 @@ class NodeClient:
                     response.stream = httpx.ByteStream(b"")
         except (httpx.TransportError, httpx.DecodingError, httpx.InvalidURL) as exc:
             expired = f"the request deadline ({deadline_s:g} s)" if deadline.expired else None
-            raise transport_error(operation, exc, target=self._target(), deadline=expired) from None
+            raise transport_error(
+                operation, exc, target=self._target(), deadline=expired, settings=self.settings
+            ) from None
         if response.status_code == 200:
             if is_markup(response.content):
                 raise NotTheNodesAnswer(

@@ -112,7 +112,12 @@ class NodeConnectionError(TransientNodeError):
 
 
 class NodeTimeout(TransientNodeError):
-    """No (complete) answer within the timeout."""
+    """No (complete) answer within the timeout; `setting` is the node's key that sets it
+    (read_timeout, connect_timeout or request_deadline)."""
+
+    def __init__(self, operation: str, message: str, *, setting: str = "read_timeout") -> None:
+        self.setting = setting
+        super().__init__(operation, message)
 
 
 class NodeUnavailable(TransientNodeError):
@@ -167,15 +172,20 @@ class RetriesExhausted(FatalNodeError):
     chunk re-run) would multiply the attempts on a node that is down.
     """
 
-    def __init__(self, last: TransientNodeError, attempts: int) -> None:
+    def __init__(self, last: TransientNodeError, attempts: int, advice: str = "") -> None:
         self.last = last
         self.attempts = attempts
         super().__init__(
             last.operation,
-            f"gave up after {attempts} attempts: {last.message}",
+            f"gave up after {attempts} attempts: {last.message}"
+            + (f"; {advice}" if advice else ""),
             status=last.status,
             body=last.body_start,
         )
+
+    def advised(self, advice: str) -> RetriesExhausted:
+        """The same failure, its message ending with what to change."""
+        return RetriesExhausted(self.last, self.attempts, advice)
 
 
 class AuthenticationError(FatalNodeError):

@@ -33,6 +33,7 @@ from connectors.errors import (
     UnknownTag,
     quoted,
 )
+from connectors.settings import NodeSettings
 
 # An error body is small: one longer than this is an answer, never parsed here twice; one
 # longer than ERROR_SEARCHED_BYTES is an error only when `error` is its first key (searching
@@ -113,15 +114,19 @@ def status_error(operation: str, response: httpx.Response, retry_server_errors: 
 
 
 def transport_error(
-    operation: str, exc: Exception, *, target: str, deadline: str | None = None
+    operation: str,
+    exc: Exception,
+    *,
+    target: str,
+    deadline: str | None = None,
+    settings: NodeSettings | None = None,
 ) -> NodeError:
     """What a failed exchange means: a timeout, a broken connection, or a TLS failure or
     a URL too long to send (fatal). `target` names the node (and its proxy) as a message
-    may show it; `deadline` names the request deadline if it passed."""
+    may show it; `deadline` names the request deadline if it passed; `settings` give the
+    timeout a message names (and the setting that sets it)."""
     if isinstance(exc, httpx.TimeoutException):
-        if deadline is not None:
-            return NodeTimeout(operation, f"no complete answer within {deadline}")
-        return NodeTimeout(operation, "no answer within the timeout")
+        return _timeout(operation, exc, deadline, settings)
     if isinstance(exc, httpx.ConnectError):
         if _is_tls_failure(exc):
             return TLSVerificationError(
@@ -140,6 +145,21 @@ def transport_error(
     if isinstance(exc, httpx.InvalidURL):  # a URL past what httpx sends (65,536 chars)
         return NodeRequestError(operation, f"request not sent: {exc}")
     return NodeConnectionError(operation, f"transport error: {type(exc).__name__}")
+
+
+def _timeout(
+    operation: str, exc: Exception, deadline: str | None, settings: NodeSettings | None
+) -> NodeTimeout:
+    """A timeout naming how long was waited, and the node setting that says so."""
+    if deadline is not None:
+        return NodeTimeout(
+            operation, f"no complete answer within {deadline}", setting="request_deadline"
+        )
+    if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+        waited = f"{settings.connect_timeout_s:g} s" if settings else "the timeout"
+        return NodeTimeout(operation, f"no connection within {waited}", setting="connect_timeout")
+    waited = f"{settings.read_timeout_s:g} s" if settings else "the timeout"
+    return NodeTimeout(operation, f"no answer within {waited}", setting="read_timeout")
 
 
 def retry_after_seconds(value: str | None) -> float | None:

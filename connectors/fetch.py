@@ -226,7 +226,7 @@ class HistoryFetcher:
             stamping=self.stamping,
             types=self.types,
         )
-        return _joined([by_paths.fetch(part, half, label) for part, half in pieces], members)
+        return joined([by_paths.fetch(part, half, label) for part, half in pieces], members)
 
     def _fetch_whole(self, members: Sequence[str], window: Window, label: str) -> Fetched:
         """`fetch` in as many requests as continuation needs, each answer whole."""
@@ -481,7 +481,7 @@ class AlarmFetcher:
             raise too_large.cut_to(f"alarms over {window.end - window.start}") from None
         self.notice.split(too_large)
         # Halves hold disjoint stamps, each sorted: one after the other, still sorted.
-        return _joined([self.fetch(half, label) for _, half in pieces], ())
+        return joined([self.fetch(half, label) for _, half in pieces], ())
 
     def _fetch_whole(self, window: Window, label: str) -> Fetched:
         out = Fetched(ALARM_HISTORY_SCHEMA.empty_table())
@@ -569,8 +569,8 @@ def _halves(
     ]
 
 
-def _joined(parts: list[Fetched], members: Sequence[str]) -> Fetched:
-    """The pieces of one question as its answer: rows in (tag, ts) order (pieces are
+def joined(parts: list[Fetched], members: Sequence[str]) -> Fetched:
+    """The pieces of one question (disjoint by tag or by time) as its answer: rows in (tag, ts) order (pieces are
     disjoint by tag or by time, so `seq` stays right), costs added up."""
     tables = [part.table for part in parts if part.table.num_rows] or [parts[0].table]
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]

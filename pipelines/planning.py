@@ -348,6 +348,13 @@ def short_duration(size: timedelta) -> str:
     return f"{total_ms}ms"
 
 
+def window_text(window: Window) -> str:
+    """`2026-11-30T10:00Z..11:00Z`: a window for a log line (the end's date when it differs)."""
+    start, end = _label_time(window.start), _label_time(window.end)
+    same_day = start[:11] == end[:11]
+    return f"{start}..{end[11:] if same_day else end}"
+
+
 def chunk_label(members: Sequence[str], window: Window, *, noun: str = "tag") -> str:
     """A short human name of a chunk for logs and errors: `12 tags /Plant A/x [..., +1h)`."""
     first = members[0] if members else "-"

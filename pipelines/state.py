@@ -219,6 +219,13 @@ def tag_members(progress: Progress) -> list[str]:
     return sorted(m for m in progress.completed if not m.startswith(RECORD_PREFIXES))
 
 
+def stored_watermark(progress: Progress, origin: datetime) -> datetime | None:
+    """How far a sink's progress is complete over every member it records (what `historian
+    state` shows as complete up to); None with no member or one not complete at `origin`."""
+    members = tag_members(progress)
+    return flow_watermark(progress, members, origin) if members else None
+
+
 def held_windows(progress: Progress) -> dict[str, tuple[str, list[Window]]]:
     """Per tag, its link and the windows held for it that are neither complete since nor
     recorded missing (a hold past `hold_max`)."""

@@ -410,8 +410,12 @@ def moment(value: str | None, option: str) -> datetime | None:
 def check_flow(config: Config, name: str, source: Path) -> None:
     """A usage error naming the flows there are, when `name` is not one of them."""
     if name not in config.flows:
+        from pipelines.config.names import did_you_mean
+
         known = ", ".join(config.flows)
-        raise UserError(f"{source.name}: no flow named {quoted(name)} (flows: {known})", EXIT_USAGE)
+        hint = did_you_mean(name, config.flows)
+        message = f"{source.name}: no flow named {quoted(name)} (flows: {known}){hint}"
+        raise UserError(message, EXIT_USAGE)
 
 
 def json_progress(flow: str, message: str, progress: dict[str, object]) -> None:

@@ -425,13 +425,15 @@ def tags_command(
     from rich.markup import escape
 
     from connectors.errors import NodeError, one_line, quoted
+    from pipelines.config.names import did_you_mean
     from pipelines.config.nodes import NodePool
 
     with user_errors():
         cfg = load(config)
         if node not in cfg.nodes:
             known = ", ".join(cfg.nodes)
-            message = f"{config.name}: no node named {quoted(node)} (nodes: {known})"
+            hint = did_you_mean(node, cfg.nodes)
+            message = f"{config.name}: no node named {quoted(node)} (nodes: {known}){hint}"
             raise UserError(message, EXIT_USAGE)
         with NodePool(cfg) as nodes:
             client = nodes.get(node).client

@@ -165,11 +165,11 @@ class _StateView:
 def _progress_cells(fc: FlowConfig, progress: Progress) -> tuple[str, str, str]:
     """A state row's tags (or alarm selections), complete up to, and the span per tag."""
     from pipelines.core.kinds import kind_of
-    from pipelines.state import flow_watermark, tag_members
+    from pipelines.state import flow_watermark, stored_watermark, tag_members
 
     members = tag_members(progress)
     marks = [flow_watermark(progress, [m], fc.start) for m in members]
-    overall = flow_watermark(progress, members, fc.start) if members else None
+    overall = stored_watermark(progress, fc.start)
     ends = [m for m in marks if m is not None]
     span = f"{_time(min(ends))} .. {_time(max(ends))}" if ends else "-"
     count = str(len(members))

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from connectors.errors import quoted
+from pipelines.config.names import did_you_mean
 
 # A flows.yaml naming 100,000 tags is about 6 MB and 100,000 values.
 MAX_CONFIG_BYTES = 16 << 20
@@ -170,7 +171,8 @@ class _Walk:
             parent.keys[key] = line
         parent.key = key
         if self.top_keys is not None and len(self.stack) == 1 and key not in self.top_keys:
-            raise DocumentError("unknown key", where=_path(self.stack), line=line)
+            message = "unknown key" + did_you_mean(key, self.top_keys)
+            raise DocumentError(message, where=_path(self.stack), line=line)
 
 
 def load_document(text: str, top_keys: Collection[str] | None = None) -> Any:

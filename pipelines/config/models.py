@@ -41,6 +41,7 @@ from connectors.settings import (
     check_node_url,
 )
 from pipelines.config.file import DocumentError, load_document
+from pipelines.config.names import did_you_mean, keys_at
 from pipelines.planning import parse_duration
 
 DEFAULT_CONFIG = "flows.yaml"
@@ -595,7 +596,8 @@ def expand_nodes(node: str | list[str], known: Iterable[str]) -> list[str]:
         elif entry in names:
             found.add(entry)
         else:
-            raise ValueError(f"unknown node {quoted(entry)} (nodes: {_names(names)})")
+            hint = did_you_mean(entry, names)
+            raise ValueError(f"unknown node {quoted(entry)} (nodes: {_names(names)}){hint}")
     return sorted(found)
 
 
@@ -633,7 +635,8 @@ class Config(_Strict):
             raise _KeyedError(("node_defaults",), "must be a mapping of node keys")
         for key in defaults:
             if key not in NodeConfig.model_fields:
-                raise _KeyedError(("node_defaults", str(key)), "unknown key")
+                hint = did_you_mean(str(key), NodeConfig.model_fields)
+                raise _KeyedError(("node_defaults", str(key)), "unknown key" + hint)
         if not isinstance(nodes, dict):
             return data
         entries = {
@@ -654,9 +657,11 @@ class Config(_Strict):
             return known
         for node in only:
             if node not in known:
+                # A node of another flow is no typo; a name of no node may be one.
+                hint = "" if node in self.nodes else did_you_mean(node, known)
                 raise ConfigError(
                     f"--node: {quoted(node)} is not a node of flow {quoted(flow)} "
-                    f"(its nodes: {_names(known)})"
+                    f"(its nodes: {_names(known)}){hint}"
                 )
         return sorted(set(only))
 
@@ -679,7 +684,8 @@ class Config(_Strict):
                 if sink not in self.sinks:
                     raise _KeyedError(
                         ("flows", name, "sinks"),
-                        f"unknown sink {quoted(sink)} (sinks: {_names(self.sinks)})",
+                        f"unknown sink {quoted(sink)} (sinks: {_names(self.sinks)})"
+                        + did_you_mean(sink, self.sinks),
                     )
                 key = (sink, flow.dataset or name)
                 if key in datasets:
@@ -768,7 +774,9 @@ def _message(error: Mapping[str, Any]) -> str:
     value = error.get("input")
     if kind == "extra_forbidden":
         other = _other_kind(loc)
-        return f"belongs to {other} flows; this flow's kind is {loc[2]}" if other else "unknown key"
+        if other:
+            return f"belongs to {other} flows; this flow's kind is {loc[2]}"
+        return "unknown key" + did_you_mean(str(loc[-1]), keys_at(Config, loc[:-1]))
     if kind == "missing":
         return "is required"
     if kind == "literal_error" and isinstance(value, str | int):

@@ -29,6 +29,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from datetime import timedelta
+from functools import partial
+from itertools import pairwise
 from typing import TypeVar
 
 import pandas as pd
@@ -41,8 +44,8 @@ from tenacity import (
     wait_fixed,
 )
 
-from connectors.client import NodeClient
-from connectors.errors import TransientNodeError, UnknownTag
+from connectors.client import NodeClient, asking_for
+from connectors.errors import NodeTimeout, RetriesExhausted, TransientNodeError, UnknownTag
 from connectors.fetch import (
     HISTORY_FILTER,
     HISTORY_MANY,
@@ -52,6 +55,7 @@ from connectors.fetch import (
     HistoryClient,
     HistoryFetcher,
     SplitNotice,
+    joined,
 )
 from connectors.normalise.history import history_table
 from connectors.normalise.stamps import BucketStamping
@@ -59,8 +63,9 @@ from connectors.options import AlarmFilter, HistoryOptions
 from connectors.pager import CapGuess
 from connectors.schema import frame_from_table
 from connectors.settings import NodeSettings
+from connectors.timewindow import Window
 from connectors.version import NodeVersion, adapt_alarm_filter
-from pipelines.planning import Chunk
+from pipelines.planning import Chunk, short_duration, window_text
 from pipelines.state import missing_member
 from sinks.base import SinkUnavailable
 
@@ -119,6 +124,83 @@ def retrying(
         reraise=True,
     )
     return runs(call)
+
+
+# `window: auto` cuts a window's requests no finer than this when they keep timing out.
+MIN_PIECE = timedelta(minutes=1)
+
+
+class WindowTimeouts:
+    """What a unit does when one window's requests outlast the client's retries by timing
+    out (`outlasted`): under `window: auto`, where a window can be cut by time (raw history,
+    alarms), every window is asked in pieces half as long from then on, said once; otherwise
+    the failure names the settings to change. It also names what the unit's requests are
+    for in the client's retry warnings (`asking`)."""
+
+    def __init__(self, flow: str, node: str, *, halves: bool = False) -> None:
+        self.flow = flow
+        self.node = node
+        self.halves = halves
+        self.pieces = 1
+        self._lock = threading.Lock()
+
+    def asking(self, window: Window) -> str:
+        """`flow f node n window 2026-11-30T10:00Z..11:00Z`."""
+        flow = f"flow {self.flow} " if self.flow else ""
+        return f"{flow}node {self.node} window {window_text(window)}"
+
+    def outlasted(
+        self, error: RetriesExhausted, window: Window, pieces: int
+    ) -> RetriesExhausted | None:
+        """None when the window is worth asking again in more pieces (`self.pieces`, now
+        more than `pieces`); else the failure to raise, naming what to change when the
+        node kept not answering in time."""
+        last = error.last
+        if not isinstance(last, NodeTimeout) or last.setting == "connect_timeout":
+            return error
+        with self._lock:
+            if self.pieces > pieces:  # another chunk's timeouts cut the windows already
+                return None
+            piece = (window.end - window.start) / (2 * pieces)
+            if self.halves and piece >= MIN_PIECE:
+                self.pieces = 2 * pieces
+                if pieces == 1:
+                    log.warning(
+                        "%s: %s: %s on every attempt; window: auto now asks every window in "
+                        "pieces of %s (said once)",
+                        self.asking(window),
+                        last.operation,
+                        last.message,
+                        short_duration(piece),
+                    )
+                return None
+        flow = f" or shorten flows.{self.flow}.window" if self.flow else ""
+        return error.advised(
+            f"window {window_text(window)} timed out on every attempt: raise "
+            f"nodes.{self.node}.{last.setting}{flow}"
+        )
+
+    def fetch(self, chunk: Chunk, fetch_in: Callable[[Chunk, int], ChunkResult]) -> ChunkResult:
+        """`fetch_in(chunk, pieces)`, re-run when its failure may pass (`retrying`), and
+        asked again in more pieces while `outlasted` says so."""
+        with asking_for(self.asking(chunk.window)):
+            while True:
+                pieces = self.pieces
+                try:
+                    return retrying(partial(fetch_in, chunk, pieces), f"fetching {chunk.label}")
+                except RetriesExhausted as exc:
+                    failure = self.outlasted(exc, chunk.window, pieces)
+                    if failure is exc:
+                        raise
+                    if failure is not None:
+                        raise failure from None
+
+
+def pieces_of(window: Window, pieces: int) -> list[Window]:
+    """`window` in `pieces` half-open pieces on whole milliseconds, in order."""
+    start_ms, end_ms = window.start_ms, window.end_ms
+    cuts = [start_ms + (end_ms - start_ms) * i // pieces for i in range(pieces + 1)]
+    return [Window.from_ms(a, b) for a, b in pairwise(cuts) if b > a]
 
 
 @dataclass
@@ -185,10 +267,12 @@ class HistoryEngine:
         missing_is_fatal: bool = True,
         notice: SplitNotice | None = None,
         types: Mapping[str, str] | None = None,
+        timeouts: WindowTimeouts | None = None,
     ) -> None:
         self.client = client
         self.node = node
         self.options = options
+        self.timeouts = timeouts or WindowTimeouts("", node)
         self.filter_query = filter_query
         self.max_in_flight = max(1, max_in_flight)
         self.missing_is_fatal = missing_is_fatal
@@ -217,13 +301,16 @@ class HistoryEngine:
 
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
         """All rows of the chunk's tags in its window, exactly once each; the chunk is
-        fetched again when its failure may pass (`retrying`)."""
-        return retrying(lambda: self._fetch_once(chunk), f"fetching {chunk.label}")
+        fetched again when its failure may pass (`WindowTimeouts.fetch`)."""
+        return self.timeouts.fetch(chunk, self._fetch_once)
 
-    def _fetch_once(self, chunk: Chunk) -> ChunkResult:
+    def _fetch_once(self, chunk: Chunk, pieces: int = 1) -> ChunkResult:
         began = time.perf_counter()
         fetcher = self.path_fetcher if chunk.by_paths else self.fetcher
-        fetched = fetcher.fetch(chunk.members, chunk.window, chunk.label)
+        parts = [
+            fetcher.fetch(chunk.members, w, chunk.label) for w in pieces_of(chunk.window, pieces)
+        ]
+        fetched = parts[0] if len(parts) == 1 else joined(parts, chunk.members)
         done = chunk
         if fetched.missing:
             done = self._without(chunk, fetched.missing)
@@ -280,10 +367,12 @@ class AlarmEngine:
         max_in_flight: int = 2,
         notice: SplitNotice | None = None,
         fields: Sequence[str] | None = None,
+        timeouts: WindowTimeouts | None = None,
     ) -> None:
         self.client = client
         self.node = node
         self.path = path
+        self.timeouts = timeouts or WindowTimeouts("", node)
         self.filt = filt
         self.max_in_flight = max(1, max_in_flight)
         adapted = adapt_alarm_filter(filt, node_version)
@@ -299,11 +388,12 @@ class AlarmEngine:
 
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
         """The window's alarm events; fetched again when its failure may pass."""
-        return retrying(lambda: self._fetch_once(chunk), f"fetching {chunk.label}")
+        return self.timeouts.fetch(chunk, self._fetch_once)
 
-    def _fetch_once(self, chunk: Chunk) -> ChunkResult:
+    def _fetch_once(self, chunk: Chunk, pieces: int = 1) -> ChunkResult:
         began = time.perf_counter()
-        fetched = self.fetcher.fetch(chunk.window, chunk.label)
+        parts = [self.fetcher.fetch(w, chunk.label) for w in pieces_of(chunk.window, pieces)]
+        fetched = parts[0] if len(parts) == 1 else joined(parts, ())
         return _result(chunk, fetched, fetched.table, began)
 
     def stream(self, chunks: Iterable[Chunk]) -> Iterator[ChunkResult]:
@@ -329,6 +419,10 @@ class FetchJob:
     node_version: NodeVersion | None = None
     # (tag, configured type) of tags whose details say `number` or `boolean`.
     tag_types: tuple[tuple[str, str], ...] = ()
+    # The flow, named in warnings and advice, and whether `window: auto` sized its windows
+    # (which may then be asked in pieces when they keep timing out: `WindowTimeouts`).
+    flow: str = ""
+    window_auto: bool = False
 
     def engine(
         self,
@@ -340,6 +434,10 @@ class FetchJob:
         """The engine of this job over `client` (`raw_cap`: the run's shared guess; a new
         one starting from `self.raw_cap` when None; `notice`: who says answers were split,
         a new one when None)."""
+        by_time = self.alarm_filter is not None or (
+            self.options is not None and self.options.mode == "raw"
+        )
+        timeouts = WindowTimeouts(self.flow, self.node, halves=self.window_auto and by_time)
         if self.alarm_filter is not None:
             assert self.alarm_path is not None
             return AlarmEngine(
@@ -351,6 +449,7 @@ class FetchJob:
                 max_in_flight=max_in_flight,
                 notice=notice,
                 fields=self.settings.alarm_fields,
+                timeouts=timeouts,
             )
         assert self.options is not None
         return HistoryEngine(
@@ -363,6 +462,7 @@ class FetchJob:
             missing_is_fatal=self.missing_is_fatal,
             notice=notice,
             types=dict(self.tag_types),
+            timeouts=timeouts,
         )
 
     def fetch(self, chunk: Chunk) -> ChunkResult:

@@ -37,6 +37,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.client import asking_for
 from connectors.facts import skew_note
 from connectors.normalise.alarms import parse_alarm_history_answer
 from connectors.normalise.history import parse_history_answer
@@ -464,7 +465,8 @@ class FlowRun:
         The node's version is read first (once per run): a method it cannot compute is
         refused before anything is written.
         """
-        return retrying(self._plan_once, f"planning {self.key}")
+        with asking_for(f"flow {self.name} node {self.node_name}"):
+            return retrying(self._plan_once, f"planning {self.key}")
 
     def _plan_once(self) -> Plan:
         self.summary.notes.clear()  # a plan run again says its lines once
@@ -551,7 +553,8 @@ class FlowRun:
         self.summary.holds = self.holds.reasons()
 
     def _use(self, job: FetchJob) -> None:
-        self._job = job
+        auto = self.flow_config.window == "auto"
+        self._job = job = replace(job, flow=self.name, window_auto=auto)
         self._engine = job.engine(self.node.client, self._in_flight())
 
     def _span_and_window(

@@ -54,6 +54,7 @@ from pipelines.core.runner import (
     WorkItem,
     write_all,
 )
+from pipelines.state import stored_watermark
 from sinks.base import SinkError
 
 # Units planned at once (their requests are a handful each: a fleet of hundreds of nodes
@@ -250,12 +251,28 @@ def _merged(streams: Sequence[Generator[WorkItem]]) -> Generator[WorkItem]:
 
 
 def _finish(units: _Units) -> None:
-    """Compact the dataset once (all units write it), then each unit's watermark."""
+    """Compact the dataset once (all units write it), then each unit's watermark (a failed
+    unit's as its sinks hold it)."""
     written = [unit for unit in units.all if unit.summary.chunks_done]
     if written:
         written[0].compact()
-    for unit in units.live():
-        unit.finish()
+    for unit in units.all:
+        if unit.node_name in units.failed:
+            _stored_watermark(unit)
+        else:
+            unit.finish()
+
+
+def _stored_watermark(unit: FlowRun) -> None:
+    """A failed unit's watermark as its sinks hold it, read as `historian state` reads it
+    (a sink failing to say leaves it unknown: the failure is the news)."""
+    try:
+        progresses = [sink.progress(unit.key) for sink in unit.sinks]
+    except SinkError:
+        return
+    marks = [stored_watermark(progress, unit.flow_config.start) for progress in progresses]
+    known = [mark for mark in marks if mark is not None]
+    unit.summary.watermark_after = min(known) if known and len(known) == len(marks) else None
 
 
 def _outcome(config: Config, name: str, units: _Units) -> RunSummary:

@@ -35,6 +35,7 @@ from pipelines.config.models import (  # noqa: E402
     load_config,
     parse_moment,
 )
+from pipelines.config.names import did_you_mean  # noqa: E402
 from pipelines.config.nodes import NodePool  # noqa: E402
 from pipelines.core.kinds import kind_of  # noqa: E402
 from pipelines.core.runner import (  # noqa: E402
@@ -100,6 +101,7 @@ def flow_config(config: Config, flow_name: str, path: Path, kind: str | None = N
     if found is None:
         raise ConfigError(
             f"{path.name}: no flow named {flow_name!r} (flows: {', '.join(config.flows)})"
+            + did_you_mean(flow_name, config.flows)
         )
     if kind is not None and found.kind != kind:
         raise ConfigError(f"{path.name}: flows.{flow_name}: is a {found.kind} flow, not {kind}")

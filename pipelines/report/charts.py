@@ -169,6 +169,19 @@ def _cmap(name: str, low: float = 0.3) -> Any:
     return ListedColormap(colours, name=f"{name}+").with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
 
 
+# A bucket's bad-quality share on Reds from its palest tenth: 3% bad is a light pink, 100% the
+# darkest red; a bucket with no bad row keeps its green (rows per bucket). The old scale
+# started at 35%, salmon, so a bucket with one bad row in thirty looked all bad.
+BAD_FLOOR = 0.1
+# The shares the key shows, in words.
+BAD_KEY = ((0.03, "3%: a few bad"), (0.25, "25%: a quarter bad"), (1.0, "100%: all bad"))
+
+
+def bad_share_colours(share: np.ndarray) -> np.ndarray:
+    """RGBA of bad-quality shares (0..1, more than 0) on the bad scale."""
+    return np.asarray(_cmap("Reds", BAD_FLOOR)(_share_norm()(share)))
+
+
 def _colour_bar(fig: Figure, cax: Axes, norm: Any, cmap: Any, title: str, fmt: str) -> None:
     from matplotlib.cm import ScalarMappable
     from matplotlib.ticker import FixedLocator, MaxNLocator, NullFormatter, StrMethodFormatter
@@ -270,11 +283,10 @@ def _tag_key(norm: Any) -> Figure:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    fig = _figure(0.85)
-    rows_ax = _box(fig, LABEL_IN, 2.4, 0.35, 0.3)
+    fig = _figure(1.0)
+    rows_ax = _box(fig, LABEL_IN, 2.4, 0.4, 0.35)
     _colour_bar(fig, rows_ax, norm, _cmap("Greens"), "rows per bucket", "{x:,.0f}")
-    bad_ax = _box(fig, LABEL_IN + 2.8, 2.0, 0.35, 0.3)
-    _colour_bar(fig, bad_ax, _share_norm(), _cmap("Reds", 0.35), "bad-quality share", "{x:.0%}")
+    _bad_key(_box(fig, LABEL_IN + 2.7, 2.0, 0.05, 0.05), norm)
     key = _box(fig, LABEL_IN + PLOT_IN + 0.1, WIDTH_IN - LABEL_IN - PLOT_IN - 0.1, 0.05, 0.05)
     key.axis("off")
     key.legend(
@@ -291,6 +303,28 @@ def _tag_key(norm: Any) -> Figure:
         fontsize=7.5,
     )
     return fig
+
+
+def _bad_key(ax: Axes, norm: Any) -> None:
+    """What the share of bad-quality rows in a bucket looks like, in words and %."""
+    from matplotlib.patches import Patch
+
+    ax.axis("off")
+    good = _cmap("Greens")(norm(norm.vmax))
+    shares = np.asarray([share for share, _ in BAD_KEY])
+    handles = [Patch(facecolor=good, label="0%: none bad (green)")] + [
+        Patch(facecolor=colour, edgecolor="#999999", label=text)
+        for colour, (_, text) in zip(bad_share_colours(shares), BAD_KEY, strict=True)
+    ]
+    ax.legend(
+        handles=handles,
+        loc="center left",
+        frameon=False,
+        fontsize=7.5,
+        title="bad-quality rows in a bucket",
+        title_fontsize=8,
+        alignment="left",
+    )
 
 
 def _tag_totals(cov: TagCoverage) -> Figure:
@@ -349,7 +383,7 @@ def _tag_grid(cov: TagCoverage, norm: Any, count: int) -> Figure:
     _paint(colours, rows > 0, _cmap("Greens"), norm, rows)
     with np.errstate(invalid="ignore", divide="ignore"):
         share = bad / np.maximum(rows, 1)
-    _paint(colours, bad > 0, _cmap("Reds", 0.35), _share_norm(), share)
+    colours[bad > 0] = bad_share_colours(share[bad > 0])
     for marks, colour in ((cov.held, HELD_COLOUR), (cov.missing, MISSING_COLOUR)):
         if marks is not None:  # the ledger's windows, drawn apart from gaps
             colours[marks[:count]] = to_rgba(colour)

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from tests.fixtures import write_config
@@ -110,6 +111,38 @@ def test_unknown_flow_and_missing_file(tmp_path: Path) -> None:
         historian("run", "f", "-c", "absent.yaml", cwd=tmp_path), 2, "no such file"
     )
     assert_clean_failure(historian("run", cwd=tmp_path), 2, "FLOW name or --all")
+
+
+def test_a_mistyped_flow_or_node_name_suggests_the_closest_in_one_line_exit_2(
+    tmp_path: Path,
+) -> None:
+    flow = {**small_flow(), "windw": "1h"}
+    write_config(
+        tmp_path, node={"url": "http://127.0.0.1:1"}, flows={"ho_raw": flow}, sinks=["lake"]
+    )
+    assert_clean_failure(
+        historian("check", cwd=tmp_path), 2, "flows.ho_raw.windw: unknown key; did you mean window?"
+    )
+    path = write_config(
+        tmp_path, node={"url": "http://127.0.0.1:1"}, flows={"ho_raw": small_flow()}, sinks=["lake"]
+    )
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    document["nodes"] = {"ho": document["nodes"]["n"]}
+    document["flows"]["ho_raw"]["node"] = "ho"
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    for args in (["run", "ho_rwa"], ["plan", "ho_rwa"], ["run", "ho_rwa", "--prefect"]):
+        line = assert_clean_failure(historian(*args, cwd=tmp_path), 2, "no flow named 'ho_rwa'")
+        assert line.endswith("; did you mean ho_raw?"), line
+    line = assert_clean_failure(historian("run", "qqqq", cwd=tmp_path), 2, "no flow named 'qqqq'")
+    assert "did you mean" not in line
+    line = assert_clean_failure(historian("run", "ho_raw", "--node", "hoo", cwd=tmp_path), 2)
+    assert line.endswith(
+        "--node: 'hoo' is not a node of flow 'ho_raw' (its nodes: ho); did you mean ho?"
+    )
+    line = assert_clean_failure(historian("tags", "hoo", cwd=tmp_path), 2, "no node named 'hoo'")
+    assert line.endswith("; did you mean ho?"), line
+    line = assert_clean_failure(historian("tags", "plant", cwd=tmp_path), 2, "no node named")
+    assert "did you mean" not in line
 
 
 def test_unreachable_node_is_one_line_exit_1(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ flows.yaml, whatever became of it (ok, failed, interrupted), and lists them."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ import pytest
 
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from tests.cli.held_node import FIRST_CHUNK, held_node
-from tests.cli.test_cli import historian
+from tests.cli.test_cli import historian, small_flow
 from tests.cli.test_cli_interrupt import RUNS, command, environment, flow_config
 from tests.fixtures import write_config
 
@@ -87,3 +88,29 @@ def _flow(tmp_path: Path) -> dict[str, object]:
     flow: dict[str, object] = document["flows"]["f"]
     flow.pop("sinks", None)
     return flow
+
+
+def _watermark_cells(text: str) -> list[str]:
+    """The time cells (`2026-12-01 21:41:47Z`) of the table rows of flow f."""
+    rows = [line for line in text.splitlines() if line.startswith("│ f ")]
+    return [cell for row in rows for cell in re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", row)]
+
+
+def test_a_failed_runs_summary_shows_the_watermark_state_shows(
+    tmp_path: Path, sim_url: str
+) -> None:
+    flow = small_flow(window="30m", start="-2h")
+    write_config(tmp_path, node={"url": sim_url}, flows={"f": flow}, sinks=["lake"])
+    first = historian("run", "f", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    down = {"url": f"http://127.0.0.1:{closed_port()}", "retries": 1}
+    write_config(tmp_path, node=down, flows={"f": _flow(tmp_path)}, sinks=["lake"])
+    failed = historian("run", "f", cwd=tmp_path)
+    assert failed.returncode == 1, failed.stderr
+    assert "failed" in failed.stdout
+    state = historian("state", cwd=tmp_path)
+    assert state.returncode == 0, state.stderr
+    stored = _watermark_cells(state.stdout)[:1]  # complete up to (then the span per tag)
+    assert stored, state.stdout
+    assert _watermark_cells(failed.stdout) == stored, failed.stdout
+    assert _watermark_cells(first.stdout) == stored, "the first run's own watermark"

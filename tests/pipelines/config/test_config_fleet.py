@@ -126,7 +126,9 @@ def test_node_defaults_merge_nested_simulator_settings() -> None:
 def test_an_unknown_key_in_node_defaults_is_named_there() -> None:
     data = copy.deepcopy(FLEET)
     data["node_defaults"] = {"max_conections": 2}
-    assert error_of(data) == "flows.yaml: node_defaults.max_conections: unknown key"
+    assert error_of(data) == (
+        "flows.yaml: node_defaults.max_conections: unknown key; did you mean max_connections?"
+    )
     data["node_defaults"] = {"max_connections": 0}
     assert error_of(data).startswith("flows.yaml: nodes.")  # a bad value: where it lands
 

@@ -382,3 +382,105 @@ def test_an_explicit_range_rerun_after_faults_is_still_exact(
         node.faults.clear()
     for name, rows in contents(path).items():
         assert rows == reference, name
+
+
+# A node that answers after 3 s, read with a 1 s timeout and 2 retries: three attempts.
+SLOW = {"retries": 2, "read_timeout": "1s", "max_connections": 1}
+
+
+def slow_answers(node: SimulatedNode, count: int) -> None:
+    """The next `count` history requests answer 3 s late (past SLOW's read timeout)."""
+    node.faults.configure(rate=0.0, kinds=[], slow_s=3.0)
+    node.faults.fail_next("slow", count, operations=["tag.historyMany"])
+
+
+def retry_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "attempt " in r.getMessage()]
+
+
+def test_a_timeout_warning_names_the_flow_node_window_and_timeout(
+    tmp_path: Path,
+    node: SimulatedNode,
+    server: Any,
+    reference: list[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    path = write_config(
+        tmp_path, node=node_config(server.http_url, **SLOW), flows={"f": flow()}, sinks=["lake"]
+    )
+    before = node.faults.injected["slow"]
+    slow_answers(node, 2)
+    try:
+        with caplog.at_level(logging.WARNING, logger="historian"):
+            summary = run(path)
+    finally:
+        node.faults.clear()
+    assert node.faults.injected["slow"] - before == 2
+    assert summary.chunks_done == summary.chunks_planned
+    warnings = retry_warnings(caplog)  # a busy machine may time out more than the two
+    assert len(warnings) >= 2, warnings
+    first = START.strftime("%Y-%m-%dT%H:%M")
+    assert warnings[0].startswith(f"flow f node n window {first}Z..")
+    assert warnings[0].endswith(
+        ": tag.historyMany: no answer within 1 s; attempt 1 of 3 failed, retrying in "
+        + warnings[0].rsplit("retrying in ", 1)[1]
+    )
+    assert "attempt 2 of 3 failed" in warnings[1]
+    assert contents(path)["lake"] == reference
+
+
+def test_a_window_timing_out_on_every_attempt_names_the_settings_to_change(
+    tmp_path: Path, node: SimulatedNode, server: Any, reference: list[Any]
+) -> None:
+    path = write_config(
+        tmp_path, node=node_config(server.http_url, **SLOW), flows={"f": flow()}, sinks=["lake"]
+    )
+    slow_answers(node, 3)
+    try:
+        with pytest.raises(RunFailed) as caught:
+            run(path)
+    finally:
+        node.faults.clear()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "tag.historyMany: gave up after 3 attempts: no answer within 1 s; window "
+    ), message
+    assert message.endswith(
+        " timed out on every attempt: raise nodes.n.read_timeout or shorten flows.f.window"
+    ), message
+    run(path)  # the next run completes it
+    assert contents(path)["lake"] == reference
+
+
+def test_window_auto_asks_in_halves_after_a_window_times_out_and_says_so_once(
+    tmp_path: Path,
+    node: SimulatedNode,
+    server: Any,
+    reference: list[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    path = write_config(
+        tmp_path,
+        node=node_config(server.http_url, **SLOW),
+        flows={"f": flow(window="auto")},
+        sinks=["lake"],
+    )
+    before = node.faults.injected["slow"]
+    try:
+        with caplog.at_level(logging.WARNING, logger="historian"):
+            # Once planned (window: auto sizes its windows from a sample of the history).
+            summary = run(path, on_plan=lambda plan: slow_answers(node, 3))
+    finally:
+        node.faults.clear()
+    assert node.faults.injected["slow"] - before == 3
+    assert summary.window_auto
+    assert summary.chunks_done == summary.chunks_planned
+    said = [r.getMessage() for r in caplog.records if "window: auto now asks" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith("flow f node n window ")
+    assert (
+        ": tag.historyMany: no answer within 1 s on every attempt; window: auto now asks"
+        in (said[0])
+    )
+    assert contents(path)["lake"] == reference

@@ -445,8 +445,8 @@ def made_up_coverage(span: timedelta, members: int) -> TagCoverage:
 
 
 def label_boxes(figure: Any) -> list[tuple[str, Any]]:
-    """Every tick label matplotlib draws (ticks inside the view) and every text beside the
-    axes (series names, trend ranges), with its box on the page."""
+    """Every tick label matplotlib draws (ticks inside the view), every text beside the
+    axes (series names, trend ranges) and every legend's text, with its box on the page."""
     figure.draw_without_rendering()
     boxes = []
     axes = list(figure.axes)
@@ -463,6 +463,10 @@ def label_boxes(figure: Any) -> list[tuple[str, Any]]:
                     if text.get_visible() and text.get_text():
                         boxes.append((text.get_text(), text.get_window_extent()))
         boxes += [(t.get_text(), t.get_window_extent()) for t in ax.texts if t.get_text()]
+        legend = ax.get_legend()
+        if legend is not None:  # the keys' entries and titles, in words
+            texts = [*legend.get_texts(), legend.get_title()]
+            boxes += [(t.get_text(), t.get_window_extent()) for t in texts if t.get_text()]
     return boxes
 
 
@@ -627,22 +631,16 @@ def test_pages_render_without_matplotlib_warnings() -> None:
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
+needs_chromium = pytest.mark.skipif(
     CHROMIUM is None,
     reason="chromium not installed (apt-get install -y chromium); bench/report_screenshot.py documents the check",
 )
-def test_headless_chromium_draws_the_page_offline_with_hostile_paths_as_text(
-    tmp_path: Path,
-) -> None:
-    from PIL import Image
 
+
+def in_chromium(page: Path, png: Path) -> str:
+    """The page as headless Chromium renders it, offline with a fresh profile: its DOM, and
+    its screenshot in `png`."""
     assert CHROMIUM is not None
-    path = two_flows(tmp_path, "lake")
-    config = load(path)
-    with SinkSet(config, path.parent) as sinks:
-        fill(sinks, "lake")
-        page = write_report(config, "f", tmp_path / "f.html", sinks=sinks)
     flags = [
         "--headless",
         "--no-sandbox",
@@ -653,6 +651,7 @@ def test_headless_chromium_draws_the_page_offline_with_hostile_paths_as_text(
         "--disable-sync",
         "--host-resolver-rules=MAP * ~NOTFOUND",
         "--window-size=1280,1400",
+        "--force-color-profile=srgb",
     ]
     with tempfile.TemporaryDirectory(prefix="historian-chromium-") as profile:
         common = [CHROMIUM, *flags, f"--user-data-dir={profile}"]
@@ -663,19 +662,109 @@ def test_headless_chromium_draws_the_page_offline_with_hostile_paths_as_text(
             timeout=120,
             check=True,
         ).stdout
-        png = tmp_path / "f.png"
         subprocess.run(
             [*common, f"--screenshot={png}", page.as_uri()],
             capture_output=True,
             timeout=120,
             check=True,
         )
+    return dom
+
+
+def screen_colours(png: Path) -> dict[tuple[int, int, int], int]:
+    """How many pixels of the screenshot have each colour."""
+    from PIL import Image
+
+    with Image.open(png) as shot:
+        colours = shot.convert("RGB").getcolors(maxcolors=1 << 22)
+    assert colours is not None
+    return {colour: count for count, colour in colours}
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_headless_chromium_draws_the_page_offline_with_hostile_paths_as_text(
+    tmp_path: Path,
+) -> None:
+    path = two_flows(tmp_path, "lake")
+    config = load(path)
+    with SinkSet(config, path.parent) as sinks:
+        fill(sinks, "lake")
+        page = write_report(config, "f", tmp_path / "f.html", sinks=sinks)
+    dom = in_chromium(page, tmp_path / "f.png")
     elements = parsed(dom)
     assert "script" not in elements.tags, "the hostile path did not become markup"
     assert elements.tags.count("svg") == 3
     assert elements.tags.count("tr") == 6, "a header and five tags: the table survived"
     assert "</svg><script>alert(1)</script>" in "".join(elements.text)
-    with Image.open(png) as shot:
-        colours = shot.convert("RGB").getcolors(maxcolors=1 << 20)
-    assert colours is not None
-    assert len(colours) > 50, "the screenshot shows the drawings"
+    assert len(screen_colours(tmp_path / "f.png")) > 50, "the screenshot shows the drawings"
+
+
+def shares_coverage(shares: list[float], rows: int = 400) -> TagCoverage:
+    """A day of hourly buckets, `rows` rows in each, per tag that share of them bad."""
+    window = Window(START, START + timedelta(days=1))
+    grid = plan_grid(window, HOUR)
+    shape = (len(shares), grid.count)
+    counts = np.full(shape, rows, np.int64)
+    bad = np.array([[round(rows * share)] * grid.count for share in shares], np.int64)
+    return TagCoverage(
+        flow="f",
+        window=window,
+        grid=grid,
+        members=[f"/Plant/{share:.0%} bad" for share in shares],
+        rows=counts,
+        bad=bad,
+        low=np.zeros(shape),
+        high=np.ones(shape),
+        total=np.full(shape, 0.5),
+        counted=np.ones(shape, np.int64),
+        extracted=np.ones(shape, bool),
+    )
+
+
+def rgb(colour: Any) -> tuple[int, int, int]:
+    red, green, blue = (round(float(c) * 255) for c in list(colour)[:3])
+    return red, green, blue
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_headless_chromium_colours_buckets_by_bad_share_from_a_neutral_zero_with_a_key(
+    tmp_path: Path,
+) -> None:
+    """Three tags whose buckets are 0%, 3% and 100% bad: in the rendered page the first is
+    the good green, the second a light pink, the third the full red, each a whole row of
+    cells; and the key says what each colour means, in words and %."""
+    from matplotlib import colormaps
+
+    from pipelines.report.charts import bad_share_colours
+
+    page = tmp_path / "shares.html"
+    page.write_text(render_tag_page(shares_coverage([0.0, 0.03, 1.0]), title="t", where="w"))
+    dom = in_chromium(page, tmp_path / "shares.png")
+    seen = screen_colours(tmp_path / "shares.png")
+
+    good = rgb(colormaps["Greens"](1.0))  # 400 rows, the most of any bucket: the darkest
+    light, full = (rgb(c) for c in bad_share_colours(np.array([0.03, 1.0])))
+    row_px = 24 * 10  # a row of 24 cells, at least 10 px wide and 10 px high on screen
+    for name, colour in (("0% bad: good", good), ("3% bad", light), ("100% bad", full)):
+        assert seen.get(colour, 0) >= row_px, (
+            name,
+            colour,
+            sorted(seen.items(), key=lambda c: -c[1])[:8],
+        )
+    assert sum(light) / 3 >= 220, f"3% bad is light: {light}"
+    assert max(full) <= 170, f"100% bad is the full, dark red: {full}"
+    assert full[0] > 2 * full[1], f"100% bad is red: {full}"
+    old_salmon = rgb(colormaps["Reds"](0.35))  # the scale that made 3% look all bad
+    assert seen.get(old_salmon, 0) < row_px
+
+    text = " ".join(" ".join(parsed(dom).text).split())
+    for words in (
+        "bad-quality rows in a bucket",
+        "0%: none bad",
+        "3%: a few bad",
+        "25%",
+        "100%: all bad",
+    ):
+        assert words in text, words
