@@ -26,7 +26,8 @@ working directory or command line lies in the soak's directory, whatever its
 environment (/proc walked, no pid file trusted). `--hours` and `--tags` size the
 backfill: small ones keep 30 + 30 cycles within minutes on a loaded machine. Prints
 rows lost, rows duplicated and processes left per cycle (all must be 0) and a summary
-line for RELIABILITY.md.
+line for RELIABILITY.md. `--parallel N` runs N cycles side by side (each its own
+directories, Prefect home and server; kill points seeded per cycle).
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -80,6 +83,7 @@ def flows() -> dict[str, Any]:
 
 
 MARK = "HISTORIAN_SOAK_MARK"
+RESUMES = 3  # attempts at the resume before the soak stops
 GONE_S = 30.0  # a server told to stop (SIGTERM) by its dead command ends within this
 
 
@@ -208,6 +212,9 @@ def arguments() -> argparse.Namespace:
         default=1.0,
         help="share of kill points drawn within --kill-within (the rest: whole duration)",
     )
+    parser.add_argument(
+        "--parallel", type=int, default=1, help="cycles run side by side (each its own dirs)"
+    )
     return parser.parse_args()
 
 
@@ -229,11 +236,12 @@ class Soak:
         self.args = args
         self.root = root
         self.sinks = args.sinks.split(",")
-        self.rng = random.Random(args.seed)
+        self.lock = threading.Lock()  # cycles may run side by side (--parallel)
         self.node = {"simulator": {"seed": 21, "tags": args.tags}}
         self.end = end_of(args.hours)
         self.totals: Counter[str] = Counter()
         self.phases: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
         self.duration = 0.0
         self.expected: list[Any] = []
 
@@ -251,24 +259,39 @@ class Soak:
         self.expected = contents(reference / "flows.yaml")["lake"]
         print(f"reference: {len(self.expected):,} rows in {self.duration:.1f} s", flush=True)
 
-    def kill_point(self) -> float:
+    def kill_point(self, rng: random.Random) -> float:
         within = self.args.kill_within
-        if within is not None and self.rng.random() < self.args.start_share:
-            return self.rng.uniform(0.02, 1.0) * within
-        return self.rng.uniform(0.02, 1.0) * self.duration
+        if within is not None and rng.random() < self.args.start_share:
+            return rng.uniform(0.02, 1.0) * within
+        return rng.uniform(0.02, 1.0) * self.duration
 
-    def kills(self, work: Path, mark: str) -> int:
+    def kills(self, work: Path, mark: str, rng: random.Random) -> int:
         kills = 0
-        for _ in range(self.rng.choice([1, 1, 2, 3])):
+        for _ in range(rng.choice([1, 1, 2, 3])):
             process = backfill(work, self.args.path, mark, self.end)
-            time.sleep(self.kill_point())
+            time.sleep(self.kill_point(rng))
             if process.poll() is None:
                 moment = phase(mark, self.args.path, work / "lake")
                 process.send_signal(signal.SIGKILL)
-                self.phases[moment] += 1
+                with self.lock:
+                    self.phases[moment] += 1
                 kills += 1
             process.wait()
         return kills
+
+    def resume(self, work: Path, mark: str) -> None:
+        """Run the backfill to its end; a failed attempt (on a loaded machine, Prefect's
+        server not up within its start-up bound) is counted with its line and tried again."""
+        for _ in range(RESUMES):
+            process = backfill(work, self.args.path, mark, self.end)
+            _, err = process.communicate()
+            if process.returncode == 0:
+                return
+            line = err.decode(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            with self.lock:
+                self.totals["resumes failed"] += 1
+                self.failures[line[0][:160]] += 1
+        raise SystemExit(f"resume failed {RESUMES} times: {line[0]}")
 
     def cycle(self, cycle: int) -> None:
         work = self.root / f"cycle{cycle}"
@@ -284,24 +307,22 @@ class Soak:
             pg=(PG_URL, schema) if "pg" in self.sinks else None,
         )
         mark = uuid.uuid4().hex
-        kills = self.kills(work, mark)
-        process = backfill(work, self.args.path, mark, self.end)
-        if process.wait() != 0:
-            raise SystemExit(
-                f"resume failed: {process.stderr.read().decode() if process.stderr else ''}"
-            )
+        kills = self.kills(work, mark, random.Random(f"{self.args.seed}-{cycle}"))
+        self.resume(work, mark)
         left = processes_left(mark, work)
-        self.totals["left"] += left
         for name, rows in contents(work / "flows.yaml").items():
             lost, duplicated = diff(rows, self.expected)
-            self.totals["lost"] += lost
-            self.totals["duplicated"] += duplicated
+            with self.lock:
+                self.totals["lost"] += lost
+                self.totals["duplicated"] += duplicated
             print(
                 f"cycle {cycle:3d} sink {name:5} kills {kills} lost {lost} "
                 f"duplicated {duplicated} processes left {left}",
                 flush=True,
             )
-        self.totals["kills"] += kills
+        with self.lock:
+            self.totals["left"] += left
+            self.totals["kills"] += kills
         shutil.rmtree(work, ignore_errors=True)
         if "pg" in self.sinks:
             make_schema(schema, drop=True)
@@ -312,7 +333,9 @@ class Soak:
             f"{self.args.kills} cycles, {self.totals['kills']} SIGKILLs ({moments}) into "
             f"{self.args.sinks} ({self.args.path} path, {len(self.expected):,} rows, "
             f"reference {self.duration:.1f} s): rows lost {self.totals['lost']}, rows "
-            f"duplicated {self.totals['duplicated']}, processes left {self.totals['left']}"
+            f"duplicated {self.totals['duplicated']}, processes left {self.totals['left']}; "
+            f"resumes failed and tried again {self.totals['resumes failed']}"
+            + "".join(f"\n  {n} x {line}" for line, n in self.failures.items())
         )
 
 
@@ -323,8 +346,9 @@ def main() -> None:
         soak = Soak(args, root)
         soak.reference()
         began = time.monotonic()
-        for cycle in range(args.kills):
-            soak.cycle(cycle)
+        with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+            for done in [pool.submit(soak.cycle, cycle) for cycle in range(args.kills)]:
+                done.result()
         print(f"\n{soak.summary()}; {time.monotonic() - began:.0f} s", flush=True)
         totals = soak.totals
         if totals["lost"] or totals["duplicated"] or totals["left"]:
