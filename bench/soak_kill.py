@@ -213,6 +213,9 @@ def arguments() -> argparse.Namespace:
         help="share of kill points drawn within --kill-within (the rest: whole duration)",
     )
     parser.add_argument(
+        "--max-kills", type=int, default=3, help="at most this many kills before a resume"
+    )
+    parser.add_argument(
         "--parallel", type=int, default=1, help="cycles run side by side (each its own dirs)"
     )
     return parser.parse_args()
@@ -267,7 +270,7 @@ class Soak:
 
     def kills(self, work: Path, mark: str, rng: random.Random) -> int:
         kills = 0
-        for _ in range(rng.choice([1, 1, 2, 3])):
+        for _ in range(rng.choice([1, 1, 2, 3][: self.args.max_kills + 1])):
             process = backfill(work, self.args.path, mark, self.end)
             time.sleep(self.kill_point(rng))
             if process.poll() is None:
