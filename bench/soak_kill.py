@@ -268,8 +268,9 @@ class Soak:
             return rng.uniform(0.02, 1.0) * within
         return rng.uniform(0.02, 1.0) * self.duration
 
-    def kills(self, work: Path, mark: str, rng: random.Random) -> int:
-        kills = 0
+    def kills(self, work: Path, mark: str, rng: random.Random) -> list[str]:
+        """The moments (`phase`) at which this cycle's runs were killed."""
+        kills: list[str] = []
         for _ in range(rng.choice([1, 1, 2, 3][: self.args.max_kills + 1])):
             process = backfill(work, self.args.path, mark, self.end)
             time.sleep(self.kill_point(rng))
@@ -278,7 +279,7 @@ class Soak:
                 process.send_signal(signal.SIGKILL)
                 with self.lock:
                     self.phases[moment] += 1
-                kills += 1
+                kills.append(moment)
             process.wait()
         return kills
 
@@ -319,13 +320,13 @@ class Soak:
                 self.totals["lost"] += lost
                 self.totals["duplicated"] += duplicated
             print(
-                f"cycle {cycle:3d} sink {name:5} kills {kills} lost {lost} "
-                f"duplicated {duplicated} processes left {left}",
+                f"cycle {cycle:3d} sink {name:5} kills {len(kills)} lost {lost} "
+                f"duplicated {duplicated} processes left {left} ({', '.join(kills)})",
                 flush=True,
             )
         with self.lock:
             self.totals["left"] += left
-            self.totals["kills"] += kills
+            self.totals["kills"] += len(kills)
         shutil.rmtree(work, ignore_errors=True)
         if "pg" in self.sinks:
             make_schema(schema, drop=True)
