@@ -384,27 +384,6 @@ def test_an_explicit_range_rerun_after_faults_is_still_exact(
         assert rows == reference, name
 
 
-def waiting_on_a_lock(conn: Any, application: str, timeout_s: float = 120) -> int:
-    """The backend of `application` once it waits on a lock (a session lock `conn` holds
-    outlives its commits)."""
-    import sqlalchemy as sa
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pid = conn.execute(
-            sa.text(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = :a "
-                "AND wait_event_type = 'Lock'"
-            ),
-            {"a": application},
-        ).scalar()
-        conn.commit()  # the next look, a new snapshot of pg_stat_activity
-        if pid is not None:
-            return int(pid)
-        assert time.monotonic() < deadline, f"{application} waits on a lock"
-        time.sleep(0.02)
-
-
 def test_a_postgres_session_terminated_while_the_run_connects_is_connected_again(
     tmp_path: Path, server: Any, reference: list[Any], own_pg: Any
 ) -> None:
@@ -412,6 +391,8 @@ def test_a_postgres_session_terminated_while_the_run_connects_is_connected_again
     (`pg_terminate_backend`) while it sets up the sink's tables, held on the DDL lock this
     test takes: the run connects again and completes exactly."""
     import sqlalchemy as sa
+
+    from tests.pg_server import waiting_session
 
     path = pg_flow_config(tmp_path, server, own_pg)
     schema = load(path).sinks["pg"].schema_
@@ -424,7 +405,7 @@ def test_a_postgres_session_terminated_while_the_run_connects_is_connected_again
             holder.execute(sa.text("SELECT pg_advisory_lock(hashtext(:k))"), ddl)
             holder.commit()
             runner.start()
-            victim = waiting_on_a_lock(holder, f"historian {schema}")
+            victim = waiting_session(holder, f"historian {schema}", timeout_s=120)
             holder.execute(sa.text("SELECT pg_terminate_backend(:p, 30000)"), {"p": victim})
             holder.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:k))"), ddl)
             holder.commit()
