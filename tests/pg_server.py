@@ -234,3 +234,24 @@ class Sessions:
             with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
                 sock.shutdown(socket.SHUT_RDWR)
         return len(alive)
+
+
+def waiting_session(conn: Any, application: str, timeout_s: float = 15) -> int:
+    """The backend of `application` once it waits on a lock (session locks held by `conn`,
+    a SQLAlchemy connection, outlive its commits)."""
+    import sqlalchemy as sa
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pid = conn.execute(
+            sa.text(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = :a "
+                "AND wait_event_type = 'Lock'"
+            ),
+            {"a": application},
+        ).scalar()
+        conn.commit()  # the next look, a new snapshot of pg_stat_activity
+        if pid is not None:
+            return int(pid)
+        assert time.monotonic() < deadline, f"{application} waits on a lock"
+        time.sleep(0.02)

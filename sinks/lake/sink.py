@@ -78,6 +78,13 @@ What a reader of the plain folder sees (pyarrow.dataset, DuckDB, pandas, Polars)
   `target_file_rows` and go to new files, which a listing taken before does not name.
   Measured in tests/sinks/lake/test_lake_readers.py. Readers that need snapshots use a table
   format (Delta Lake, Iceberg).
+* DuckDB's own `read_parquet` opens a file again by its path while it scans it (a handle
+  per scan thread, after reading the footer through another), so a file replaced or
+  emptied in that instant is read with the footer of the one before it (`TProtocolException:
+  Invalid data`, `Prefetch registered for bytes outside file`). No rename-based writer can
+  keep a path's bytes while new rows take its place; DuckDB beside a writer scans the lake
+  through pyarrow.dataset (`con.register("lake", pyarrow.dataset.dataset(...))`), which reads
+  each file through one handle (bench/lake_readers.py).
 
 Writes are crash-safe at every point (`sinks.lake.journal`): files are staged outside the
 dataset, an intent lists the renames and emptyings in the order above, and a write killed

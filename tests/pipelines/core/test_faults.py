@@ -484,3 +484,45 @@ def test_window_auto_asks_in_halves_after_a_window_times_out_and_says_so_once(
         in (said[0])
     )
     assert contents(path)["lake"] == reference
+
+
+def test_a_postgres_session_terminated_while_the_run_connects_is_connected_again(
+    tmp_path: Path, server: Any, reference: list[Any], own_pg: Any
+) -> None:
+    """The run's first session to the PostgreSQL this module started is terminated
+    (`pg_terminate_backend`) while it sets up the sink's tables, held on the DDL lock this
+    test takes: the run connects again and completes exactly."""
+    import sqlalchemy as sa
+
+    from tests.pg_server import waiting_session
+
+    path = pg_flow_config(tmp_path, server, own_pg)
+    schema = load(path).sinks["pg"].schema_
+    outcome: list[Any] = []
+    runner = threading.Thread(target=lambda: outcome.append(run_or_error(path)))
+    admin = sa.create_engine(own_pg.url)
+    try:
+        with admin.connect() as holder:
+            ddl = {"k": f"historian-ddl:{schema}"}
+            holder.execute(sa.text("SELECT pg_advisory_lock(hashtext(:k))"), ddl)
+            holder.commit()
+            runner.start()
+            victim = waiting_session(holder, f"historian {schema}", timeout_s=120)
+            holder.execute(sa.text("SELECT pg_terminate_backend(:p, 30000)"), {"p": victim})
+            holder.execute(sa.text("SELECT pg_advisory_unlock(hashtext(:k))"), ddl)
+            holder.commit()
+        runner.join(timeout=300)
+    finally:
+        admin.dispose()
+    assert not runner.is_alive(), "the run came back"
+    summary = outcome[0]
+    assert not isinstance(summary, BaseException), f"the run stopped: {summary}"
+    assert summary.chunks_done == summary.chunks_planned
+    assert contents(path)["pg"] == reference
+
+
+def run_or_error(path: Path) -> Any:
+    try:
+        return run(path)
+    except Exception as exc:  # the test reports it as the run's outcome
+        return exc

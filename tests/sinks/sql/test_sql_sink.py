@@ -37,7 +37,7 @@ from sinks.sql.locks import SessionLock, advisory_lock
 from sinks.sql.mysql import NamedLock
 from sinks.sql.pg_copy import encode_binary_copy
 from sinks.sql.warehouse import SqlWarehouse
-from tests.pg_server import Sessions
+from tests.pg_server import Sessions, waiting_session
 from tests.sinks.sql.sql_frames import ATTRS, alarms, history, hours, rows, scope, sort_key
 
 REPO = Path(__file__).resolve().parents[3]
@@ -706,25 +706,6 @@ def test_a_session_ended_while_the_sink_connects_is_connected_again(
     finally:
         sink.close()
         admin.dispose()
-
-
-def waiting_session(conn: sa.Connection, application: str, timeout_s: float = 15) -> int:
-    """The backend of `application` once it waits on a lock (session locks held by `conn`
-    outlive its commits)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pid = conn.execute(
-            sa.text(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = :a "
-                "AND wait_event_type = 'Lock'"
-            ),
-            {"a": application},
-        ).scalar()
-        conn.commit()  # the next look, a new snapshot of pg_stat_activity
-        if pid is not None:
-            return int(pid)
-        assert time.monotonic() < deadline, f"{application} waits on a lock"
-        time.sleep(0.02)
 
 
 def write_with_its_connection_killed(
