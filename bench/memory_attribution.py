@@ -211,17 +211,8 @@ def measure(
     work = Workload("attribution", 100, timedelta(hours=hours), "").work()
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as out:
         command = [
-            PYTHON,
-            __file__,
-            "--child",
-            "--url",
-            url,
-            "--tags-file",
-            str(tags_file),
-            "--work",
-            work.to_json(),
-            "--out",
-            out,
+            *(PYTHON, __file__, "--child", "--url", url, "--tags-file", str(tags_file)),
+            *("--work", work.to_json(), "--out", out),
             *(["--tracemalloc"] if traced else []),
             *(["--variant", variant] if variant else []),
         ]

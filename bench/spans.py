@@ -20,10 +20,8 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -41,6 +39,7 @@ from compare import (
     _cli_config,
     _rows_from_sink,
     checkout,
+    measured_usage,
     start_simulator,
 )
 
@@ -69,23 +68,6 @@ class Run:
         return self.user_s + self.system_s
 
 
-def timed(command: list[str], env: dict[str, str]) -> tuple[str, float, float, float, float]:
-    """stdout, wall, user and system seconds, peak RSS MB of a child (GNU time)."""
-    began = time.perf_counter()
-    done = subprocess.run(
-        ["/usr/bin/time", "-f", "__usage %M %U %S", *command],
-        capture_output=True,
-        check=False,
-        env=env,
-    )
-    wall = time.perf_counter() - began
-    err = done.stderr.decode(errors="replace")
-    if done.returncode:
-        raise SystemExit(f"{command[:4]} failed: {err[-2000:]}")
-    usage = [line for line in err.splitlines() if line.startswith("__usage ")][-1].split()
-    return done.stdout.decode(), wall, float(usage[2]), float(usage[3]), int(usage[1]) / 1024
-
-
 def run(contender: str, span: str, ctx: Context, paths: list[str]) -> Run:
     name, _, revision = contender.partition("@")
     tags, length = SPANS[span]
@@ -109,7 +91,7 @@ def run(contender: str, span: str, ctx: Context, paths: list[str]) -> Run:
                 *("--url", ctx.url, "--tags-file", str(tags_file)),
                 *("--work", work.to_json(), "--target", "parquet", "--out", str(folder)),
             ]
-            out, *usage = timed(command, env)
+            out, *usage = measured_usage(command, env)
             rows = int(json.loads(out.strip().splitlines()[-1])["rows"])
         else:
             config = _cli_config(folder, work, here, "parquet", "unused")
@@ -118,7 +100,7 @@ def run(contender: str, span: str, ctx: Context, paths: list[str]) -> Run:
                 *("backfill", "bench", "--start", work.start, "--end", work.end),
                 *("-c", str(config), "--prefect" if name == "cli-prefect" else "--direct"),
             ]
-            _, *usage = timed(command, env)
+            _, *usage = measured_usage(command, env)
             rows = _rows_from_sink(config, work)
         wall, user, system, rss = usage
         return Run(contender, span, rows, wall, user, system, rss)
