@@ -5,12 +5,13 @@
 
 One replay-mode simulator (1,000 tags sampled every second) in its own process; the
 spans are raw backfills of its first 100 tags over 1 h, 12 h, 48 h and a week, and of all
-1,000 tags over a day, 1-hour windows, into a Parquet lake. Every contender runs each
-span once unmeasured (the node renders its answers), then `--runs` times, alternating:
+1,000 tags over a day, 1-hour windows, into a Parquet lake. One contender runs each
+span once unmeasured (the node renders its answers), then each `--runs` times, alternating:
 wall, CPU (user + system), the system share of it and peak RSS of the extracting
 process (GNU time). `pipeline` is `run_flow` in process (bench/contenders.py);
 `cli-prefect` is `historian backfill --prefect` (a flow run on Prefect's ephemeral
 server); `NAME@REV` runs that contender on the package as it was at git revision REV.
+The unmeasured run is `--warmup`'s (the cheap `pipeline` by default).
 """
 
 from __future__ import annotations
@@ -140,6 +141,9 @@ def main() -> None:
     parser.add_argument("--spans", default=",".join(SPANS))
     parser.add_argument("--contenders", default="pipeline,pipeline@main")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--warmup", default="pipeline", help="the contender whose unmeasured run fills the node"
+    )
     parser.add_argument("--json", type=Path, help="also write every run here")
     args = parser.parse_args()
     spans = args.spans.split(",")
@@ -152,7 +156,7 @@ def main() -> None:
         paths = sorted(entry["fullPath"] for entry in answer.json()["tags"].values())
         ctx = Context(url, Path(), "")
         for span in spans:
-            run(contenders[0], span, ctx, paths)  # the node renders the span's answers
+            run(args.warmup, span, ctx, paths)  # the node renders the span's answers
             for _ in range(args.runs):
                 for contender in contenders:
                     measure = run(contender, span, ctx, paths)
