@@ -269,7 +269,16 @@ def simulator(*options: str) -> tuple[subprocess.Popen[bytes], str]:
 def measured(
     command: list[str], env: dict[str, str] | None = None
 ) -> tuple[str, float, float, float]:
-    """Run a child; return its stdout, wall seconds, CPU seconds and peak RSS in MB.
+    """Run a child; return its stdout, wall seconds, CPU seconds and peak RSS in MB."""
+    stdout, wall, user_s, system_s, peak_mb = measured_usage(command, env)
+    return stdout, wall, user_s + system_s, peak_mb
+
+
+def measured_usage(
+    command: list[str], env: dict[str, str] | None = None
+) -> tuple[str, float, float, float, float]:
+    """Run a child; return its stdout, wall seconds, user and system CPU seconds and peak
+    RSS in MB.
 
     The child runs under GNU time, which reports its own CPU time and high-water mark: a
     process forked from this (large) parent inherits the parent's high-water mark, so
@@ -290,7 +299,7 @@ def measured(
         raise SystemExit(f"{command[:3]} failed: {err[-2000:]}")
     usage = [line for line in err.splitlines() if line.startswith("__usage ")][-1].split()
     peak_kb, user_s, system_s = int(usage[1]), float(usage[2]), float(usage[3])
-    return process.stdout.decode(), wall, user_s + system_s, peak_kb / 1024
+    return process.stdout.decode(), wall, user_s, system_s, peak_kb / 1024
 
 
 @dataclass(frozen=True)

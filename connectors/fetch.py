@@ -513,6 +513,14 @@ class AlarmFetcher:
 T = TypeVar("T")
 
 
+# Answers are read concurrently (the node's connections) but parsed one at a time in a
+# process: a parse holds about three copies of its answer at its peak (the body, the data
+# texts joined, their CSV translation) beside the rows it makes, and two at once stacked
+# their peaks. It holds the GIL for most of its work, so little is lost (BENCHMARKS.md,
+# "Flat memory").
+_PARSING = threading.Lock()
+
+
 def counted(request: Callable[[], bytes], parse: Callable[[bytes], T], out: Fetched) -> T:
     """`parse(request())`, the request and its bytes counted in `out`.
 
@@ -522,7 +530,8 @@ def counted(request: Callable[[], bytes], parse: Callable[[bytes], T], out: Fetc
     body = request()
     out.requests += 1
     out.bytes_received += len(body)
-    return parse(body)
+    with _PARSING:
+        return parse(body)
 
 
 def refuse_mostly_outside(
@@ -570,10 +579,14 @@ def _halves(
 
 
 def joined(parts: list[Fetched], members: Sequence[str]) -> Fetched:
-    """The pieces of one question (disjoint by tag or by time) as its answer: rows in (tag, ts) order (pieces are
-    disjoint by tag or by time, so `seq` stays right), costs added up."""
+    """The pieces of one question as its answer: rows in (tag, ts) order (pieces are
+    disjoint by tag or by time, so `seq` stays right), costs added up. The pieces' rows
+    are taken out of `parts` and copied into one chunk per column a column at a time, so
+    the copy a sink needs is made here, never beside a second whole copy."""
     tables = [part.table for part in parts if part.table.num_rows] or [parts[0].table]
-    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    for part in parts:
+        part.table = part.table.schema.empty_table()
+    table = _one_chunk(tables)
     out = Fetched(_by_tag_ts(table) if members else table)
     missing: set[str] = set()
     for part in parts:
@@ -585,6 +598,21 @@ def joined(parts: list[Fetched], members: Sequence[str]) -> Fetched:
         out.values_not_of_type += part.values_not_of_type
     out.missing = tuple(tag for tag in members if tag in missing)
     return out
+
+
+def _one_chunk(tables: list[pa.Table]) -> pa.Table:
+    """The tables one after the other, one chunk per column; `tables` is emptied, so each
+    column's pieces are freed as soon as that column is copied."""
+    if len(tables) == 1:
+        return tables.pop()
+    table = pa.concat_tables(tables)
+    tables.clear()
+    schema, columns = table.schema, table.columns
+    del table
+    for index, column in enumerate(columns):
+        columns[index] = column.combine_chunks()
+        del column
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _ms(moment: datetime) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -184,3 +184,41 @@ def own_database(pg_url: str, prefix: str) -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(sa.text(f'drop database if exists "{name}" with (force)'))
         admin.dispose()
+
+
+class HeldWriter:
+    """A run's `on_chunk` that holds the writer after each write until the fetch stage is
+    at rest (nothing fetching and, with `until`, at least `until(n)` chunks held after the
+    n-th write), then notes the chunks the process holds (`engine.HELD`): how far fetching
+    ran ahead of a writer that stopped."""
+
+    def __init__(self, until: Callable[[int], int] | None = None, within_s: float = 30) -> None:
+        import gc
+
+        from pipelines.core.engine import HELD
+
+        gc.collect()  # what earlier tests left for the collector is not this run's
+        self.base = HELD.now
+        HELD.reset_peak()
+        self.until = until
+        self.within_s = within_s
+        self.seen: list[int] = []
+
+    def __call__(self, outcome: object, summary: object) -> None:
+        import time
+
+        from pipelines.core.engine import FETCHING, HELD
+
+        wanted = self.until(len(self.seen) + 1) if self.until is not None else 0
+        deadline = time.monotonic() + self.within_s
+        while FETCHING.now or HELD.now - self.base < wanted:
+            assert time.monotonic() < deadline, f"fetching did not come to rest: {self.seen}"
+            time.sleep(0.01)  # a condition waited for, bounded: not a fixed sleep
+        self.seen.append(HELD.now - self.base)
+
+    @property
+    def peak(self) -> int:
+        """The most chunks held at once during the run."""
+        from pipelines.core.engine import HELD
+
+        return HELD.peak - self.base

@@ -71,6 +71,7 @@ def coalesce(
                     yield join(waiting.pop(window).results)
             if remaining[window] <= 0 and window in waiting:
                 yield join(waiting.pop(window).results)
+            del result  # written by now: not kept while the next one is fetched
     except Exception:
         for pending in list(waiting.values()):
             yield join(pending.results)

@@ -17,8 +17,11 @@ means for the pipeline:
 * how a unit's chunks are fetched (`FetchJob`): decided once when the unit is planned, so
   the run's own threads, Prefect tasks and Dask workers build the same engine.
 
-Memory stays bounded: `stream` keeps at most `max_in_flight` chunks fetching and yields
-each chunk's frame as soon as it is complete.
+Memory stays bounded: `stream` keeps at most `max_in_flight` chunks fetching and at most
+`max_in_flight + 1` held between the start of a fetch and the writer's return for the
+next (the one being written included), and yields each chunk's rows as soon as they are
+complete. `HELD` counts the chunks this process holds, fetching or fetched, until their
+rows are gone: what a run's memory follows (tests/pipelines/core/test_memory_bound.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
@@ -76,10 +81,13 @@ T = TypeVar("T")
 __all__ = [
     "CHUNK_RETRIES",
     "CHUNK_RETRY_DELAY_S",
+    "FETCHING",
+    "HELD",
     "AlarmEngine",
     "ChunkResult",
     "FetchJob",
     "FilterQuery",
+    "Gauge",
     "HistoryClient",
     "HistoryEngine",
     "chunk_retry_may_help",
@@ -89,6 +97,51 @@ __all__ = [
 # A failed chunk is re-run whole at most this often (safe: writes replace their scope).
 CHUNK_RETRIES = 2
 CHUNK_RETRY_DELAY_S = 2.0
+
+
+class Gauge:
+    """How many of something are held at once, and the most seen (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.now = 0
+        self.peak = 0
+
+    def up(self) -> None:
+        with self._lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+
+    def down(self) -> None:
+        with self._lock:
+            self.now -= 1
+
+    def reset_peak(self) -> None:
+        """From here on, `peak` is the most seen from now."""
+        with self._lock:
+            self.peak = self.now
+
+
+# Chunks this process holds: from the start of a chunk's fetch until its fetched result
+# is gone (written and dropped, wherever it went), or its fetch failed; `FETCHING`: those
+# of them still being fetched.
+HELD = Gauge()
+FETCHING = Gauge()
+
+
+def held(fetch: Callable[[], ChunkResult]) -> ChunkResult:
+    """`fetch()`, counted in `HELD` from now until its result is collected."""
+    HELD.up()
+    FETCHING.up()
+    try:
+        result = fetch()
+    except BaseException:
+        HELD.down()
+        raise
+    finally:
+        FETCHING.down()
+    weakref.finalize(result, HELD.down)
+    return result
 
 
 def chunk_retry_may_help(error: BaseException) -> bool:
@@ -301,8 +354,8 @@ class HistoryEngine:
 
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
         """All rows of the chunk's tags in its window, exactly once each; the chunk is
-        fetched again when its failure may pass (`WindowTimeouts.fetch`)."""
-        return self.timeouts.fetch(chunk, self._fetch_once)
+        fetched again when its failure may pass (`WindowTimeouts.fetch`); counted in `HELD`."""
+        return held(lambda: self.timeouts.fetch(chunk, self._fetch_once))
 
     def _fetch_once(self, chunk: Chunk, pieces: int = 1) -> ChunkResult:
         began = time.perf_counter()
@@ -388,7 +441,7 @@ class AlarmEngine:
 
     def fetch_chunk(self, chunk: Chunk) -> ChunkResult:
         """The window's alarm events; fetched again when its failure may pass."""
-        return self.timeouts.fetch(chunk, self._fetch_once)
+        return held(lambda: self.timeouts.fetch(chunk, self._fetch_once))
 
     def _fetch_once(self, chunk: Chunk, pieces: int = 1) -> ChunkResult:
         began = time.perf_counter()
@@ -504,17 +557,22 @@ def _result(chunk: Chunk, fetched: Fetched, rows: pa.Table, began: float) -> Chu
 def stream_bounded(
     fetch: Callable[[Chunk], ChunkResult], chunks: Iterable[Chunk], max_in_flight: int
 ) -> Iterator[ChunkResult]:
-    """Run `fetch` over chunks in a thread pool, never more than `max_in_flight` pending.
+    """Run `fetch` over chunks in a thread pool, never more than `max_in_flight` fetching
+    and `max_in_flight + 1` held (fetching, fetched and waiting, or yielded and not yet
+    done with: the caller comes back for the next when it is), so fetching runs ahead of
+    the writer by the fetches alone; no reference to a result is kept once it is yielded.
 
     The first failure cancels what has not started and is raised after running fetches end;
     results already yielded stay yielded (the caller has written them).
     """
     iterator = iter(chunks)
+    bound = max_in_flight + 1
     with ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="fetch") as pool:
         in_flight: set[Future[ChunkResult]] = set()
+        ready: deque[Future[ChunkResult]] = deque()
 
         def refill() -> None:
-            while len(in_flight) < max_in_flight:
+            while len(in_flight) < max_in_flight and len(in_flight) + len(ready) < bound:
                 chunk = next(iterator, None)
                 if chunk is None:
                     return
@@ -522,14 +580,18 @@ def stream_bounded(
 
         try:
             refill()
-            while in_flight:
-                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-                in_flight.difference_update(done)
-                # Refill before handing results out: fetching goes on while the caller
-                # writes (at most 2 x max_in_flight chunks held at once).
+            while in_flight or ready:
+                if not ready:
+                    done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                    in_flight.difference_update(done)
+                    ready.extend(done)
+                    del done
+                # Refill before handing a result out: fetching goes on while the caller
+                # writes it (the result handed out counts among the `bound` held).
                 refill()
-                for future in done:
-                    yield future.result()
+                result = ready.popleft().result()
+                yield result
+                del result
         finally:
             for future in in_flight:
                 future.cancel()

@@ -1,12 +1,21 @@
-"""Keep a long run's memory flat: hand freed pages back instead of hoarding them.
+"""Keep a long run's memory flat without paying for it in system time.
 
-Why: peak RSS of a run grew with its length although only a bounded number of chunks is
-alive at once. Python objects were not the cause (few were alive at the end); Arrow's
-jemalloc pool and glibc's per-thread malloc arenas kept the freed pages. Arrow buffers on
-the system allocator, one malloc arena and a low trim threshold cut the peak at the same
-speed; heap pages freed below live blocks are handed back between chunks by
-`release_memory`, so the peak no longer grows with the run's length (the figures:
-BENCHMARKS.md, "Figures behind design choices").
+Where a backfill's memory goes (bench/memory_attribution.py, BENCHMARKS.md "Flat memory"):
+the libraries imported (~150 MB), the chunks held (at most the node's connections + 1:
+`engine.stream_bounded`), and each answer's parse (about three copies of the answer, one
+parse at a time: `connectors.fetch`). Peaks grew with the run's length when freed memory
+was kept in many places: Arrow's own pool and one malloc arena per thread. So Arrow's
+buffers go to the system allocator and glibc keeps one arena.
+
+What glibc does with a freed block decides the system time: below its mmap threshold a
+block is reused from the heap; above it, each block is a fresh mapping that the kernel
+zero-fills page by page (a fault per 4 KB) and unmaps when freed. A fixed low threshold
+(setting the trim threshold fixes it: `mallopt(3)`) and `malloc_trim` after each chunk
+held the peak down by faulting every chunk's pages in again: a third of a big backfill's
+CPU was the kernel's. Thresholds above one answer's size (`max_answer_mb`, 16 MB by
+default) keep the buffers of every chunk in the heap for the next, so the peak is what
+the chunks held need, reached once, and free memory at the top of the heap beyond the
+trim threshold still goes back.
 """
 
 from __future__ import annotations
@@ -19,8 +28,12 @@ import logging
 log = logging.getLogger("historian.memory")
 
 _M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
-_TRIM_THRESHOLD_BYTES = 128 * 1024
+# Blocks below this come from the heap and are reused; above it, mapped and unmapped.
+MMAP_THRESHOLD_BYTES = 32 << 20
+# Free memory at the top of the heap beyond this is handed back.
+TRIM_THRESHOLD_BYTES = 32 << 20
 _applied = False
 _libc: ctypes.CDLL | None = None
 _libc_looked_up = False
@@ -35,7 +48,7 @@ def _glibc() -> ctypes.CDLL | None:
             libc = ctypes.CDLL(name) if name else None
         except OSError:
             libc = None
-        # mallopt and malloc_trim are glibc's (not musl's, not macOS's): nothing to tune.
+        # mallopt is glibc's (not musl's, not macOS's): nothing to tune elsewhere.
         if libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim"):
             _libc = libc
     return _libc
@@ -54,19 +67,9 @@ def bound_memory() -> None:
     if libc is None:
         return
     libc.mallopt(_M_ARENA_MAX, 1)
-    libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES)
-    log.debug("memory: Arrow on the system allocator, one malloc arena")
-
-
-def release_memory() -> None:
-    """Hand the heap's free pages back to the system (between chunks: cheap next to a chunk).
-
-    The trim threshold only returns the top of the heap; pages freed below a live block
-    stay resident until `malloc_trim`, and the next chunk's peak would stack on them.
-    """
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
+    libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+    log.debug("memory: Arrow on the system allocator, one malloc arena, buffers reused")
 
 
 def skip_collection_at_exit() -> None:

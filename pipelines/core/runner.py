@@ -66,7 +66,6 @@ from pipelines.core.coalesce import coalesce
 from pipelines.core.engine import AlarmEngine, ChunkResult, FetchJob, HistoryEngine, retrying
 from pipelines.core.holds import Holds, read_holds
 from pipelines.core.kinds import kind_of
-from pipelines.core.memory import release_memory
 from pipelines.planning import (
     Chunk,
     density_per_hour,
@@ -821,6 +820,7 @@ class FlowRun:
             if result.raw_answer_cap is not None and isinstance(self._engine, HistoryEngine):
                 self._engine.raw_cap.learn_answer(result.raw_answer_cap, found_more=True)
             yield result
+            del result  # written by now: not kept while the next one is fetched
 
     @property
     def engine(self) -> HistoryEngine | AlarmEngine:
@@ -848,13 +848,6 @@ class FlowRun:
         self.summary.add(outcome)
         if on_chunk is not None:
             on_chunk(outcome, self.summary)
-
-    def write_and_release(self, result: ChunkResult) -> ChunkOutcome:
-        """`write`, then the chunk's buffers go, and their pages back to the system."""
-        outcome = self.write(result)
-        del result
-        release_memory()
-        return outcome
 
     def compact(self) -> None:
         """After the last chunk: compact small lake files of the dataset.
@@ -907,7 +900,7 @@ def write_all(
     """
     if depth <= 1:
         for run, result in items:
-            outcome = run.write_and_release(result)
+            outcome = run.write(result)
             del result
             run.done(outcome, on_chunk)
         return
@@ -934,7 +927,7 @@ def write_all(
 
         try:
             for run, result in items:
-                pending[pool.submit(run.write_and_release, result)] = run
+                pending[pool.submit(run.write, result)] = run
                 del result
                 drain_to(depth - 1)
             drain_to(0)

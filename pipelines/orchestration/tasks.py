@@ -147,9 +147,9 @@ class Handover:
     returned through Prefect outlived their write and raised the run's peak memory
     (BENCHMARKS.md, "Prefect's cost"). And a task of several chunks hands each over as it
     comes, so the run writes it while the task fetches the next; at most `room` chunks
-    wait for the run at once (a task hands its next one over when the run has taken one),
-    so fetching never runs ahead of writing by more than the direct path's in-flight
-    chunks."""
+    wait for the run at once, the one it writes included (a task hands its next one over
+    when the run has taken one), so fetching never runs ahead of writing by more than the
+    direct path's in-flight chunks."""
 
     def __init__(self, deliver: Callable[[ChunkResult], None], room: int) -> None:
         self._deliver = deliver
@@ -238,7 +238,9 @@ def _fetch_in_tasks(run: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResu
     arrived: queue.SimpleQueue[ChunkResult | PrefectFuture[list[ChunkResult] | None]]
     arrived = queue.SimpleQueue()
     bound = run.config.nodes[run.node_name].max_connections
-    handover = Handover(arrived.put, room=bound) if in_process else None
+    # One chunk waits for the run, the one it writes: with a fetched chunk at most in each
+    # task, the run holds `max_connections + 1`, as the direct path (engine.stream_bounded).
+    handover = Handover(arrived.put, room=1) if in_process else None
     limit = _node_limit(run.node.name)
     # On Dask a task's rows are its return value, all of them at once: one chunk a task.
     groups = ChunkGroups(bound if in_process else 0)
@@ -269,6 +271,7 @@ def _fetch_in_tasks(run: FlowRun, chunks: Sequence[Chunk]) -> Iterator[ChunkResu
             for result in returned or ():
                 groups.saw(result)
                 yield result
+                del result
             del returned
     finally:
         if handover is not None:
