@@ -1,0 +1,96 @@
+"""What the live tests share: a fresh simulated node on loopback, a tailed flow over it,
+and its history samples published as the node's subscription events."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from connectors.options import HistoryOptions
+from connectors.simulator import SimConfig, SimulatedNode, run_server
+from pipelines.config.destinations import SinkSet
+from pipelines.config.models import Config
+from pipelines.config.nodes import NodePool
+from pipelines.live.unit import LiveUnit
+from sinks.base import Reads
+from tests.fixtures import load, write_config
+
+FLOW = "live"
+LIVE = {"commit_every": "1s", "late_within": "2s", "poll_limit": 500}
+
+
+@dataclass
+class Tailed:
+    node: SimulatedNode
+    config: Config
+    path: Path
+    tags: list[str]
+
+    def now_ms(self) -> int:
+        return self.node.now_ms()
+
+    def publish(self, start_ms: int, end_ms: int, tags: list[str] | None = None) -> int:
+        """Publish the node's own samples of [start_ms, end_ms) as `tag` events, in time
+        order (what a subscription delivers as they are stored); how many."""
+        raw = HistoryOptions(mode="raw", invalid_as_null=False)
+        events = []
+        for tag in tags or self.tags:
+            for ts, value, quality, *_ in self.node.ground_truth(tag, start_ms, end_ms, raw):
+                events.append((ts, tag, value, quality))
+        for ts, tag, value, quality in sorted(events, key=lambda e: e[0]):
+            self.node.subscriptions.publish_tag(tag, value, quality, ts)
+        return len(events)
+
+    def subscriptions(self) -> list[dict[str, Any]]:
+        import orjson
+
+        answer = self.node.subscriptions.list({})
+        listed: list[dict[str, Any]] = orjson.loads(answer.body)
+        return listed
+
+    @contextmanager
+    def unit(self, run: str = "r1") -> Iterator[LiveUnit]:
+        with (
+            NodePool(self.config) as pool,
+            SinkSet(self.config, self.path.parent, writing=True) as sinks,
+            SinkSet(self.config, self.path.parent, writing=True) as gap_sinks,
+            LiveUnit(
+                self.config, FLOW, "n", nodes=pool, sinks=sinks, gap_sinks=gap_sinks, run=run
+            ) as unit,
+        ):
+            yield unit
+
+
+@contextmanager
+def tailed(tmp_path: Path, sinks: list[str] | None = None, **flow: Any) -> Iterator[Tailed]:
+    """A node of 10 tags sampled every second, and a flow tailing 4 of them (by path)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    node = SimulatedNode(SimConfig(seed=3, tags=10, period_ms=1000))
+    tags = node.tag_paths()[:4]
+    with run_server(node, http_port=0, https_port=None) as server:
+        spec = {
+            "node": "n",
+            "tags": {"paths": tags},
+            "mode": "raw",
+            "window": "1h",
+            "start": "2020-01-01T00:00:00Z",
+            "settle": "2s",
+            "live": LIVE,
+            **flow,
+        }
+        path = write_config(
+            tmp_path, node={"url": server.http_url}, flows={FLOW: spec}, sinks=sinks
+        )
+        yield Tailed(node, load(path), path, tags)
+
+
+def read(config: Config, base: Path, sink: str) -> pd.DataFrame:
+    with SinkSet(config, base) as sinks:
+        found = sinks.get(sink)
+        assert isinstance(found, Reads)
+        return found.read(FLOW, "tag_history")
