@@ -61,7 +61,8 @@ def test_an_interrupted_tail_cancels_its_subscription_and_ends_in_bounded_time(
         with command(["tail", "live", "--config", "flows.yaml"], tmp_path, env) as run:
             until("the tail subscribed", lambda: len(listed(node)) == 1, run)
             (record,) = listed(node)
-            assert isinstance(record["data"], dict) and record["data"][TOOL]["flow"] == "live"
+            assert isinstance(record["data"], dict)
+            assert record["data"][TOOL]["flow"] == "live"
             for tag in tags:
                 node.subscriptions.publish_tag(tag, 1.5, 192, node.now_ms() - 100)
             run.wait_for("a commit line", run.committed)
