@@ -325,8 +325,9 @@ class TagService:
         full["config"] = _tag_config(spec)
         return {"id": spec.index + 1, **full} if with_id else full
 
-    def model(self, limit: int = 50) -> dict[str, Any]:
-        """The tag model sent with `subscribe` and in `model` events (first `limit` tags)."""
+    def model(self, limit: int | None = 50) -> dict[str, Any]:
+        """The tag model of the first `limit` tags (None: all): `subscribe` answers the
+        first 50, a `model` event holds them all."""
         return {
             "description": "simulated node",
             "tags": {

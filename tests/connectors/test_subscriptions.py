@@ -7,6 +7,7 @@ leaves the rest for the next poll; a cancelled subscription is gone from the lis
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import Any
 
@@ -16,12 +17,17 @@ from connectors import models
 from connectors.admin import NodeAdmin
 from connectors.client import NodeClient
 from connectors.errors import MalformedAnswer
+from connectors.simulator import SimulatedNode
 from connectors.subscriptions import NodeSubscriptions, parse_events
 
 
 @pytest.fixture
-def subscriptions(client: NodeClient) -> NodeSubscriptions:
-    return NodeSubscriptions(client)
+def subscriptions(client: NodeClient, node: SimulatedNode) -> Iterator[NodeSubscriptions]:
+    """The node's subscriptions with its clock stopped: no history sample becomes an
+    event while a test runs, so its events are the ones it made."""
+    node.set_clock(node.now_ms())
+    yield NodeSubscriptions(client)
+    node.set_clock(None)
 
 
 def test_subscription_collects_the_event_of_a_write(
