@@ -103,6 +103,9 @@ class LiveUnit:
         self._commits = 0
         self._last_ok = datetime.now(UTC)
         self._clock = (0, 0.0)  # the node's sys.ts (ms) and time.monotonic() then
+        self._newest_ms: int | None = None  # the newest sample's time the node sent
+        self._lost_since: datetime | None = None  # events may be lost from here on
+        self._lost_why = ""
         self.subscription: LiveSubscription | None = None
         self.stale_cancelled = 0
 
@@ -180,13 +183,17 @@ class LiveUnit:
     # -- the node's clock and gaps ----------------------------------------------------
 
     def node_now(self) -> datetime:
-        """The node's clock now (it stamps the samples), from its reading at the start."""
+        """The node's clock now (it stamps the samples): its reading at the start moved on
+        by ours, or the newest sample it sent when that is later."""
         node_ms, read = self._clock
         if not node_ms:
-            return datetime.now(UTC)
-        return datetime.fromtimestamp(node_ms / 1000, UTC) + timedelta(
-            seconds=time.monotonic() - read
-        )
+            estimate = datetime.now(UTC)
+        else:
+            elapsed = timedelta(seconds=time.monotonic() - read)
+            estimate = datetime.fromtimestamp(node_ms / 1000, UTC) + elapsed
+        if self._newest_ms is None:
+            return estimate
+        return max(estimate, datetime.fromtimestamp(self._newest_ms / 1000, UTC))
 
     def _settled(self) -> datetime:
         return self.node_now() - self.flow.settle
@@ -208,40 +215,51 @@ class LiveUnit:
     # -- polling ---------------------------------------------------------------------
 
     def poll(self, stop: threading.Event | None = None) -> None:
-        """Drain the subscription into the windows; open the gaps it shows."""
+        """Drain the subscription into the windows; open the gaps it shows. A gap of a
+        failed poll, a lost subscription or discarded events reaches from `late_within`
+        before the last good poll to the node's clock at the next good one."""
         assert self.subscription is not None, "enter the unit first"
         poll = self.subscription.poll(stop)
-        now = self.node_now()
-        since = Window(self._last_ok - self.live.late_within, now)
         if poll.lost:
-            self._gap(since, poll.lost)
+            self._lost(poll.lost)
+            return
+        self._take(poll)
         if poll.discarded:
             self._since.discarded += poll.discarded
-            self._gap(since, f"the node discarded {poll.discarded} events")
-        self._take(poll, now)
-        if not poll.lost:
-            self._last_ok = now
+            self._lost(f"the node discarded {poll.discarded} events")
+        now = self.node_now()
+        if self._lost_since is not None:
+            self._gap(Window(self._lost_since, now), self._lost_why)
+            self._lost_since = None
+        self._last_ok = now
 
-    def _take(self, poll: Poll, now: datetime) -> None:
+    def _lost(self, why: str) -> None:
+        if self._lost_since is None:
+            self._lost_since = self._last_ok - self.live.late_within
+            self._lost_why = why
+
+    def _take(self, poll: Poll) -> None:
         batch: list[models.TagEvent] = []
         for event in poll.events:
             if isinstance(event, models.ModelEvent):
                 self._add(batch)
                 batch = []
                 self._resolve()
-                self._gap(
-                    Window(self._last_ok - self.live.late_within, now), "the tag model changed"
-                )
+                since = self._last_ok - self.live.late_within
+                self._gap(Window(since, self.node_now()), "the tag model changed")
             elif isinstance(event, models.TagEvent):
-                self._status(event, now)
+                if event.data is not None and event.data.ts is not None:
+                    self._newest_ms = max(self._newest_ms or 0, int(event.data.ts))
+                self._status(event)
                 batch.append(event)
         self._add(batch)
 
-    def _status(self, event: models.TagEvent, now: datetime) -> None:
+    def _status(self, event: models.TagEvent) -> None:
         """A remote tag's link going offline, and coming back: a gap over the outage."""
         status = event.status
         if status is None or status.value is None:
             return
+        now = self.node_now()
         if status.value == 0:
             self._offline.setdefault(event.tag, status.ts or int(now.timestamp() * 1000))
         elif event.tag in self._offline:

@@ -1,6 +1,7 @@
-"""One tailed (flow, node) against the real simulator on loopback and real sinks: the
-rows it commits are history's rows, never complete, replaced by history to a backfill;
-every way of losing events opens a gap that history heals."""
+"""One tailed (flow, node) against the real simulator on loopback (its live feed: every
+history sample an event once the node's clock passes it) and real sinks: the rows it
+commits are history's rows, never complete, replaced by history to a backfill; each way
+of losing events opens a gap that history heals at once."""
 
 from __future__ import annotations
 
@@ -39,35 +40,13 @@ def without_extra(frame: pd.DataFrame) -> list[tuple[object, ...]]:
     return canonical(frame.drop(columns=["extra"]))
 
 
-def test_a_tail_commits_the_rows_history_writes_for_the_same_samples_never_complete(
-    tmp_path: Path,
-) -> None:
-    with tailed(tmp_path / "t") as t, t.unit() as unit:
-        now = t.now_ms() // 1000 * 1000
-        span = Window.from_ms(now - 40_000, now - 10_000)
-        published = t.publish(span.start_ms, span.end_ms)
-        unit.poll()
-        commit = unit.commit()
-        assert commit.rows == published > 0
-        for name in ("lake", "duck"):
-            sink = unit.sinks[[s.name for s in unit.sinks].index(name)]
-            progress = sink.progress(unit.key)
-            assert all(progress.windows_of(tag) == [] for tag in t.tags), name
-        tail_rows = {name: read(t.config, t.path.parent, name) for name in ("lake", "duck")}
-        history_into(t, span, tmp_path / "backfill")
-        backfill = read(t.config, tmp_path / "backfill", "lake")
-        assert len(backfill) == published
-        for name, rows in tail_rows.items():
-            assert without_extra(rows) == without_extra(backfill), name
-        # The history run over the same span: the sinks end as a backfill, row for row.
-        history_into(t, span, t.path.parent)
-        for name in ("lake", "duck"):
-            assert canonical(read(t.config, t.path.parent, name)) == canonical(backfill), name
-
-
 def rows_in(frame: pd.DataFrame, window: Window) -> pd.DataFrame:
     stamps = pd.to_datetime(frame["ts"].astype("int64"), unit="ms", utc=True)
     return frame[(stamps >= window.start) & (stamps < window.end)]
+
+
+def sink_names(t: Tailed) -> list[str]:
+    return list(t.config.flows[FLOW].sinks)
 
 
 def assert_healed(t: Tailed, unit: LiveUnit, gap: Window, tmp_path: Path) -> None:
@@ -84,29 +63,52 @@ def assert_healed(t: Tailed, unit: LiveUnit, gap: Window, tmp_path: Path) -> Non
             assert any(w.start <= gap.start and gap.end <= w.end for w in covered), (tag, covered)
 
 
-def test_discarded_events_open_a_gap_that_history_heals_at_once(tmp_path: Path) -> None:
-    with tailed(tmp_path / "t") as t, t.unit() as unit:
-        opened = unit.node_now()
-        # The flow's samples since shortly before the tail opened, then more events than
-        # the node's queue holds: the oldest (the flow's) are discarded.
-        published = t.publish(int(opened.timestamp() * 1000) - 2_000, t.now_ms())
-        filler = t.node.tag_paths()[-1]
-        for index in range(10_050):
-            t.node.subscriptions.publish_tag(filler, float(index), 192, t.now_ms())
+def test_a_tail_commits_the_rows_history_writes_for_the_same_samples_never_complete(
+    tmp_path: Path, pg_url: str, pg_schema: str
+) -> None:
+    with tailed(tmp_path / "t", pg=(pg_url, pg_schema)) as t, t.unit() as unit:
+        start = t.now_ms()
+        t.advance(30_000)
         unit.poll()
         commit = unit.commit()
-        assert commit.discarded >= published > 0
-        assert commit.rows == 0, "what survived the queue is not the flow's"
+        span = Window.from_ms(start + 1, start + 30_001)  # the feed's (start, start + 30 s]
+        assert commit.rows == 4 * 30
+        for sink in unit.sinks:
+            progress = sink.progress(unit.key)
+            assert all(progress.windows_of(tag) == [] for tag in t.tags), sink.name
+        tail_rows = {name: read(t.config, t.path.parent, name) for name in sink_names(t)}
+        t.advance(3_000)  # the span settles
+        history_into(t, span, tmp_path / "backfill")
+        backfill = read(t.config, tmp_path / "backfill", "lake")
+        assert len(backfill) == commit.rows
+        for name, rows in tail_rows.items():
+            assert without_extra(rows) == without_extra(backfill), name
+        # The history run over the same span: the sinks end as a backfill, row for row.
+        history_into(t, span, t.path.parent)
+        for name in sink_names(t):
+            assert canonical(read(t.config, t.path.parent, name)) == canonical(backfill), name
+
+
+def test_discarded_events_open_a_gap_that_history_heals_at_once(tmp_path: Path) -> None:
+    with tailed(tmp_path / "t", profile="events-queue-small") as t, t.unit() as unit:
+        opened = unit.node_now()
+        t.advance(200_000)  # 10 tags x 200 samples: twice the queue
+        unit.poll()
+        commit = unit.commit()
+        assert commit.discarded >= 800  # the queue holds 1,000 of the 2,000 events
         (gap,) = commit.gaps_opened
         assert gap.start <= opened - unit.live.late_within
+        assert gap.end >= opened + pd.Timedelta(seconds=199)
+        t.advance(10_000)  # the node's clock moves on: the gap settles
+        unit.poll()
+        unit.commit()
         assert_healed(t, unit, gap, tmp_path)
 
 
 def test_a_stale_subscription_is_cancelled_and_the_restart_is_a_gap(tmp_path: Path) -> None:
     with tailed(tmp_path / "t") as t:
         with t.unit(run="first") as first:
-            now = t.now_ms() // 1000 * 1000
-            t.publish(now - 6_000, now - 3_000)
+            t.advance(5_000)
             first.poll()
             committed = first.commit()
             assert committed.rows > 0
@@ -115,18 +117,17 @@ def test_a_stale_subscription_is_cancelled_and_the_restart_is_a_gap(tmp_path: Pa
             first.subscription.id = None  # killed: nothing cancels its subscription
         with NodePool(t.config) as pool:
             subscriptions = NodeSubscriptions(pool.get("n").client)
-            left = [
-                r
-                for r in subscriptions.records()
-                if r.data == subscription_data(FLOW, "n", "first")
-            ]
-            assert len(left) == 1
+            first_data = subscription_data(FLOW, "n", "first")
+            assert [r.data for r in subscriptions.records()] == [first_data]
             with t.unit(run="second") as second:
                 assert second.stale_cancelled == 1
                 listed = [r.data for r in subscriptions.records()]
                 assert listed == [subscription_data(FLOW, "n", "second")]
-                gap = second.healer.pending()[0]
+                (gap,) = second.healer.pending()
                 assert gap.start <= last_end - second.live.late_within
+                t.advance(10_000)
+                second.poll()
+                second.commit()
                 assert_healed(t, second, Window(gap.start, last_end), tmp_path)
 
 
@@ -135,15 +136,20 @@ def test_a_subscription_the_node_no_longer_lists_is_made_again_and_healed(
 ) -> None:
     with tailed(tmp_path / "t") as t, t.unit() as unit:
         assert unit.subscription is not None
+        t.advance(5_000)
+        unit.poll()
         gone = unit.subscription.id
         t.node.subscriptions.cancel({"id": gone})
-        opened = unit.node_now()
-        t.publish(int(opened.timestamp() * 1000) - 2_000, t.now_ms())
+        t.advance(5_000)  # what the node queues meanwhile is lost
         unit.poll()
         assert unit.subscription.id not in (None, gone)
         assert [r["id"] for r in t.subscriptions()] == [unit.subscription.id]
+        t.advance(5_000)
+        unit.poll()
         commit = unit.commit()
         (gap,) = commit.gaps_opened
+        t.advance(5_000)
+        unit.poll()
         assert_healed(t, unit, gap, tmp_path)
 
 
@@ -151,22 +157,25 @@ def test_late_samples_are_written_in_their_windows_or_left_to_history(
     tmp_path: Path,
 ) -> None:
     with tailed(tmp_path / "t") as t, t.unit() as unit:
-        now = t.now_ms() // 1000 * 1000
-        span = Window.from_ms(now - 30_000, now - 10_000)
-        t.publish(span.start_ms, span.end_ms)
+        start = t.now_ms()
+        t.advance(30_000)
         unit.poll()
         unit.commit()
         tag = t.tags[0]
-        # Store-and-forward: a sample of a committed window arrives after newer ones.
-        recent, old = span.end_ms - 1_500 + 7, span.start_ms + 3_000 + 7
+        # Store-and-forward: samples of committed windows arrive after newer ones, one
+        # within `late_within` of the newest, one before it.
+        recent, old = start + 28_507, start + 3_007
         for ts, value in ((recent, 1234.5), (old, 6789.5)):
             t.node.add_late_sample(tag, ts, value)
-            t.node.subscriptions.publish_tag(tag, value, 192, ts)
+        t.advance(1_000)
         unit.poll()
         commit = unit.commit()
-        assert [w.start_ms for w in commit.windows] == [recent // 1000 * 1000]
+        assert recent // 1000 * 1000 in [w.start_ms for w in commit.windows]
         assert [w.start_ms for w in commit.gaps_opened] == [old // 1000 * 1000]
-        assert unit.healer.wait_idle(HEAL_S)
+        t.advance(3_000)  # the late window settles
+        unit.poll()
+        assert unit.healer.wait_idle(HEAL_S), unit.healer.pending()
+        span = Window.from_ms(start + 1, start + 31_001)
         history_into(t, span, tmp_path / "truth")
         truth = read(t.config, tmp_path / "truth", "lake")
         for sink in unit.sinks:
