@@ -181,3 +181,26 @@ def test_late_samples_are_written_in_their_windows_or_left_to_history(
         for sink in unit.sinks:
             held = rows_in(read(t.config, t.path.parent, sink.name), span)
             assert without_extra(held) == without_extra(truth), sink.name
+
+
+def test_a_model_event_resolves_the_selection_again_and_opens_a_gap(tmp_path: Path) -> None:
+    selection = {"browse": "/Plant A/", "include": ["/Line 1/"]}
+    with tailed(tmp_path / "t", tags=selection) as t, t.unit() as unit:
+        t.advance(3_000)
+        unit.poll()
+        assert unit.commit().rows == 2 * 3
+        removed = "/Plant A/Line 1/Pressure 006"
+        gone_at = t.now_ms()
+        t.node.remove_tag(removed)
+        t.advance(3_000)
+        unit.poll()
+        after = unit.commit()
+        assert after.gaps_opened, "the model changed: history re-reads the recent past"
+        t.advance(3_000)
+        unit.poll()
+        assert unit.commit().rows == 3, "the tag left stays out"
+        assert unit.healer.wait_idle(HEAL_S), unit.healer.pending()
+        later = rows_in(
+            read(t.config, t.path.parent, "lake"), Window.from_ms(gone_at + 1, t.now_ms() + 1)
+        )
+        assert set(later["tag"]) == {"/Plant A/Line 1/Temp. 000"}
