@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -28,12 +29,14 @@ import pyarrow.compute as pc
 from connectors.errors import MalformedAnswer
 from connectors.normalise.common import gc_paused, json_type, load_json
 from connectors.normalise.history import assign_seq
-from connectors.normalise.rows import RowError, columns_of
+from connectors.normalise.rows import Columns6, RowError, columns_of
 from connectors.normalise.stamps import ms_of_integers
 from connectors.normalise.typed import by_configured_type
 from connectors.schema import GOOD_QUALITY, TAG_HISTORY_SCHEMA, TS_TYPE
 
 OPERATION = "tag.subscriptionEvents"
+# Values read apart by JSON type: numbers, booleans, text (and null with the numbers).
+_KINDS = {float: 0, int: 0, type(None): 0, bool: 1, str: 2}
 STATUS_SCHEMA = pa.schema(
     [
         pa.field("tag", pa.string(), nullable=False),
@@ -74,8 +77,9 @@ def parse_events_page(
         answer = load_json(body, OPERATION, "")
         events, discarded, remaining = events_and_counts(answer)
         split = _Split()
-        for index, event in enumerate(events):
-            split.add(index, event)
+        if not split.add_samples(events):
+            for index, event in enumerate(events):
+                split.add(index, event)
         del answer
         rows = split.rows(node, types or {}, invalid_as_null)
     return EventsPage(
@@ -129,6 +133,23 @@ class _Split:
         self.models: list[dict[str, Any]] = []
         self.unknown: list[Any] = []
 
+    def add_samples(self, events: list[Any]) -> bool:
+        """The common answer at once: every event a sample (`tag`, no status, data with
+        a ts), read by a comprehension per column; False (nothing added) otherwise."""
+        try:
+            if {e["type"] for e in events} != {"tag"} or any(e["status"] for e in events):
+                return False
+            paths = [e["tag"] for e in events]
+            samples = [
+                [d["ts"], d["value"], d["quality"], None] for d in (e["data"] for e in events)
+            ]
+        except (KeyError, TypeError):
+            return False
+        if set(map(type, paths)) != {str} or not all(paths):
+            return False
+        self.paths, self.samples, self.at = paths, samples, list(range(len(events)))
+        return True
+
     def add(self, index: int, event: Any) -> None:
         if type(event) is not dict:
             raise MalformedAnswer(
@@ -178,12 +199,7 @@ class _Split:
         """The samples as TAG_HISTORY_SCHEMA rows, sorted by (tag, ts), `seq` numbered."""
         if not self.samples:
             return TAG_HISTORY_SCHEMA.empty_table()
-        try:
-            ts, value, value_bool, value_str, quality, extra = columns_of(self.samples)
-        except RowError as exc:
-            raise MalformedAnswer(
-                OPERATION, exc.message, where=_where(self.at[exc.index])
-            ) from None
+        ts, value, value_bool, value_str, quality, extra = self._columns()
         if invalid_as_null:
             bad = pc.fill_null(pc.less(quality, GOOD_QUALITY), True)
             value, value_bool, value_str = (
@@ -207,6 +223,38 @@ class _Split:
         )
         table, _ = by_configured_type(table, types)
         return assign_seq(table)
+
+    def _columns(self) -> Columns6:
+        """The samples' columns, those of each JSON type of value read apart (each by the
+        fast path of `columns_of`; mixed in one list, every value would go the careful
+        way) and put back in event order."""
+        samples = self.samples
+        kinds = [_KINDS.get(type(row[1]), 3) for row in samples]
+        if len(set(kinds)) == 1:
+            parts = [(None, samples)]
+        else:
+            order = np.argsort(np.array(kinds, dtype=np.int8), kind="stable")
+            counts = np.bincount(kinds, minlength=4)
+            bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+            parts = [
+                (positions, [samples[i] for i in positions.tolist()])
+                for positions in (order[a:b] for a, b in pairwise(bounds) if b > a)
+            ]
+        pieces = []
+        for positions, rows in parts:
+            try:
+                pieces.append(columns_of(rows))
+            except RowError as exc:
+                index = exc.index if positions is None else int(positions[exc.index])
+                raise MalformedAnswer(
+                    OPERATION, exc.message, where=_where(self.at[index])
+                ) from None
+        if len(pieces) == 1:
+            return pieces[0]
+        back = np.argsort(np.concatenate([p for p, _ in parts if p is not None]), kind="stable")
+        return tuple(  # type: ignore[return-value]
+            pa.concat_arrays([piece[i] for piece in pieces]).take(pa.array(back)) for i in range(6)
+        )
 
     def status_table(self) -> pa.Table:
         """The link changes: (tag, ts, value); a stamp or value that is not a number is
