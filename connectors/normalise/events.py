@@ -230,9 +230,8 @@ class _Split:
         way) and put back in event order."""
         samples = self.samples
         kinds = [_KINDS.get(type(row[1]), 3) for row in samples]
-        if len(set(kinds)) == 1:
-            parts = [(None, samples)]
-        else:
+        parts: list[tuple[np.ndarray[Any, Any] | None, list[list[Any]]]] = [(None, samples)]
+        if len(set(kinds)) != 1:
             order = np.argsort(np.array(kinds, dtype=np.int8), kind="stable")
             counts = np.bincount(kinds, minlength=4)
             bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
