@@ -126,6 +126,18 @@ PROFILES: dict[str, frozenset[str]] = {
     "discards-cumulative": frozenset({"discards_cumulative"}),
 }
 
+# Behaviours that change only subscriptions (their queues and answers), never history:
+# a profile made of these answers every history question as `default` does.
+SUBSCRIPTION_BEHAVIOURS = frozenset(
+    {
+        "events_queue_small",
+        "events_limit_default",
+        "events_unordered",
+        "subscriptions_survive_restart",
+        "discards_cumulative",
+    }
+)
+
 # Behaviours that cannot hold at once.
 _EXCLUSIVE = (
     frozenset({"version_1_21_5", "version_1_21_12"}),

@@ -27,6 +27,7 @@ from connectors.simulator.protocol import (
     Handler,
     Params,
     RequestError,
+    gc_paused,
     json_answer,
     parse_int,
 )
@@ -108,7 +109,7 @@ class Subscriptions:
         feed, clock = self._feed, self._clock
         if feed is None or clock is None:
             return
-        with self._lock:
+        with self._lock, gc_paused():
             now = clock()
             if not self._items:
                 feed.skip(now)
@@ -209,10 +210,13 @@ class Subscriptions:
 
 
 def _events_body(discarded: int, remaining: int, items: Iterable[Item]) -> bytes:
-    return orjson.dumps(
-        {
-            "discardedEvents": discarded,
-            "remainingEvents": remaining,
-            "events": [event_of(item) for item in items],
-        }
-    )
+    """The answer's JSON; the cyclic collector paused while its dicts are made (tens of
+    thousands of them would run it again and again)."""
+    with gc_paused():
+        return orjson.dumps(
+            {
+                "discardedEvents": discarded,
+                "remainingEvents": remaining,
+                "events": [event_of(item) for item in items],
+            }
+        )
