@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 # A sample event as the queues hold it, (path, value, quality, ts); other events as dicts.
 Item = tuple[str, Any, int, int] | dict[str, Any]
-# Tags x samples generated at once, at most (about 100 MB of numpy arrays in flight).
-SLICE_CELLS = 2_000_000
+# Samples of all tags generated at once, at most (about 40 MB in flight): a long stretch
+# (a subscription nobody polled for a while) is made a slice at a time.
+SLICE_CELLS = 250_000
 
 
 @dataclass(frozen=True)

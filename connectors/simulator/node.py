@@ -171,7 +171,8 @@ class SimulatedNode:
         """A store-and-forward sample stamped `ts_ms` (in the past), visible from now on
         (in history, and as an event at the next poll of each subscription)."""
         spec = self.tree().by_path[path]
-        with self._lock:
+        # The subscriptions' lock before the node's, as a poll takes them.
+        with self.subscriptions.exclusive(), self._lock:
             self.subscriptions.catch_up()  # the samples before it come first
             self._late.setdefault((self.config.node_name, spec.path), []).append(
                 (ts_ms, value, self.now_ms())
@@ -192,7 +193,7 @@ class SimulatedNode:
     def add_tag(self, path: str, *, tag_type: str = "number", period_ms: int | None = None) -> None:
         """A new local tag at `path` whose history begins now (on a grid of `period_ms`,
         default the node's `period_ms` or 1 s); subscriptions get a `model` event."""
-        with self._lock:
+        with self.subscriptions.exclusive(), self._lock:
             tree = self.tree()
             if path in tree.by_path:
                 raise ValueError(f"tag {path!r} exists")
@@ -207,7 +208,7 @@ class SimulatedNode:
     def remove_tag(self, path: str) -> None:
         """Remove the local tag at `path` (KeyError if none); subscriptions get a `model`
         event, and no more of its samples."""
-        with self._lock:
+        with self.subscriptions.exclusive(), self._lock:
             tree = self.tree()
             if path not in tree.by_path:
                 raise KeyError(path)

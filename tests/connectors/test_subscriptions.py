@@ -23,7 +23,7 @@ from connectors.errors import MalformedAnswer, SubscriptionGone
 from connectors.normalise.events import EventsPage, parse_events_page
 from connectors.normalise.history import assign_seq, parse_history_answer
 from connectors.schema import TAG_HISTORY_SCHEMA
-from connectors.simulator import SimulatedNode
+from connectors.simulator import SimConfig, SimulatedNode
 from connectors.subscriptions import NodeSubscriptions, parse_events
 
 
@@ -208,3 +208,20 @@ def test_counts_that_are_not_counts_are_refused() -> None:
     with pytest.raises(MalformedAnswer, match="counts"):
         page_of(event(T0), discardedEvents=-1)
     assert page_of(event(T0), discardedEvents=3).may_have_lost
+
+
+@pytest.mark.parametrize("profile", ["rows-epoch-seconds", "rows-iso", "numbers-as-strings"])
+def test_events_written_as_a_profiles_history_rows_are_read_as_the_default_ones(
+    profile: str,
+) -> None:
+    pages = []
+    for name in ("default", profile):
+        node = SimulatedNode(SimConfig(seed=4, tags=30, profile=name))
+        node.set_clock(T0)
+        sid = orjson.loads(node.handle("POST", "tag", "subscribe", {}, None).body)["id"]
+        node.set_clock(T0 + 60_000)
+        body = node.handle("GET", "tag", "subscriptionEvents", {"id": str(sid)}, None).body
+        types = {path: node.tag_type(path) for path in node.tag_paths()}
+        pages.append(parse_events_page(body, "n", types=types))
+    assert pages[0].rows.num_rows > 100
+    assert pages[1].rows.equals(pages[0].rows)
