@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -23,7 +22,7 @@ from types import TracebackType
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors import models
+from connectors.normalise.events import EventsPage
 from connectors.subscriptions import NodeSubscriptions
 from connectors.timewindow import Window
 from pipelines.config.destinations import SinkSet
@@ -38,8 +37,7 @@ from pipelines.config.nodes import ConnectedNode, NodePool
 from pipelines.core.runner import RunRequest, dataset_attrs, options_key
 from pipelines.core.units import run_flow
 from pipelines.live.gaps import GapHealer
-from pipelines.live.rows import event_rows
-from pipelines.live.subscription import LiveSubscription, Poll
+from pipelines.live.subscription import LiveSubscription
 from pipelines.live.windows import Batch, WindowBuffer
 from pipelines.planning import chunk_id
 from pipelines.selection import resolve_tags
@@ -98,7 +96,7 @@ class LiveUnit:
         self._stack = ExitStack()
         self._types: dict[str, str] = {}
         self._identity: tuple[str, ...] = ()
-        self._offline: dict[str, int] = {}  # remote tag -> when its link went offline
+        self._offline: dict[str, datetime] = {}  # remote tag -> when its link went offline
         self._since = UnitCommit()
         self._commits = 0
         self._last_ok = datetime.now(UTC)
@@ -219,11 +217,15 @@ class LiveUnit:
         failed poll, a lost subscription or discarded events reaches from `late_within`
         before the last good poll to the node's clock at the next good one."""
         assert self.subscription is not None, "enter the unit first"
-        poll = self.subscription.poll(stop)
+        invalid_as_null = self.flow.invalid_as_null is not False  # the node's default: on
+        poll = self.subscription.poll(
+            self.node.name, self._types, invalid_as_null=invalid_as_null, stop=stop
+        )
         if poll.lost:
             self._lost(poll.lost)
             return
-        self._take(poll)
+        for page in poll.pages:
+            self._take(page)
         if poll.discarded:
             self._since.discarded += poll.discarded
             self._lost(f"the node discarded {poll.discarded} events")
@@ -238,41 +240,36 @@ class LiveUnit:
             self._lost_since = self._last_ok - self.live.late_within
             self._lost_why = why
 
-    def _take(self, poll: Poll) -> None:
-        batch: list[models.TagEvent] = []
-        for event in poll.events:
-            if isinstance(event, models.ModelEvent):
-                self._add(batch)
-                batch = []
-                self._resolve()
-                since = self._last_ok - self.live.late_within
-                self._gap(Window(since, self.node_now()), "the tag model changed")
-            elif isinstance(event, models.TagEvent):
-                if event.data is not None and event.data.ts is not None:
-                    self._newest_ms = max(self._newest_ms or 0, int(event.data.ts))
-                self._status(event)
-                batch.append(event)
-        self._add(batch)
+    def _take(self, page: EventsPage) -> None:
+        """One answer's samples into the windows; its link changes and model changes."""
+        rows = page.rows
+        if rows.num_rows:
+            newest = int(pc.max(rows.column("ts").cast(pa.int64())).as_py())
+            self._newest_ms = max(self._newest_ms or 0, newest)
+            self._add(rows)
+        for tag, ts, value in zip(
+            *(page.statuses.column(c).to_pylist() for c in ("tag", "ts", "value")), strict=True
+        ):
+            self._status(tag, ts, value)
+        if page.models:  # the tag model changed: the selection again, and a gap
+            self._resolve()
+            since = self._last_ok - self.live.late_within
+            self._gap(Window(since, self.node_now()), "the tag model changed")
 
-    def _status(self, event: models.TagEvent) -> None:
+    def _status(self, tag: str, ts: datetime | None, value: int | None) -> None:
         """A remote tag's link going offline, and coming back: a gap over the outage."""
-        status = event.status
-        if status is None or status.value is None:
-            return
         now = self.node_now()
-        if status.value == 0:
-            self._offline.setdefault(event.tag, status.ts or int(now.timestamp() * 1000))
-        elif event.tag in self._offline:
-            went = datetime.fromtimestamp(self._offline.pop(event.tag) / 1000, UTC)
+        if value == 0:
+            self._offline.setdefault(tag, ts or now)
+        elif value == 1 and tag in self._offline:
+            went = self._offline.pop(tag)
             self._gap(Window(went - self.live.late_within, now), "a remote link came back online")
 
-    def _add(self, events: Sequence[models.TagEvent]) -> None:
-        if not events:
-            return
-        invalid_as_null = self.flow.invalid_as_null is not False  # the node's default: on
-        rows = event_rows(events, self.node.name, self._types, invalid_as_null=invalid_as_null)
-        self._since.events += rows.num_rows
-        for window in merge_windows(self.buffer.add(rows)):
+    def _add(self, rows: pa.Table) -> None:
+        """The flow's tags' rows into the windows; late ones' windows to history."""
+        ours = rows.filter(pc.is_in(rows.column("tag"), value_set=pa.array(list(self._types))))
+        self._since.events += ours.num_rows
+        for window in merge_windows(self.buffer.add(ours)):
             self._since.gaps_opened.append(window)
             self.healer.open(window, "late samples past the tail's windows")
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from connectors.options import HistoryOptions
 from connectors.simulator import SimConfig, SimulatedNode, run_server
 from pipelines.config.destinations import SinkSet
 from pipelines.config.models import Config
@@ -39,6 +40,14 @@ class Tailed:
         now = self.node.now_ms() + ms
         self.node.set_clock(now)
         return now
+
+    def samples(self, start_ms: int, end_ms: int, tags: list[str] | None = None) -> int:
+        """How many samples history holds for the tags (default the flow's) in
+        [start_ms, end_ms): a stretch may fall in one of the node's gaps."""
+        raw = HistoryOptions(mode="raw")
+        return sum(
+            len(self.node.ground_truth(tag, start_ms, end_ms, raw)) for tag in tags or self.tags
+        )
 
     def subscriptions(self) -> list[dict[str, Any]]:
         import orjson
