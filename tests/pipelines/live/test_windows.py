@@ -84,3 +84,29 @@ def test_samples_not_yet_committed_are_never_late() -> None:
     held = buffer()
     assert held.add(rows(("a", 1_000), ("a", 60_000))) == []
     assert [batch.window.start_ms for batch in held.take()] == [1 * S, 60 * S]
+
+
+def test_a_tag_behind_a_steady_lag_is_written_not_left_to_history() -> None:
+    held = buffer()
+    held.add(rows(("local", 130_000), ("remote", 10_000)))
+    list(held.take())
+    held.forget_old()
+    # 120 s behind the local tag, 1 s after its own newest: its window, not a gap.
+    assert held.add(rows(("remote", 11_000))) == []
+    (batch,) = held.take()
+    assert batch.window == Window.from_ms(11 * S, 12 * S)
+    held.add(rows(("remote", 14_000)))
+    list(held.take())
+    held.forget_old()  # its rows of 10-12 s are more than 2 s behind its own newest
+    assert held.add(rows(("remote", 10_500))) == [Window.from_ms(10 * S, 11 * S)]
+
+
+def test_a_quiet_tags_rows_are_let_go_after_keep() -> None:
+    held = buffer()
+    held.add(rows(("quiet", 1_000), ("busy", 1_000)))
+    list(held.take())
+    held.add(rows(("busy", 1_000 + 11 * 60 * S)))
+    list(held.take())
+    held.forget_old()
+    assert held.rows_held() == 1, "only the busy tag's newest row is left"
+    assert held.add(rows(("quiet", 1_500))) == [Window.from_ms(1 * S, 2 * S)]
