@@ -257,13 +257,20 @@ class LiveUnit:
             self._gap(Window(since, self.node_now()), "the tag model changed")
 
     def _status(self, tag: str, ts: datetime | None, value: int | None) -> None:
-        """A remote tag's link going offline, and coming back: a gap over the outage."""
+        """A remote tag's link going offline, and coming back: a gap over the outage
+        (from the tag's newest sample written when the offline event was not seen)."""
         now = self.node_now()
         if value == 0:
             self._offline.setdefault(tag, ts or now)
-        elif value == 1 and tag in self._offline:
-            went = self._offline.pop(tag)
+        elif value == 1:
+            went = self._offline.pop(tag, None) or self._last_seen(tag)
             self._gap(Window(went - self.live.late_within, now), "a remote link came back online")
+
+    def _last_seen(self, tag: str) -> datetime:
+        newest = self.buffer.newest_of(tag)
+        if newest is None:
+            return self._last_ok
+        return min(self._last_ok, datetime.fromtimestamp(newest / 1000, UTC))
 
     def _add(self, rows: pa.Table) -> None:
         """The flow's tags' rows into the windows; late ones' windows to history."""

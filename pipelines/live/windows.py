@@ -179,5 +179,9 @@ class WindowBuffer:
         kept = pc.invert(pc.is_in(rows.column("tag"), value_set=pa.array(done, pa.string())))
         self._slots[start].tables = [rows.filter(kept)]
 
+    def newest_of(self, tag: str) -> int | None:
+        """The newest committed sample of `tag` (ms), if any."""
+        return self._newest.get(tag)
+
     def rows_held(self) -> int:
         return sum(t.num_rows for slot in self._slots.values() for t in slot.tables)

@@ -205,3 +205,27 @@ def test_a_model_event_resolves_the_selection_again_and_opens_a_gap(tmp_path: Pa
             read(t.config, t.path.parent, "lake"), Window.from_ms(gone_at + 1, t.now_ms() + 1)
         )
         assert removed not in set(later["tag"])
+
+
+def test_a_remote_link_that_went_offline_and_came_back_is_a_gap_history_heals(
+    tmp_path: Path,
+) -> None:
+    remote = "/Plant B/Pumps, Main/Temp. 004"  # behind the link, 120 s of lag
+    local = "/Plant A/Line 1/Temp. 000"
+    with tailed(tmp_path / "t", tags={"paths": [local, remote]}) as t, t.unit() as unit:
+        t.tags = [local, remote]
+        t.advance(130_000)
+        unit.poll()
+        assert unit.commit().gaps_opened == []
+        went = t.now_ms()
+        t.node.link.set_outage(went, offline_s=20, drain_s=5)
+        t.advance(10_000)
+        unit.poll()
+        t.advance(40_000)  # back online and drained
+        unit.poll()
+        commit = unit.commit()
+        back = [g for g in commit.gaps_opened if g.start <= Window.from_ms(went, went + 1).start]
+        assert back, commit.gaps_opened
+        t.advance(5_000)
+        unit.poll()
+        assert_healed(t, unit, back[0], tmp_path)
