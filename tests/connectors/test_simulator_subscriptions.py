@@ -338,3 +338,14 @@ def test_polls_and_changes_of_history_from_several_threads_never_deadlock() -> N
     late = [e for e in seen if e["type"] == "tag" and e["data"]["ts"] < T0]
     assert sorted(e["data"]["value"] for e in late) == [float(n) for n in range(200)]
     assert sum(e["type"] == "model" for e in seen) == 10
+
+
+def test_a_model_event_shows_each_tags_current_value_as_a_read_does() -> None:
+    node = node_at(tags=120)
+    sid = subscribe(node)
+    node.add_tag("/Plant C/Added")
+    model = next(e["model"] for e in poll(node, sid)["events"] if e["type"] == "model")
+    for entry in model["tags"].values():
+        path = entry["fullPath"]
+        read = orjson.loads(node.handle("GET", "tag", "read", {"path": path}, None).body)
+        assert {"data": entry["data"], "status": entry["status"]} in read["tags"].values(), path
