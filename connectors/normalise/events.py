@@ -138,13 +138,13 @@ class _Split:
         """The common answer at once: every event a sample (`tag`, no status, data with
         a ts), read by a comprehension per column; False (nothing added) otherwise."""
         try:
-            if {e["type"] for e in events} != {"tag"} or any(e["status"] for e in events):
+            if {e["type"] for e in events} != {"tag"} or any(e.get("status") for e in events):
                 return False
             paths = [e["tag"] for e in events]
             samples = [
                 [d["ts"], d["value"], d["quality"], None] for d in (e["data"] for e in events)
             ]
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, AttributeError):
             return False
         if set(map(type, paths)) != {str} or not all(paths):
             return False

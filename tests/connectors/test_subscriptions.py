@@ -254,3 +254,10 @@ def test_a_slow_poller_over_loopback_is_told_how_many_events_it_lost() -> None:
     assert page.remaining_events == 400
     assert (page.rows.num_rows, rest.rows.num_rows) == (600, 400)
     assert rest.discarded_events == 0
+
+
+def test_events_without_a_status_key_are_samples_too() -> None:
+    plain = {"type": "tag", "tag": "/a", "data": {"value": 1.5, "quality": 192, "ts": T0}}
+    page = page_of(plain, {**plain, "data": {**plain["data"], "ts": T0 + 1}})
+    assert page.rows.column("ts").cast(pa.int64()).to_pylist() == [T0, T0 + 1]
+    assert page.statuses.num_rows == 0
