@@ -6,7 +6,8 @@ event's `data` is a row `[ts, value, quality, null]` for `rows.columns_of` (numb
 text in their columns, the careful reading naming the first wrong one), stamps in their
 unit read over the answer together (`stamps`), values moved to their tag's configured
 type (`typed`), the flow's `invalidAsNull` applied to non-good quality (the node applies
-it to history answers; events carry the value as stored), `seq` numbered over (tag, ts)
+it to history answers; events carry the value as stored; an event without a quality
+keeps its value), `seq` numbered over (tag, ts)
 with the rows sorted so (`history.assign_seq`). `extra` is null: events do not carry the
 fourth element of a history row.
 
@@ -137,13 +138,13 @@ class _Split:
         """The common answer at once: every event a sample (`tag`, no status, data with
         a ts), read by a comprehension per column; False (nothing added) otherwise."""
         try:
-            if {e["type"] for e in events} != {"tag"} or any(e["status"] for e in events):
+            if {e["type"] for e in events} != {"tag"} or any(e.get("status") for e in events):
                 return False
             paths = [e["tag"] for e in events]
             samples = [
                 [d["ts"], d["value"], d["quality"], None] for d in (e["data"] for e in events)
             ]
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, AttributeError):
             return False
         if set(map(type, paths)) != {str} or not all(paths):
             return False
@@ -201,7 +202,7 @@ class _Split:
             return TAG_HISTORY_SCHEMA.empty_table()
         ts, value, value_bool, value_str, quality, extra = self._columns()
         if invalid_as_null:
-            bad = pc.fill_null(pc.less(quality, GOOD_QUALITY), True)
+            bad = pc.fill_null(pc.less(quality, GOOD_QUALITY), False)  # no quality: kept
             value, value_bool, value_str = (
                 pc.if_else(bad, pa.scalar(None, column.type), column)
                 for column in (value, value_bool, value_str)

@@ -197,10 +197,11 @@ class Feed:
             return []
         tags = self._node.tags
         remote = [spec for spec in self._node.tree().specs if spec.remote_lag_ms]
+        found = self._node.last_samples(remote)
         events: list[Item] = []
         for at, status in changes:
             for spec in remote:
-                value, quality, ts = tags.current(spec)
+                value, quality, ts = tags.current(spec, found)
                 events.append(
                     {
                         "type": "tag",

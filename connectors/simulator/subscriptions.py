@@ -50,6 +50,7 @@ class QueueRules:
     default_limit: int | None = None
     discards_cumulative: bool = False
     survive_restart: bool = False
+    ids_reused: bool = False  # a restart numbers new subscriptions from 1 again
     # How the node writes a sample's stamp and a number on the wire, as in its history
     # rows (`rows_epoch_seconds`, `rows_iso`, `numbers_as_strings`).
     wire: frozenset[str] = frozenset()
@@ -61,6 +62,7 @@ class QueueRules:
             default_limit=DEFAULT_EVENTS_LIMIT if "events_limit_default" in behaviours else None,
             discards_cumulative="discards_cumulative" in behaviours,
             survive_restart="subscriptions_survive_restart" in behaviours,
+            ids_reused="subscription_ids_reused" in behaviours,
             wire=behaviours & _WIRE,
         )
 
@@ -174,11 +176,14 @@ class Subscriptions:
         self.publish({"type": "model", "model": self._full_model()})
 
     def restart(self) -> None:
-        """The node restarted: its subscriptions are gone (`survive_restart`: kept)."""
+        """The node restarted: its subscriptions are gone (`survive_restart`: kept), and
+        with `ids_reused` the next is numbered 1 again."""
         if self.rules.survive_restart:
             return
         with self._lock:
             self._items.clear()
+            if self.rules.ids_reused:
+                self._next_id = 1
 
     # -- the operations --------------------------------------------------------------------
 

@@ -22,8 +22,10 @@ from connectors.client import NodeClient
 from connectors.errors import MalformedAnswer, SubscriptionGone
 from connectors.normalise.events import EventsPage, parse_events_page
 from connectors.normalise.history import assign_seq, parse_history_answer
+from connectors.options import HistoryOptions
 from connectors.schema import TAG_HISTORY_SCHEMA
-from connectors.simulator import SimConfig, SimulatedNode
+from connectors.settings import NodeSettings
+from connectors.simulator import SimConfig, SimulatedNode, run_server
 from connectors.subscriptions import NodeSubscriptions, parse_events
 
 
@@ -90,6 +92,7 @@ def test_events_answer_is_typed_by_kind_or_refused(answer: Any, outcome: Any) ->
 # -- a poll read as the rows a history run writes -------------------------------------------
 
 T0 = 1_780_000_000_000
+RAW = HistoryOptions(mode="raw", invalid_as_null=False)
 
 
 def test_a_polls_rows_are_the_rows_a_history_run_writes_for_the_same_samples(
@@ -225,3 +228,36 @@ def test_events_written_as_a_profiles_history_rows_are_read_as_the_default_ones(
         pages.append(parse_events_page(body, "n", types=types))
     assert pages[0].rows.num_rows > 100
     assert pages[1].rows.equals(pages[0].rows)
+
+
+def test_a_slow_poller_over_loopback_is_told_how_many_events_it_lost() -> None:
+    node = SimulatedNode(SimConfig(seed=4, tags=30, profile="events-queue-small"))
+    node.set_clock(T0)
+    with run_server(node, https_port=None) as server:
+        settings = NodeSettings(url=server.http_url, name="sim", backoff_base_s=0.01)
+        with NodeClient(settings) as client:
+            live = NodeSubscriptions(client)
+            with live.subscribed({"flow": "f"}) as subscription:
+                node.set_clock(T0 + 600_000)
+                queued = {r.id: r for r in live.records()}[subscription.id]
+                page = live.poll(subscription.id, limit=600, node="sim")
+                rest = live.poll(subscription.id, node="sim")
+    made = sum(
+        len(
+            node.ground_truth(s.path, T0 + 1 - s.remote_lag_ms, T0 + 600_001 - s.remote_lag_ms, RAW)
+        )
+        for s in node.tree().specs
+    )
+    assert queued.events == 1000
+    assert queued.discarded_events == made - 1000
+    assert page.discarded_events == made - 1000
+    assert page.remaining_events == 400
+    assert (page.rows.num_rows, rest.rows.num_rows) == (600, 400)
+    assert rest.discarded_events == 0
+
+
+def test_events_without_a_status_key_are_samples_too() -> None:
+    plain = {"type": "tag", "tag": "/a", "data": {"value": 1.5, "quality": 192, "ts": T0}}
+    page = page_of(plain, {**plain, "data": {**plain["data"], "ts": T0 + 1}})
+    assert page.rows.column("ts").cast(pa.int64()).to_pylist() == [T0, T0 + 1]
+    assert page.statuses.num_rows == 0
