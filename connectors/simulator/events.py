@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 # A sample event as the queues hold it, (path, value, quality, ts); other events as dicts.
 Item = tuple[str, Any, int, int] | dict[str, Any]
-# Tags x samples generated at once, at most (about 100 MB of numpy arrays in flight).
-SLICE_CELLS = 2_000_000
+# Samples of all tags generated at once, at most (about 40 MB in flight): a long stretch
+# (a subscription nobody polled for a while) is made a slice at a time.
+SLICE_CELLS = 250_000
 
 
 @dataclass(frozen=True)
@@ -196,10 +197,11 @@ class Feed:
             return []
         tags = self._node.tags
         remote = [spec for spec in self._node.tree().specs if spec.remote_lag_ms]
+        found = self._node.last_samples(remote)
         events: list[Item] = []
         for at, status in changes:
             for spec in remote:
-                value, quality, ts = tags.current(spec)
+                value, quality, ts = tags.current(spec, found)
                 events.append(
                     {
                         "type": "tag",

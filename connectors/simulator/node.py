@@ -11,16 +11,18 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+import numpy as np
 
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.simulator import history
 from connectors.simulator.admin import Admin
 from connectors.simulator.alarms import AlarmQuery, AlarmService, alarm_in_seconds, build_alarms
 from connectors.simulator.config import SimConfig
-from connectors.simulator.events import Feed
+from connectors.simulator.events import Feed, groups_of
 from connectors.simulator.faults import Faults, FirstAsks
 from connectors.simulator.links import LinkState
 from connectors.simulator.protocol import Answer, Handler, RequestError, error_answer, parse_list
@@ -171,7 +173,8 @@ class SimulatedNode:
         """A store-and-forward sample stamped `ts_ms` (in the past), visible from now on
         (in history, and as an event at the next poll of each subscription)."""
         spec = self.tree().by_path[path]
-        with self._lock:
+        # The subscriptions' lock before the node's, as a poll takes them.
+        with self.subscriptions.exclusive(), self._lock:
             self.subscriptions.catch_up()  # the samples before it come first
             self._late.setdefault((self.config.node_name, spec.path), []).append(
                 (ts_ms, value, self.now_ms())
@@ -192,7 +195,7 @@ class SimulatedNode:
     def add_tag(self, path: str, *, tag_type: str = "number", period_ms: int | None = None) -> None:
         """A new local tag at `path` whose history begins now (on a grid of `period_ms`,
         default the node's `period_ms` or 1 s); subscriptions get a `model` event."""
-        with self._lock:
+        with self.subscriptions.exclusive(), self._lock:
             tree = self.tree()
             if path in tree.by_path:
                 raise ValueError(f"tag {path!r} exists")
@@ -207,7 +210,7 @@ class SimulatedNode:
     def remove_tag(self, path: str) -> None:
         """Remove the local tag at `path` (KeyError if none); subscriptions get a `model`
         event, and no more of its samples."""
-        with self._lock:
+        with self.subscriptions.exclusive(), self._lock:
             tree = self.tree()
             if path not in tree.by_path:
                 raise KeyError(path)
@@ -396,6 +399,33 @@ class SimulatedNode:
         if not len(samples):
             return None, 0, now
         return samples.value(-1), int(samples.quality[-1]), int(samples.ts[-1])
+
+    def last_samples(self, specs: Sequence[TagSpec]) -> dict[str, tuple[Any, int, int]]:
+        """`last_sample` of many tags at once, for those whose last 60 periods hold a
+        sample (`history.generate_many`); the others (in a gap, or with late samples) are
+        left out, for the caller to ask `last_sample`."""
+        now = self.now_ms()
+        with self._lock:
+            late = {path for _, path in self._late}
+        chosen = [spec for spec in specs if spec.path not in late]
+        found: dict[str, tuple[Any, int, int]] = {}
+        for group in groups_of(chosen, False, self.history_start_of):
+            upper = now - group.lag_ms
+            lower = max(upper - 60 * group.tags.period_ms, now - 3_600_000)
+            start = group.history_start_ms
+            rows, samples = history.generate_many(group.tags, lower, upper, history_start_ms=start)
+            if not len(rows):
+                continue
+            last = np.flatnonzero(np.append(rows[1:] != rows[:-1], True))
+            for row, value, quality, ts in zip(
+                rows[last].tolist(),
+                samples.pick(last),
+                samples.quality[last].tolist(),
+                samples.ts[last].tolist(),
+                strict=True,
+            ):
+                found[group.paths[row]] = (value, quality, ts)
+        return found
 
     # -- dispatch ----------------------------------------------------------------------------
 

@@ -81,6 +81,8 @@ BEHAVIOURS: dict[str, str] = {
     "(default: a restart loses them all)",
     "discards_cumulative": "discardedEvents counts every event dropped since the subscription "
     "began, not since the last poll",
+    "subscription_ids_reused": "a restart numbers new subscriptions from 1 again, so an id "
+    "from before it may name another client's subscription",
 }
 
 # Named profiles: each is a set of behaviours. `default` is the simulator's own reading.
@@ -124,7 +126,21 @@ PROFILES: dict[str, frozenset[str]] = {
     "events-unordered": frozenset({"events_unordered"}),
     "subscriptions-survive-restart": frozenset({"subscriptions_survive_restart"}),
     "discards-cumulative": frozenset({"discards_cumulative"}),
+    "subscription-ids-reused": frozenset({"subscription_ids_reused"}),
 }
+
+# Behaviours that change only subscriptions (their queues and answers), never history:
+# a profile made of these answers every history question as `default` does.
+SUBSCRIPTION_BEHAVIOURS = frozenset(
+    {
+        "events_queue_small",
+        "events_limit_default",
+        "events_unordered",
+        "subscriptions_survive_restart",
+        "discards_cumulative",
+        "subscription_ids_reused",
+    }
+)
 
 # Behaviours that cannot hold at once.
 _EXCLUSIVE = (
@@ -140,6 +156,7 @@ _EXCLUSIVE = (
     frozenset({"rows_epoch_seconds", "rows_epoch_micros"}),
     frozenset({"rows_epoch_micros", "rows_iso"}),
     frozenset({"epoch_seconds", "rows_iso"}),
+    frozenset({"subscriptions_survive_restart", "subscription_ids_reused"}),
 )
 
 

@@ -16,17 +16,20 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
 from connectors.simulator.events import Feed, Item, event_of
+from connectors.simulator.history import iso_of_ms
 from connectors.simulator.protocol import (
     Answer,
     Handler,
     Params,
     RequestError,
+    gc_paused,
     json_answer,
     parse_int,
 )
@@ -47,6 +50,10 @@ class QueueRules:
     default_limit: int | None = None
     discards_cumulative: bool = False
     survive_restart: bool = False
+    ids_reused: bool = False  # a restart numbers new subscriptions from 1 again
+    # How the node writes a sample's stamp and a number on the wire, as in its history
+    # rows (`rows_epoch_seconds`, `rows_iso`, `numbers_as_strings`).
+    wire: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, behaviours: frozenset[str]) -> QueueRules:
@@ -55,7 +62,26 @@ class QueueRules:
             default_limit=DEFAULT_EVENTS_LIMIT if "events_limit_default" in behaviours else None,
             discards_cumulative="discards_cumulative" in behaviours,
             survive_restart="subscriptions_survive_restart" in behaviours,
+            ids_reused="subscription_ids_reused" in behaviours,
+            wire=behaviours & _WIRE,
         )
+
+    def on_the_wire(self, item: Item) -> dict[str, Any]:
+        """The event of `item` as this node writes it."""
+        event = event_of(item)
+        if not self.wire or not isinstance(item, tuple):
+            return event
+        data = event["data"]
+        if "rows_epoch_seconds" in self.wire:
+            data["ts"] = data["ts"] / 1000
+        elif "rows_iso" in self.wire:
+            data["ts"] = iso_of_ms(data["ts"])
+        if "numbers_as_strings" in self.wire and type(data["value"]) is float:
+            data["value"] = repr(data["value"])
+        return event
+
+
+_WIRE = frozenset({"rows_epoch_seconds", "rows_iso", "numbers_as_strings"})
 
 
 @dataclass
@@ -103,12 +129,18 @@ class Subscriptions:
 
     # -- queueing --------------------------------------------------------------------------
 
+    def exclusive(self) -> AbstractContextManager[bool]:
+        """The queues' lock, for a change of what history shows (a late sample, a tag
+        added or removed) made between two catch-ups; taken before the node's own lock,
+        as a poll takes them."""
+        return self._lock
+
     def catch_up(self) -> None:
         """Queue on every subscription the samples history shows since the last catch-up."""
         feed, clock = self._feed, self._clock
         if feed is None or clock is None:
             return
-        with self._lock:
+        with self._lock, gc_paused():
             now = clock()
             if not self._items:
                 feed.skip(now)
@@ -144,11 +176,14 @@ class Subscriptions:
         self.publish({"type": "model", "model": self._full_model()})
 
     def restart(self) -> None:
-        """The node restarted: its subscriptions are gone (`survive_restart`: kept)."""
+        """The node restarted: its subscriptions are gone (`survive_restart`: kept), and
+        with `ids_reused` the next is numbered 1 again."""
         if self.rules.survive_restart:
             return
         with self._lock:
             self._items.clear()
+            if self.rules.ids_reused:
+                self._next_id = 1
 
     # -- the operations --------------------------------------------------------------------
 
@@ -200,19 +235,21 @@ class Subscriptions:
             if not self.rules.discards_cumulative:
                 item.discarded = 0
             remaining = len(queue)
-        return Answer(body=_events_body(discarded, remaining, taken))
+        return Answer(body=self._events_body(discarded, remaining, taken))
 
     def cancel(self, body: Params) -> Answer:
         with self._lock:
             del self._items[self._id(body)]
         return Answer()
 
-
-def _events_body(discarded: int, remaining: int, items: Iterable[Item]) -> bytes:
-    return orjson.dumps(
-        {
-            "discardedEvents": discarded,
-            "remainingEvents": remaining,
-            "events": [event_of(item) for item in items],
-        }
-    )
+    def _events_body(self, discarded: int, remaining: int, items: Iterable[Item]) -> bytes:
+        """The answer's JSON; the cyclic collector paused while its dicts are made (tens
+        of thousands of them would run it again and again)."""
+        with gc_paused():
+            return orjson.dumps(
+                {
+                    "discardedEvents": discarded,
+                    "remainingEvents": remaining,
+                    "events": [self.rules.on_the_wire(item) for item in items],
+                }
+            )

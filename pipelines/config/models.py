@@ -469,7 +469,7 @@ class LiveConfig(_Strict):
     poll_every: timedelta = timedelta(seconds=1)
     # How far behind the newest event a late event is still written by the tail (its
     # window committed again); an older one opens a gap that history re-reads.
-    late_within: timedelta = timedelta(minutes=1)
+    late_within: timedelta = timedelta(seconds=30)
 
     _durations = field_validator("commit_every", "poll_every", "late_within", mode="before")(
         _duration

@@ -1,8 +1,8 @@
 """The live tail (issue 32): a flow's tag changes from the node's subscription to its
 sinks within seconds, beside the scheduled history that stays the truth.
 
-subscription   the tail's subscription: named, stale ones cancelled, drained, lost ones said
-rows           a poll's `tag` events as the rows raw history writes for them
+subscription   the tail's subscription: named, stale ones cancelled, drained (each answer
+               read into history rows: connectors/normalise/events.py), losses said
 windows        rows by window of event time: what each commit writes, what is too late
 gaps           windows that may have lost events, re-read by history at once
 unit           one tailed (flow, node): poll, commit (held `live`), gaps

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.errors import FatalNodeError, NodeError, one_line
+from connectors.errors import NodeError, SubscriptionGone, one_line
 from connectors.models import SubscriptionRecord
-from connectors.subscriptions import Event, NodeSubscriptions
+from connectors.normalise.events import EventsPage
+from connectors.subscriptions import NodeSubscriptions
 
 log = logging.getLogger("historian.live")
 TOOL = "historian"
@@ -41,9 +43,10 @@ def is_ours(record: SubscriptionRecord, flow: str, node: str) -> bool:
 
 @dataclass
 class Poll:
-    """What one poll brought, and whether events may have been lost before it."""
+    """What one poll brought (each answer read: `connectors.normalise.events`), and
+    whether events may have been lost before it."""
 
-    events: list[Event] = field(default_factory=list)
+    pages: list[EventsPage] = field(default_factory=list)
     discarded: int = 0
     lost: str | None = None  # why events may be missing: a failed poll, a lost subscription
 
@@ -77,35 +80,44 @@ class LiveSubscription:
         made = self._subscriptions.subscribe(self._data)
         self.id, self.model = made.id, made.model
 
-    def poll(self, stop: threading.Event | None = None) -> Poll:
-        """Drain the queue (at most MAX_ANSWERS answers); a failure is a `lost` poll, and a
-        subscription the node no longer has is made again."""
-        assert self.id is not None, "open() first"
+    def poll(
+        self,
+        node: str,
+        types: Mapping[str, str],
+        *,
+        invalid_as_null: bool,
+        stop: threading.Event | None = None,
+    ) -> Poll:
+        """Drain the queue (at most MAX_ANSWERS answers), the samples as history rows of
+        `node` typed by `types`; a failure is a `lost` poll, and a subscription the node
+        no longer has is made again."""
         poll = Poll()
+        if self.id is None:  # lost, and not made again at the last poll
+            poll.lost = "no subscription on the node"
+            self._resubscribe(poll)
+            return poll
         try:
             for _ in range(MAX_ANSWERS):
-                answer = self._subscriptions.events(self.id, self._limit)
-                poll.events.extend(answer.events)
-                poll.discarded += answer.discarded_events
-                if answer.remaining_events <= 0 or (stop is not None and stop.is_set()):
+                page = self._subscriptions.poll(
+                    self.id, self._limit, node=node, types=types, invalid_as_null=invalid_as_null
+                )
+                poll.pages.append(page)
+                poll.discarded += page.discarded_events
+                if page.remaining_events <= 0 or (stop is not None and stop.is_set()):
                     break
+        except SubscriptionGone:
+            gone, self.id = self.id, None
+            poll.lost = f"subscription {gone} is gone from the node; subscribed again"
+            self._resubscribe(poll)
         except NodeError as exc:
-            poll.lost = self._recover(exc)
+            poll.lost = f"poll failed ({one_line(exc)})"
         return poll
 
-    def _recover(self, exc: NodeError) -> str:
-        """After a failed poll: subscribe again when the node no longer lists ours."""
-        why = f"poll failed ({one_line(exc)})"
-        if not isinstance(exc, FatalNodeError):
-            return why
+    def _resubscribe(self, poll: Poll) -> None:
         try:
-            gone = self.id
-            if gone not in {record.id for record in self._subscriptions.records()}:
-                self._subscribe()
-                return f"subscription {gone} is gone from the node; subscribed again"
-        except NodeError as again:
-            return f"{why}; {one_line(again)}"
-        return why
+            self._subscribe()
+        except NodeError as exc:
+            poll.lost = f"{poll.lost}: not subscribed again ({one_line(exc)})"
 
     def cancel(self) -> None:
         """Cancel the subscription (the node stops queueing); failing to is logged, and the

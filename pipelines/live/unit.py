@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -23,7 +22,7 @@ from types import TracebackType
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors import models
+from connectors.normalise.events import EventsPage
 from connectors.subscriptions import NodeSubscriptions
 from connectors.timewindow import Window
 from pipelines.config.destinations import SinkSet
@@ -38,8 +37,7 @@ from pipelines.config.nodes import ConnectedNode, NodePool
 from pipelines.core.runner import RunRequest, dataset_attrs, options_key
 from pipelines.core.units import run_flow
 from pipelines.live.gaps import GapHealer
-from pipelines.live.rows import event_rows
-from pipelines.live.subscription import LiveSubscription, Poll
+from pipelines.live.subscription import LiveSubscription
 from pipelines.live.windows import Batch, WindowBuffer
 from pipelines.planning import chunk_id
 from pipelines.selection import resolve_tags
@@ -98,11 +96,14 @@ class LiveUnit:
         self._stack = ExitStack()
         self._types: dict[str, str] = {}
         self._identity: tuple[str, ...] = ()
-        self._offline: dict[str, int] = {}  # remote tag -> when its link went offline
+        self._offline: dict[str, datetime] = {}  # remote tag -> when its link went offline
         self._since = UnitCommit()
         self._commits = 0
         self._last_ok = datetime.now(UTC)
         self._clock = (0, 0.0)  # the node's sys.ts (ms) and time.monotonic() then
+        self._newest_ms: int | None = None  # the newest sample's time the node sent
+        self._lost_since: datetime | None = None  # events may be lost from here on
+        self._lost_why = ""
         self.subscription: LiveSubscription | None = None
         self.stale_cancelled = 0
 
@@ -180,13 +181,17 @@ class LiveUnit:
     # -- the node's clock and gaps ----------------------------------------------------
 
     def node_now(self) -> datetime:
-        """The node's clock now (it stamps the samples), from its reading at the start."""
+        """The node's clock now (it stamps the samples): its reading at the start moved on
+        by ours, or the newest sample it sent when that is later."""
         node_ms, read = self._clock
         if not node_ms:
-            return datetime.now(UTC)
-        return datetime.fromtimestamp(node_ms / 1000, UTC) + timedelta(
-            seconds=time.monotonic() - read
-        )
+            estimate = datetime.now(UTC)
+        else:
+            elapsed = timedelta(seconds=time.monotonic() - read)
+            estimate = datetime.fromtimestamp(node_ms / 1000, UTC) + elapsed
+        if self._newest_ms is None:
+            return estimate
+        return max(estimate, datetime.fromtimestamp(self._newest_ms / 1000, UTC))
 
     def _settled(self) -> datetime:
         return self.node_now() - self.flow.settle
@@ -208,53 +213,70 @@ class LiveUnit:
     # -- polling ---------------------------------------------------------------------
 
     def poll(self, stop: threading.Event | None = None) -> None:
-        """Drain the subscription into the windows; open the gaps it shows."""
+        """Drain the subscription into the windows; open the gaps it shows. A gap of a
+        failed poll, a lost subscription or discarded events reaches from `late_within`
+        before the last good poll to the node's clock at the next good one."""
         assert self.subscription is not None, "enter the unit first"
-        poll = self.subscription.poll(stop)
-        now = self.node_now()
-        since = Window(self._last_ok - self.live.late_within, now)
+        invalid_as_null = self.flow.invalid_as_null is not False  # the node's default: on
+        poll = self.subscription.poll(
+            self.node.name, self._types, invalid_as_null=invalid_as_null, stop=stop
+        )
         if poll.lost:
-            self._gap(since, poll.lost)
+            self._lost(poll.lost)
+            return
+        for page in poll.pages:
+            self._take(page)
         if poll.discarded:
             self._since.discarded += poll.discarded
-            self._gap(since, f"the node discarded {poll.discarded} events")
-        self._take(poll, now)
-        if not poll.lost:
-            self._last_ok = now
+            self._lost(f"the node discarded {poll.discarded} events")
+        now = self.node_now()
+        if self._lost_since is not None:
+            self._gap(Window(self._lost_since, now), self._lost_why)
+            self._lost_since = None
+        self._last_ok = now
 
-    def _take(self, poll: Poll, now: datetime) -> None:
-        batch: list[models.TagEvent] = []
-        for event in poll.events:
-            if isinstance(event, models.ModelEvent):
-                self._add(batch)
-                batch = []
-                self._resolve()
-                self._gap(
-                    Window(self._last_ok - self.live.late_within, now), "the tag model changed"
-                )
-            elif isinstance(event, models.TagEvent):
-                self._status(event, now)
-                batch.append(event)
-        self._add(batch)
+    def _lost(self, why: str) -> None:
+        if self._lost_since is None:
+            self._lost_since = self._last_ok - self.live.late_within
+            self._lost_why = why
 
-    def _status(self, event: models.TagEvent, now: datetime) -> None:
-        """A remote tag's link going offline, and coming back: a gap over the outage."""
-        status = event.status
-        if status is None or status.value is None:
-            return
-        if status.value == 0:
-            self._offline.setdefault(event.tag, status.ts or int(now.timestamp() * 1000))
-        elif event.tag in self._offline:
-            went = datetime.fromtimestamp(self._offline.pop(event.tag) / 1000, UTC)
+    def _take(self, page: EventsPage) -> None:
+        """One answer's samples into the windows; its link changes and model changes."""
+        rows = page.rows
+        if rows.num_rows:
+            newest = int(pc.max(rows.column("ts").cast(pa.int64())).as_py())
+            self._newest_ms = max(self._newest_ms or 0, newest)
+            self._add(rows)
+        for tag, ts, value in zip(
+            *(page.statuses.column(c).to_pylist() for c in ("tag", "ts", "value")), strict=True
+        ):
+            self._status(tag, ts, value)
+        if page.models:  # the tag model changed: the selection again, and a gap
+            self._resolve()
+            since = self._last_ok - self.live.late_within
+            self._gap(Window(since, self.node_now()), "the tag model changed")
+
+    def _status(self, tag: str, ts: datetime | None, value: int | None) -> None:
+        """A remote tag's link going offline, and coming back: a gap over the outage
+        (from the tag's newest sample written when the offline event was not seen)."""
+        now = self.node_now()
+        if value == 0:
+            self._offline.setdefault(tag, ts or now)
+        elif value == 1:
+            went = self._offline.pop(tag, None) or self._last_seen(tag)
             self._gap(Window(went - self.live.late_within, now), "a remote link came back online")
 
-    def _add(self, events: Sequence[models.TagEvent]) -> None:
-        if not events:
-            return
-        invalid_as_null = self.flow.invalid_as_null is not False  # the node's default: on
-        rows = event_rows(events, self.node.name, self._types, invalid_as_null=invalid_as_null)
-        self._since.events += rows.num_rows
-        for window in merge_windows(self.buffer.add(rows)):
+    def _last_seen(self, tag: str) -> datetime:
+        newest = self.buffer.newest_of(tag)
+        if newest is None:
+            return self._last_ok
+        return min(self._last_ok, datetime.fromtimestamp(newest / 1000, UTC))
+
+    def _add(self, rows: pa.Table) -> None:
+        """The flow's tags' rows into the windows; late ones' windows to history."""
+        ours = rows.filter(pc.is_in(rows.column("tag"), value_set=pa.array(list(self._types))))
+        self._since.events += ours.num_rows
+        for window in merge_windows(self.buffer.add(ours)):
             self._since.gaps_opened.append(window)
             self.healer.open(window, "late samples past the tail's windows")
 

@@ -10,7 +10,9 @@ stretch of the clock the test moved it over.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -293,3 +295,57 @@ def test_events_follow_the_history_the_profile_shows(profile: str) -> None:
     now = node.now_ms()
     got = samples_of(poll(node, sid)["events"])
     assert got == expected(node, now - 3 * MINUTE, now)
+
+
+def test_a_node_may_number_subscriptions_from_1_again_after_a_restart() -> None:
+    node = node_at("subscription-ids-reused")
+    before = subscribe(node, {"flow": "f", "run": 1})
+    node.handle("POST", "system", "restartService", {}, None)
+    after = subscribe(node, {"flow": "other"})
+    assert after == before  # the old id names another client's subscription now
+    assert records(node)[after]["data"] == {"flow": "other"}
+
+
+def test_polls_and_changes_of_history_from_several_threads_never_deadlock() -> None:
+    node = node_at(tags=20, period_ms=1000)
+    sid = subscribe(node)
+    path = node.tag_paths()[0]
+    start = threading.Barrier(3)
+    failures: list[BaseException] = []
+
+    def keep(action: Callable[[int], None]) -> None:
+        start.wait()
+        try:
+            for n in range(200):
+                action(n)
+        except BaseException as exc:  # reported below, not lost in the thread
+            failures.append(exc)
+
+    seen: list[dict[str, Any]] = []
+    actions: list[Callable[[int], None]] = [
+        lambda n: seen.extend(poll(node, sid)["events"]),
+        lambda n: node.add_late_sample(path, T0 - 1 - n, float(n)),
+        lambda n: node.add_tag(f"/New/tag {n}") if n % 20 == 0 else records(node) and None,
+    ]
+    threads = [threading.Thread(target=keep, args=(action,)) for action in actions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "a lock order deadlocked"
+    assert failures == []
+    seen += poll(node, sid)["events"]
+    late = [e for e in seen if e["type"] == "tag" and e["data"]["ts"] < T0]
+    assert sorted(e["data"]["value"] for e in late) == [float(n) for n in range(200)]
+    assert sum(e["type"] == "model" for e in seen) == 10
+
+
+def test_a_model_event_shows_each_tags_current_value_as_a_read_does() -> None:
+    node = node_at(tags=120)
+    sid = subscribe(node)
+    node.add_tag("/Plant C/Added")
+    model = next(e["model"] for e in poll(node, sid)["events"] if e["type"] == "model")
+    for entry in model["tags"].values():
+        path = entry["fullPath"]
+        read = orjson.loads(node.handle("GET", "tag", "read", {"path": path}, None).body)
+        assert {"data": entry["data"], "status": entry["status"]} in read["tags"].values(), path

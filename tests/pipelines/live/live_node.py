@@ -34,17 +34,20 @@ class Tailed:
     def now_ms(self) -> int:
         return self.node.now_ms()
 
-    def publish(self, start_ms: int, end_ms: int, tags: list[str] | None = None) -> int:
-        """Publish the node's own samples of [start_ms, end_ms) as `tag` events, in time
-        order (what a subscription delivers as they are stored); how many."""
-        raw = HistoryOptions(mode="raw", invalid_as_null=False)
-        events = []
-        for tag in tags or self.tags:
-            for ts, value, quality, *_ in self.node.ground_truth(tag, start_ms, end_ms, raw):
-                events.append((ts, tag, value, quality))
-        for ts, tag, value, quality in sorted(events, key=lambda e: e[0]):
-            self.node.subscriptions.publish_tag(tag, value, quality, ts)
-        return len(events)
+    def advance(self, ms: int) -> int:
+        """Move the node's (frozen) clock on by `ms`: its next poll brings the samples
+        history shows in between. The new time."""
+        now = self.node.now_ms() + ms
+        self.node.set_clock(now)
+        return now
+
+    def samples(self, start_ms: int, end_ms: int, tags: list[str] | None = None) -> int:
+        """How many samples history holds for the tags (default the flow's) in
+        [start_ms, end_ms): a stretch may fall in one of the node's gaps."""
+        raw = HistoryOptions(mode="raw")
+        return sum(
+            len(self.node.ground_truth(tag, start_ms, end_ms, raw)) for tag in tags or self.tags
+        )
 
     def subscriptions(self) -> list[dict[str, Any]]:
         import orjson
@@ -67,10 +70,15 @@ class Tailed:
 
 
 @contextmanager
-def tailed(tmp_path: Path, sinks: list[str] | None = None, **flow: Any) -> Iterator[Tailed]:
-    """A node of 10 tags sampled every second, and a flow tailing 4 of them (by path)."""
+def tailed(
+    tmp_path: Path, profile: str = "default", pg: tuple[str, str] | None = None, **flow: Any
+) -> Iterator[Tailed]:
+    """A node of 10 tags sampled every second, its clock frozen on a whole second 10
+    minutes back (tests move it on: `Tailed.advance`; history completes windows up to the
+    earlier of its clock and ours), and a flow tailing 4 of them (by path)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    node = SimulatedNode(SimConfig(seed=3, tags=10, period_ms=1000))
+    node = SimulatedNode(SimConfig(seed=3, tags=10, period_ms=1000, profile=profile))
+    node.set_clock((node.now_ms() - 600_000) // 1000 * 1000)
     tags = node.tag_paths()[:4]
     with run_server(node, http_port=0, https_port=None) as server:
         spec = {
@@ -83,8 +91,9 @@ def tailed(tmp_path: Path, sinks: list[str] | None = None, **flow: Any) -> Itera
             "live": LIVE,
             **flow,
         }
+        sinks = ["lake", "duck", "pg"] if pg is not None else ["lake", "duck"]
         path = write_config(
-            tmp_path, node={"url": server.http_url}, flows={FLOW: spec}, sinks=sinks
+            tmp_path, node={"url": server.http_url}, flows={FLOW: spec}, pg=pg, sinks=sinks
         )
         yield Tailed(node, load(path), path, tags)
 
