@@ -283,7 +283,8 @@ class LiveUnit:
     # -- committing ------------------------------------------------------------------
 
     def commit(self) -> UnitCommit:
-        """Write every window that received rows since the last commit, to every sink."""
+        """Write every window that received rows since the last commit, to every sink;
+        then make sure the node still lists the subscription as ours."""
         done, self._since = self._since, UnitCommit()
         for batch in self.buffer.take():
             scope = self.scope(batch)
@@ -294,6 +295,8 @@ class LiveUnit:
             newest = pc.max(batch.rows.column("ts")).as_py()
             done.newest = newest if done.newest is None else max(done.newest, newest)
         self.buffer.forget_old()
+        if self.subscription is not None and (why := self.subscription.verify()) is not None:
+            self._lost(why)  # the gap opens at the next good poll
         done.gaps_healed = self.healer.take_healed()
         self._commits += 1 if done.windows else 0
         if done.windows and self._commits % COMPACT_EVERY == 0:
