@@ -57,6 +57,14 @@ def live_lock_key(key: str) -> str:
     return f"{key}~live"
 
 
+def live_settings(flow: TagHistoryFlow) -> LiveConfig:
+    """The flow's `live:`, or for a flow without one the defaults, `late_within` kept
+    inside its `settle` (the tail writes only what history has not reached yet)."""
+    if flow.live is not None:
+        return flow.live
+    return LiveConfig(late_within=min(LiveConfig().late_within, flow.settle))
+
+
 @dataclass
 class UnitCommit:
     """What one commit of a unit wrote, and what happened since the one before."""
@@ -87,7 +95,7 @@ class LiveUnit:
         flow = config.flows[name]
         assert isinstance(flow, TagHistoryFlow)
         self.config, self.name, self.flow, self.node_name = config, name, flow, node
-        self.live = flow.live or LiveConfig()
+        self.live = live_settings(flow)
         self.key = unit_key(name, node, flow)
         self.dataset = flow_dataset(name, flow)
         self._nodes, self._sinks, self._gap_sinks, self._run = nodes, sinks, gap_sinks, run
