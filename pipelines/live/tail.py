@@ -32,8 +32,8 @@ class TailCommit:
     node: str
     key: str
     windows: tuple[Window, ...]
-    rows: int
-    events: int
+    rows: int  # rows written: a window written again (late samples) counts again
+    events: int  # samples of the flow's tags received
     discarded: int
     gaps_opened: tuple[Window, ...]
     gaps_healed: tuple[Window, ...]
