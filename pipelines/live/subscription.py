@@ -119,6 +119,20 @@ class LiveSubscription:
         except NodeError as exc:
             poll.lost = f"{poll.lost}: not subscribed again ({one_line(exc)})"
 
+    def verify(self) -> str | None:
+        """Whether the node still lists our subscription as ours (a node that restarted
+        may number another's with our id): None, or why not (then subscribed again)."""
+        try:
+            records = self._subscriptions.records()
+        except NodeError as exc:
+            return f"subscriptions not listed ({one_line(exc)})"
+        if any(r.id == self.id and r.data == self._data for r in records):
+            return None
+        gone, self.id = self.id, None
+        poll = Poll(lost=f"subscription {gone} is no longer ours on the node; subscribed again")
+        self._resubscribe(poll)
+        return poll.lost
+
     def cancel(self) -> None:
         """Cancel the subscription (the node stops queueing); failing to is logged, and the
         next tail cancels it as stale."""

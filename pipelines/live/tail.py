@@ -20,7 +20,7 @@ from connectors.timewindow import Window
 from pipelines.config.destinations import SinkSet
 from pipelines.config.models import Config, ConfigError, LiveConfig, TagHistoryFlow
 from pipelines.config.nodes import NodePool
-from pipelines.live.unit import LiveUnit, UnitCommit
+from pipelines.live.unit import LiveUnit, UnitCommit, live_settings
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,8 @@ class TailCommit:
     node: str
     key: str
     windows: tuple[Window, ...]
-    rows: int
-    events: int
+    rows: int  # rows written: a window written again (late samples) counts again
+    events: int  # samples of the flow's tags received
     discarded: int
     gaps_opened: tuple[Window, ...]
     gaps_healed: tuple[Window, ...]
@@ -92,7 +92,7 @@ def tail_flow(
     """Tail `flow` on its nodes (or those of them named) until `stop` is set or `duration`
     has passed; `on_commit` hears each commit; `base`: where relative sink paths start
     (the folder of flows.yaml; default the working directory)."""
-    live = live_flow(cfg, flow).live or LiveConfig()
+    live = live_settings(live_flow(cfg, flow))
     chosen = cfg.select_nodes(flow, nodes)
     summary = TailSummary(flow, tuple(chosen), uuid.uuid4().hex[:12])
     began = time.monotonic()

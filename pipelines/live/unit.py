@@ -57,6 +57,14 @@ def live_lock_key(key: str) -> str:
     return f"{key}~live"
 
 
+def live_settings(flow: TagHistoryFlow) -> LiveConfig:
+    """The flow's `live:`, or for a flow without one the defaults, `late_within` kept
+    inside its `settle` (the tail writes only what history has not reached yet)."""
+    if flow.live is not None:
+        return flow.live
+    return LiveConfig(late_within=min(LiveConfig().late_within, flow.settle))
+
+
 @dataclass
 class UnitCommit:
     """What one commit of a unit wrote, and what happened since the one before."""
@@ -87,7 +95,7 @@ class LiveUnit:
         flow = config.flows[name]
         assert isinstance(flow, TagHistoryFlow)
         self.config, self.name, self.flow, self.node_name = config, name, flow, node
-        self.live = flow.live or LiveConfig()
+        self.live = live_settings(flow)
         self.key = unit_key(name, node, flow)
         self.dataset = flow_dataset(name, flow)
         self._nodes, self._sinks, self._gap_sinks, self._run = nodes, sinks, gap_sinks, run
@@ -283,7 +291,8 @@ class LiveUnit:
     # -- committing ------------------------------------------------------------------
 
     def commit(self) -> UnitCommit:
-        """Write every window that received rows since the last commit, to every sink."""
+        """Write every window that received rows since the last commit, to every sink;
+        then make sure the node still lists the subscription as ours."""
         done, self._since = self._since, UnitCommit()
         for batch in self.buffer.take():
             scope = self.scope(batch)
@@ -294,6 +303,8 @@ class LiveUnit:
             newest = pc.max(batch.rows.column("ts")).as_py()
             done.newest = newest if done.newest is None else max(done.newest, newest)
         self.buffer.forget_old()
+        if self.subscription is not None and (why := self.subscription.verify()) is not None:
+            self._lost(why)  # the gap opens at the next good poll
         done.gaps_healed = self.healer.take_healed()
         self._commits += 1 if done.windows else 0
         if done.windows and self._commits % COMPACT_EVERY == 0:

@@ -229,3 +229,25 @@ def test_a_remote_link_that_went_offline_and_came_back_is_a_gap_history_heals(
         t.advance(5_000)
         unit.poll()
         assert_healed(t, unit, back[0], tmp_path)
+
+
+def test_an_id_the_restarted_node_gave_another_subscription_is_found_and_healed(
+    tmp_path: Path,
+) -> None:
+    with tailed(tmp_path / "t", profile="subscription-ids-reused") as t, t.unit() as unit:
+        assert unit.subscription is not None
+        t.advance(5_000)
+        unit.poll()
+        ours = unit.subscription.id
+        t.node.subscriptions.restart()  # our subscription is gone...
+        t.node.subscriptions.subscribe({"data": {"someone": "else"}})  # ...its id another's
+        t.advance(5_000)
+        unit.poll()  # answered: another's queue
+        unit.commit()
+        assert unit.subscription.id not in (None, ours)
+        t.advance(5_000)
+        unit.poll()
+        (gap,) = unit.commit().gaps_opened
+        t.advance(5_000)
+        unit.poll()
+        assert_healed(t, unit, gap, tmp_path)
