@@ -200,6 +200,12 @@ class NodeRequestError(FatalNodeError):
     """Another 4xx: the node refused the request as asked (unknown tag, bad parameter)."""
 
 
+class SubscriptionGone(NodeRequestError):
+    """The node does not know the subscription (404 to `subscriptionEvents` or
+    `cancelSubscription`): cancelled, or lost when the node restarted. Its events since
+    the last poll are lost; subscribe again."""
+
+
 class NodeServerError(FatalNodeError):
     """A 5xx not known to be transient: 501, 505, ..., and 500 when server errors are not
     retried (`retry_server_errors: false`)."""

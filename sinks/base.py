@@ -117,8 +117,18 @@ class ChunkScope:
     # `partition: auto` sizes a new dataset's partitions to it.
     window_size: timedelta | None = None
     # Members written but not proven complete (member -> why, e.g. a link still
-    # draining): the ledger records them `held` with the reason (`sinks.ledger`).
+    # draining, or `live`: rows of a live tail): the ledger records them `held` with the
+    # reason (`sinks.ledger`), and progress does not count them (`completed_members`).
     held: Mapping[str, str] = field(default_factory=dict, kw_only=True)
+
+    @property
+    def completed_members(self) -> tuple[str, ...]:
+        """The members whose window this write proves complete: what progress records.
+        A held member's rows are replaced like any other's, and a later write that proves
+        them complete (a history run over the window) records them."""
+        if not self.held:
+            return self.members
+        return tuple(member for member in self.members if member not in self.held)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """Answer bytes -> typed Arrow tables, fast, and never a silent drop: one module per kind
 of answer.
 
+* events    subscriptionEvents answers -> the rows history writes (TAG_HISTORY_SCHEMA), link
+            status changes, model events
 * history   tag history answers (historyMany, historyFilter, history) -> TAG_HISTORY_SCHEMA,
             with per-tag stats for continuing a capped answer; fastrows reads number and
             boolean rows from the bytes, rows reads one tag's rows the exact way

@@ -572,8 +572,10 @@ class Admin:
         )
 
     def restart_service(self, body: Params) -> Answer:
-        """The node answers 503 for `restart_s`, then returns with a new pid; state is kept."""
+        """The node answers 503 for `restart_s`, then returns with a new pid; state is kept,
+        but not its subscriptions (`subscriptions_survive_restart`: those too)."""
         self.process.restart()
+        self._node.subscriptions.restart()
         with self._lock:
             now = iso_ms(self._node.now_ms())
             for module in self._modules.values():

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from connectors.simulator.tagtree import STATES, TagSpec, mix
+from connectors.simulator.tagtree import STATES, Salt, TagSpec, mix
 
 GOOD = 192
 UNCERTAIN = 64
@@ -59,6 +59,21 @@ class Samples:
             self.data[start:stop],
             self.quality[start:stop],
             self.extra[start:stop],
+            self.kind,
+            odd,
+        )
+
+    def slice_at(self, positions: np.ndarray) -> Samples:
+        """The samples at `positions` (ascending), as `slice` gives a run of them."""
+        odd: dict[int, Any] = {}
+        if self.odd:
+            moved = {int(p): i for i, p in enumerate(positions.tolist())}
+            odd = {moved[i]: v for i, v in self.odd.items() if i in moved}
+        return Samples(
+            self.ts[positions],
+            self.data[positions],
+            self.quality[positions],
+            self.extra[positions],
             self.kind,
             odd,
         )
@@ -102,17 +117,18 @@ class Samples:
         return numbers, missing
 
 
-def _hash_blocks(k: np.ndarray, size: int, salt: int, modulus: int) -> np.ndarray:
-    """`mix(k // size, salt) % modulus`, hashing each block once (k is ascending)."""
+def _hash_blocks(k: np.ndarray, size: int, salt: Salt, modulus: int) -> np.ndarray:
+    """`mix(k // size, salt) % modulus`, hashing each block once (k is ascending); with a
+    column of salts (many tags), one row per salt."""
     if not len(k):
         return np.zeros(0, dtype=np.uint64)
     blocks = k // np.int64(size)
     first = int(blocks[0])
     table = mix(np.arange(first, int(blocks[-1]) + 1, dtype=np.int64), salt)
-    return (table % np.uint64(modulus))[blocks - first]
+    return (table % np.uint64(modulus))[..., blocks - first]
 
 
-def _values(spec: TagSpec, k: np.ndarray, ts: np.ndarray) -> np.ndarray:
+def _values(spec: TagSpec | Tags, k: np.ndarray, ts: np.ndarray) -> np.ndarray:
     if spec.type == "number":
         noise = (mix(k, spec.salt + 5) % np.uint64(1000)).astype(np.float64) / 1000.0 - 0.5
         wave = np.sin(2 * math.pi * ts.astype(np.float64) / spec.wave_ms)
@@ -121,6 +137,31 @@ def _values(spec: TagSpec, k: np.ndarray, ts: np.ndarray) -> np.ndarray:
         flags: np.ndarray = _hash_blocks(k, 30, spec.salt + 6, 2) == 1
         return flags
     return _hash_blocks(k, 40, spec.salt + 7, len(STATES)).astype(np.int64)
+
+
+def _quality(block: np.ndarray) -> np.ndarray:
+    """Quality from a sample's quality-block hash: bad, uncertain or good."""
+    quality = np.full(block.shape, GOOD, dtype=np.int64)
+    quality[block == 0] = BAD
+    quality[block == 1] = UNCERTAIN
+    return quality
+
+
+def _doubled(
+    ts: np.ndarray, data: np.ndarray, quality: np.ndarray, twice: np.ndarray, kind: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The samples with those marked `twice` stored twice on one millisecond: (ts, data,
+    quality, extra, index of each one's original); the second has `extra` 1 and, for a
+    number, the value + 0.125."""
+    counts = np.where(twice, 2, 1)
+    index = np.repeat(np.arange(len(ts)), counts)
+    ts, quality, data = ts[index], quality[index], data[index]
+    second = np.zeros(len(ts), dtype=bool)
+    second[1:] = index[1:] == index[:-1]
+    extra = second.astype(np.int64)
+    if kind == "number":
+        data[second] = np.round(data[second] + 0.125, 3)
+    return ts, data, quality, extra, index
 
 
 def _stored(
@@ -185,28 +226,86 @@ def generate(
             k_first = block_last + 1
         k = np.concatenate([p[0] for p in parts])[:max_count]
         ts = np.concatenate([p[1] for p in parts])[:max_count]
-    block = _hash_blocks(k, QUALITY_BLOCK, spec.salt + 3, 40)
-    quality = np.full(len(k), GOOD, dtype=np.int64)
-    quality[block == 0] = BAD
-    quality[block == 1] = UNCERTAIN
+    quality = _quality(_hash_blocks(k, QUALITY_BLOCK, spec.salt + 3, 40))
     extra = np.zeros(len(k), dtype=np.int64)
     data = _values(spec, k, ts)
     if spec.duplicates and len(k):
         twice = (k % 97) == 0
         if twice.any():
-            counts = np.where(twice, 2, 1)
-            ts = np.repeat(ts, counts)
-            quality = np.repeat(quality, counts)
-            extra = np.repeat(extra, counts)
-            data = np.repeat(data, counts)
-            dup_index = np.repeat(np.arange(len(k)), counts)
-            second = np.zeros(len(ts), dtype=bool)
-            second[1:] = dup_index[1:] == dup_index[:-1]
-            extra[second] = 1
-            if spec.type == "number":
-                data[second] = np.round(data[second] + 0.125, 3)
+            ts, data, quality, extra, _ = _doubled(ts, data, quality, twice, spec.type)
     samples = Samples(ts, data, quality, extra, spec.type)
     return _with_late(samples, start_ms, end_ms, late, visible_until_ms, max_count)
+
+
+@dataclass(frozen=True)
+class Tags:
+    """Tags of one period and type as columns, for `generate_many`: the attributes of a
+    TagSpec that values are made of, one row per tag, so each sample is computed with the
+    same operations as `generate` computes it for its tag alone."""
+
+    specs: tuple[TagSpec, ...]
+    type: str
+    period_ms: int
+    salt: np.ndarray  # uint64 (n, 1)
+    offset: np.ndarray  # float64 (n, 1)
+    amplitude: np.ndarray  # float64 (n, 1)
+    wave_ms: np.ndarray  # int64 (n, 1)
+    irregular: np.ndarray  # bool (n, 1)
+    duplicates: np.ndarray  # bool (n,)
+
+    @classmethod
+    def of(cls, specs: Sequence[TagSpec]) -> Tags:
+        """`specs`, all of one period and type."""
+
+        def column(values: list[Any], dtype: Any) -> np.ndarray:
+            return np.array(values, dtype=dtype).reshape(-1, 1)
+
+        return cls(
+            tuple(specs),
+            specs[0].type,
+            specs[0].period_ms,
+            column([s.salt for s in specs], np.uint64),
+            column([s.offset for s in specs], np.float64),
+            column([s.amplitude for s in specs], np.float64),
+            column([s.wave_ms for s in specs], np.int64),
+            column([s.irregular for s in specs], bool),
+            np.array([s.duplicates for s in specs], dtype=bool),
+        )
+
+
+def generate_many(
+    tags: Tags, lower: int, upper: int, *, history_start_ms: int
+) -> tuple[np.ndarray, Samples]:
+    """The stored samples of many tags with lower <= ts <= upper, as `generate` gives each
+    (no late samples, no link): (the row in `tags` of each sample, the samples tag by tag,
+    each tag's in time order). One pass over a (tags x samples) grid: a short range of
+    10,000 tags costs a few numpy calls, not 10,000."""
+    lower = max(lower, history_start_ms)
+    if upper < lower or not tags.specs:
+        return np.zeros(0, dtype=np.int64), _empty(tags.type)
+    period = tags.period_ms
+    k = np.arange(
+        max(0, (lower - history_start_ms) // period - 1),
+        (upper - history_start_ms) // period + 2,
+        dtype=np.int64,
+    )
+    grid = history_start_ms + k * np.int64(period)
+    ts = np.broadcast_to(grid, (len(tags.specs), len(k)))
+    if tags.irregular.any():
+        jitter = (mix(k, tags.salt + 1) % np.uint64(period // 2)).astype(np.int64)
+        ts = ts + np.where(tags.irregular, jitter, 0)
+    keep = (ts >= lower) & (ts <= upper)
+    keep &= _hash_blocks(k, GAP_BLOCK, tags.salt + 2, 20) != 0
+    rows, columns = np.nonzero(keep)
+    quality = _quality(_hash_blocks(k, QUALITY_BLOCK, tags.salt + 3, 40)[rows, columns])
+    data = _values(tags, k, ts)[rows, columns]
+    ts, k = ts[rows, columns], k[columns]
+    extra = np.zeros(len(ts), dtype=np.int64)
+    twice = tags.duplicates[rows] & ((k % 97) == 0)
+    if twice.any():
+        ts, data, quality, extra, index = _doubled(ts, data, quality, twice, tags.type)
+        rows = rows[index]
+    return rows, Samples(ts, data, quality, extra, tags.type)
 
 
 def _empty(kind: str) -> Samples:

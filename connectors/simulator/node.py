@@ -11,21 +11,31 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+import numpy as np
 
 from connectors.options import AlarmFilter, HistoryOptions
 from connectors.simulator import history
 from connectors.simulator.admin import Admin
 from connectors.simulator.alarms import AlarmQuery, AlarmService, alarm_in_seconds, build_alarms
 from connectors.simulator.config import SimConfig
+from connectors.simulator.events import Feed, groups_of
 from connectors.simulator.faults import Faults, FirstAsks
 from connectors.simulator.links import LinkState
 from connectors.simulator.protocol import Answer, Handler, RequestError, error_answer, parse_list
-from connectors.simulator.subscriptions import Subscriptions
+from connectors.simulator.subscriptions import QueueRules, Subscriptions
 from connectors.simulator.tags import TagService
-from connectors.simulator.tagtree import TagSpec, TagTree, build_tags, tag_paths, without_history
+from connectors.simulator.tagtree import (
+    TagSpec,
+    TagTree,
+    build_tag,
+    build_tags,
+    tag_paths,
+    without_history,
+)
 
 # Remote nodes reachable with `options.remoteNode`: same shapes, a different seed.
 REMOTE_NODES = ("sim-remote",)
@@ -99,6 +109,8 @@ class SimulatedNode:
             )
             self._trees[name] = TagTree(name, specs)
         self._late: dict[tuple[str, str], list[tuple[int, Any, int]]] = {}
+        self._late_log: list[tuple[str, int, Any]] = []  # (path, ts, value), as added
+        self._births: dict[str, int] = {}  # tags `add_tag` added: when
         self._cache: dict[str, bytes | tuple[bytes, int]] = {}  # body, or (zstd, size)
         self._cache_bytes = 0
         self.faults = Faults()
@@ -115,7 +127,14 @@ class SimulatedNode:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.tags = TagService(self)
-        self.subscriptions = Subscriptions(self.tags.model)
+        self.feed = Feed(self)
+        self.subscriptions = Subscriptions(
+            self.tags.model,
+            rules=QueueRules.of(self.config.behaviours),
+            feed=self.feed,
+            clock=self.now_ms,
+            full_model=lambda: self.tags.model(limit=None),
+        )
         self.alarms = AlarmService(self, build_alarms(local, self.config.seed))
         self.admin = Admin(self)
         self._handlers: dict[str, Handler] = {
@@ -151,13 +170,63 @@ class SimulatedNode:
         return [alarm.path for alarm in self.alarms.alarms]
 
     def add_late_sample(self, path: str, ts_ms: int, value: Any) -> None:
-        """A store-and-forward sample stamped `ts_ms` (in the past), visible from now on."""
+        """A store-and-forward sample stamped `ts_ms` (in the past), visible from now on
+        (in history, and as an event at the next poll of each subscription)."""
         spec = self.tree().by_path[path]
-        with self._lock:
+        # The subscriptions' lock before the node's, as a poll takes them.
+        with self.subscriptions.exclusive(), self._lock:
+            self.subscriptions.catch_up()  # the samples before it come first
             self._late.setdefault((self.config.node_name, spec.path), []).append(
                 (ts_ms, value, self.now_ms())
             )
+            self._late_log.append((spec.path, ts_ms, value))
             self._clear_cache()
+
+    def late_count(self) -> int:
+        """How many late samples `add_late_sample` has added."""
+        with self._lock:
+            return len(self._late_log)
+
+    def late_since(self, index: int) -> list[tuple[str, int, Any]]:
+        """The late samples (path, ts, value) added after the first `index`."""
+        with self._lock:
+            return self._late_log[index:]
+
+    def add_tag(self, path: str, *, tag_type: str = "number", period_ms: int | None = None) -> None:
+        """A new local tag at `path` whose history begins now (on a grid of `period_ms`,
+        default the node's `period_ms` or 1 s); subscriptions get a `model` event."""
+        with self.subscriptions.exclusive(), self._lock:
+            tree = self.tree()
+            if path in tree.by_path:
+                raise ValueError(f"tag {path!r} exists")
+            self.subscriptions.catch_up()
+            index = max((spec.index for spec in tree.specs), default=-1) + 1
+            period = period_ms or self.config.period_ms or 1000
+            spec = build_tag(self.config.seed, index, path, period, tag_type=tag_type)
+            self._births[path] = self.now_ms() + 1  # after every event queued so far
+            tree.add(spec)
+            self._tree_changed()
+
+    def remove_tag(self, path: str) -> None:
+        """Remove the local tag at `path` (KeyError if none); subscriptions get a `model`
+        event, and no more of its samples."""
+        with self.subscriptions.exclusive(), self._lock:
+            tree = self.tree()
+            if path not in tree.by_path:
+                raise KeyError(path)
+            self.subscriptions.catch_up()
+            tree.remove(path)
+            self._tree_changed()
+
+    def _tree_changed(self) -> None:
+        self.feed.tags_changed()
+        self._clear_cache()
+        self.subscriptions.publish_model()
+
+    def history_start_of(self, spec: TagSpec) -> int:
+        """Where a tag's history begins: the node's `history_start_ms`, or when `add_tag`
+        added it (its samples on a grid from then)."""
+        return self._births.get(spec.path, self.config.history_start_ms)
 
     def ground_truth(
         self, path: str, start_ms: int, end_ms: int, options: HistoryOptions
@@ -230,7 +299,7 @@ class SimulatedNode:
             spec,
             start_ms,
             end_ms,
-            history_start_ms=self.config.history_start_ms,
+            history_start_ms=self.history_start_of(spec),
             visible_until_ms=self.now_ms(),
             late=late,
             max_count=max_count,
@@ -287,7 +356,7 @@ class SimulatedNode:
                 end_ms,
                 options.interval_ms or 60_000,
                 options.method or spec.default_method,
-                history_start_ms=self.config.history_start_ms,
+                history_start_ms=self.history_start_of(spec),
                 visible_until_ms=self.now_ms(),
                 late=late,
             )
@@ -318,7 +387,7 @@ class SimulatedNode:
         return history.previous_event(
             spec,
             before_ms,
-            history_start_ms=self.config.history_start_ms,
+            history_start_ms=self.history_start_of(spec),
             visible_until_ms=self.now_ms(),
             late=late,
         )
@@ -330,6 +399,33 @@ class SimulatedNode:
         if not len(samples):
             return None, 0, now
         return samples.value(-1), int(samples.quality[-1]), int(samples.ts[-1])
+
+    def last_samples(self, specs: Sequence[TagSpec]) -> dict[str, tuple[Any, int, int]]:
+        """`last_sample` of many tags at once, for those whose last 60 periods hold a
+        sample (`history.generate_many`); the others (in a gap, or with late samples) are
+        left out, for the caller to ask `last_sample`."""
+        now = self.now_ms()
+        with self._lock:
+            late = {path for _, path in self._late}
+        chosen = [spec for spec in specs if spec.path not in late]
+        found: dict[str, tuple[Any, int, int]] = {}
+        for group in groups_of(chosen, False, self.history_start_of):
+            upper = now - group.lag_ms
+            lower = max(upper - 60 * group.tags.period_ms, now - 3_600_000)
+            start = group.history_start_ms
+            rows, samples = history.generate_many(group.tags, lower, upper, history_start_ms=start)
+            if not len(rows):
+                continue
+            last = np.flatnonzero(np.append(rows[1:] != rows[:-1], True))
+            for row, value, quality, ts in zip(
+                rows[last].tolist(),
+                samples.pick(last),
+                samples.quality[last].tolist(),
+                samples.ts[last].tolist(),
+                strict=True,
+            ):
+                found[group.paths[row]] = (value, quality, ts)
+        return found
 
     # -- dispatch ----------------------------------------------------------------------------
 

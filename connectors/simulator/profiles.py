@@ -72,6 +72,17 @@ BEHAVIOURS: dict[str, str] = {
     "b+interval",
     "numbers_as_strings": 'values of number tags sent as JSON strings ("12.345"), raw and '
     "aggregated",
+    "events_queue_small": "a subscription's event queue holds 1,000 events (default 100,000): "
+    "a slow poller loses the oldest, counted in discardedEvents",
+    "events_limit_default": "subscriptionEvents without a limit answers at most 500 events, "
+    "the rest in remainingEvents",
+    "events_unordered": "subscriptionEvents answers events tag by tag, not in time order",
+    "subscriptions_survive_restart": "subscriptions are kept across a node restart "
+    "(default: a restart loses them all)",
+    "discards_cumulative": "discardedEvents counts every event dropped since the subscription "
+    "began, not since the last poll",
+    "subscription_ids_reused": "a restart numbers new subscriptions from 1 again, so an id "
+    "from before it may name another client's subscription",
 }
 
 # Named profiles: each is a set of behaviours. `default` is the simulator's own reading.
@@ -110,7 +121,26 @@ PROFILES: dict[str, frozenset[str]] = {
     "rows-iso": frozenset({"rows_iso"}),
     "buckets-at-end": frozenset({"buckets_at_end"}),
     "numbers-as-strings": frozenset({"numbers_as_strings"}),
+    "events-queue-small": frozenset({"events_queue_small"}),
+    "events-limit-default": frozenset({"events_limit_default"}),
+    "events-unordered": frozenset({"events_unordered"}),
+    "subscriptions-survive-restart": frozenset({"subscriptions_survive_restart"}),
+    "discards-cumulative": frozenset({"discards_cumulative"}),
+    "subscription-ids-reused": frozenset({"subscription_ids_reused"}),
 }
+
+# Behaviours that change only subscriptions (their queues and answers), never history:
+# a profile made of these answers every history question as `default` does.
+SUBSCRIPTION_BEHAVIOURS = frozenset(
+    {
+        "events_queue_small",
+        "events_limit_default",
+        "events_unordered",
+        "subscriptions_survive_restart",
+        "discards_cumulative",
+        "subscription_ids_reused",
+    }
+)
 
 # Behaviours that cannot hold at once.
 _EXCLUSIVE = (
@@ -126,6 +156,7 @@ _EXCLUSIVE = (
     frozenset({"rows_epoch_seconds", "rows_epoch_micros"}),
     frozenset({"rows_epoch_micros", "rows_iso"}),
     frozenset({"epoch_seconds", "rows_iso"}),
+    frozenset({"subscriptions_survive_restart", "subscription_ids_reused"}),
 )
 
 

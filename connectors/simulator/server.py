@@ -283,7 +283,9 @@ class ServerHandle:
                 os.unlink(self.ca_pem_path)
 
     def restart(self, down_s: float = 0.0) -> None:
-        """Kill the servers and start them again on the same ports (state is kept)."""
+        """Kill the servers and start them again on the same ports (state is kept, but
+        not the subscriptions, unless `subscriptions_survive_restart`)."""
+        self.node.subscriptions.restart()
         http_port = self._http.server_address[1]
         https_port = self._https.server_address[1] if self._https is not None else None
         self.stop()

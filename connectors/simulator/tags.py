@@ -303,17 +303,29 @@ class TagService:
 
     # -- browse, read, details ---------------------------------------------------------------
 
-    def current(self, spec: TagSpec) -> tuple[Any, int, int]:
-        """(value, quality, ts) now: the last write, else the last visible sample."""
+    def current(
+        self, spec: TagSpec, found: Mapping[str, tuple[Any, int, int]] | None = None
+    ) -> tuple[Any, int, int]:
+        """(value, quality, ts) now: the last write, else the last visible sample (from
+        `found`, the `last_samples` of many tags, when it holds the tag's)."""
         with self._lock:
             written = self._written.get(spec.path)
         if written is not None:
             return written[0], 192, written[1]
+        if found is not None and spec.path in found:
+            return found[spec.path]
         return self._node.last_sample(spec)
 
-    def entry(self, spec: TagSpec, *, details: bool, with_id: bool = True) -> dict[str, Any]:
+    def entry(
+        self,
+        spec: TagSpec,
+        *,
+        details: bool,
+        with_id: bool = True,
+        found: Mapping[str, tuple[Any, int, int]] | None = None,
+    ) -> dict[str, Any]:
         """A tag read entry, or (details) a tag details entry (spec: Tag)."""
-        value, quality, ts = self.current(spec)
+        value, quality, ts = self.current(spec, found)
         entry: dict[str, Any] = {
             "status": self._node.link.status(spec, self._node.now_ms(), ts),
             "data": {"value": value, "quality": quality, "ts": ts},
@@ -325,13 +337,16 @@ class TagService:
         full["config"] = _tag_config(spec)
         return {"id": spec.index + 1, **full} if with_id else full
 
-    def model(self, limit: int = 50) -> dict[str, Any]:
-        """The tag model sent with `subscribe` and in `model` events (first `limit` tags)."""
+    def model(self, limit: int | None = 50) -> dict[str, Any]:
+        """The tag model of the first `limit` tags (None: all): `subscribe` answers the
+        first 50, a `model` event holds them all."""
+        specs = self._local.specs[:limit]
+        found = self._node.last_samples(specs)
         return {
             "description": "simulated node",
             "tags": {
-                spec.name: self.entry(spec, details=True, with_id=False)
-                for spec in self._local.specs[:limit]
+                spec.name: self.entry(spec, details=True, with_id=False, found=found)
+                for spec in specs
             },
         }
 

@@ -46,8 +46,13 @@ HOSTILE = (
 )
 
 
-def mix(values: np.ndarray, salt: int) -> np.ndarray:
-    """splitmix64 of uint64 values with a salt: a fast, vectorised counter hash."""
+# A tag's salt, or a column of salts (one row per tag) hashing many tags at once.
+Salt = int | np.ndarray
+
+
+def mix(values: np.ndarray, salt: Salt) -> np.ndarray:
+    """splitmix64 of uint64 values with a salt: a fast, vectorised counter hash (a column
+    of salts: one row of hashes per salt)."""
     with np.errstate(over="ignore"):
         z = (values.astype(np.uint64) + np.uint64(salt & 0xFFFFFFFFFFFFFFFF)) * np.uint64(
             0x9E3779B97F4A7C15
@@ -133,33 +138,35 @@ def build_tags(
     """`count` tags from `seed` (`paths`: these paths instead of `tag_paths(count, ...)`).
     `period_ms`: every tag regular at that period (gaps, quality stretches, duplicates and
     late links stay as they are); None: mixed periods."""
-    specs: list[TagSpec] = []
     if paths is None:
         paths = tag_paths(count, hostile=hostile)
-    for i, path in enumerate(paths):
-        h = mix1(i, seed * 7919 + 17)
-        tag_type = _tag_type(i, h)
-        period = PERIODS_MS[(h >> 8) % len(PERIODS_MS)] if period_ms is None else period_ms
-        name = path.rsplit("/", 1)[1].rsplit(" ", 1)[0]
-        specs.append(
-            TagSpec(
-                index=i,
-                path=path,
-                type=tag_type,
-                period_ms=period,
-                irregular=period_ms is None and (h >> 16) % 3 == 0,
-                duplicates=(h >> 20) % 7 == 0,
-                remote_lag_ms=120_000 if (h >> 24) % 9 == 0 else 0,
-                amplitude=float(5 + (h >> 28) % 50),
-                offset=float((h >> 34) % 200),
-                wave_ms=int(600_000 + (h >> 40) % 3_000_000),
-                deadband=float(0.5 + ((h >> 44) % 4) * 0.5),
-                default_method="avg" if tag_type == "number" else "last",
-                units=UNITS.get(name, ""),
-                salt=mix1(i, seed * 104729 + 3),
-            )
-        )
-    return specs
+    return [build_tag(seed, i, path, period_ms) for i, path in enumerate(paths)]
+
+
+def build_tag(
+    seed: int, index: int, path: str, period_ms: int | None, *, tag_type: str | None = None
+) -> TagSpec:
+    """Tag `index` of the tree of `seed` at `path` (`tag_type`: of this type instead)."""
+    h = mix1(index, seed * 7919 + 17)
+    kind = tag_type or _tag_type(index, h)
+    period = PERIODS_MS[(h >> 8) % len(PERIODS_MS)] if period_ms is None else period_ms
+    name = path.rsplit("/", 1)[1].rsplit(" ", 1)[0]
+    return TagSpec(
+        index=index,
+        path=path,
+        type=kind,
+        period_ms=period,
+        irregular=period_ms is None and (h >> 16) % 3 == 0,
+        duplicates=(h >> 20) % 7 == 0,
+        remote_lag_ms=120_000 if (h >> 24) % 9 == 0 else 0,
+        amplitude=float(5 + (h >> 28) % 50),
+        offset=float((h >> 34) % 200),
+        wave_ms=int(600_000 + (h >> 40) % 3_000_000),
+        deadband=float(0.5 + ((h >> 44) % 4) * 0.5),
+        default_method="avg" if kind == "number" else "last",
+        units=UNITS.get(name, ""),
+        salt=mix1(index, seed * 104729 + 3),
+    )
 
 
 class TagTree:
@@ -169,6 +176,16 @@ class TagTree:
         self.node_name = node_name
         self.specs = specs
         self.by_path = {spec.path: spec for spec in specs}
+
+    def add(self, spec: TagSpec) -> None:
+        """One more tag (the simulator's `add_tag`)."""
+        self.specs = [*self.specs, spec]
+        self.by_path = {**self.by_path, spec.path: spec}
+
+    def remove(self, path: str) -> None:
+        """The tag at `path` gone (the simulator's `remove_tag`)."""
+        self.specs = [spec for spec in self.specs if spec.path != path]
+        self.by_path = {spec.path: spec for spec in self.specs}
 
     def get(self, path: str) -> TagSpec | None:
         return self.by_path.get(path)

@@ -1,6 +1,6 @@
 """The `historian` command: the typer app and its entry point. Each group of commands
 lives in a module of its own (run, check, simulate, serve, report, flows, init, plan,
-state, verify) and registers itself on `app` when imported, below.
+state, verify; live/tail) and registers itself on `app` when imported, below.
 
 User errors (bad config, unreachable node, refused credentials, TLS, a sink that cannot
 be written, a flow already running) end with one line on stderr and a non-zero exit:
@@ -29,6 +29,7 @@ from pipelines.cli.base import (
 from pipelines.cli import run, check, simulate, serve, report  # noqa: F401
 from pipelines.cli import flows, init, plan, state  # noqa: F401
 from pipelines.cli import verify  # noqa: F401
+from pipelines.cli.live import tail  # noqa: F401
 
 # isort: on
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,25 +23,29 @@ from pipelines.cli.base import (
     user_errors,
 )
 
+if TYPE_CHECKING:
+    from pipelines.config.models import FlowConfig
+
 
 @app.command()
 def serve(
     config: ConfigOption = Path(DEFAULT_CONFIG),
     flow: Annotated[list[str] | None, typer.Option("--flow", help="Only these flows.")] = None,
 ) -> None:
-    """Register every scheduled flow as a Prefect deployment and run them on schedule."""
+    """Register every scheduled flow as a Prefect deployment and run them on schedule, and
+    tail every flow with `live:` until stopped (docs/live-tail.md)."""
     with user_errors():
         cfg = load(config)
         for name in flow or []:
             check_flow(cfg, name, config)
-        unscheduled = [name for name in flow or [] if cfg.flows[name].schedule is None]
-        if unscheduled:
+        idle = [name for name in flow or [] if not _served(cfg.flows[name])]
+        if idle:
             raise UserError(
-                f"{config.name}: flows.{unscheduled[0]}: has no schedule to serve", EXIT_USAGE
+                f"{config.name}: flows.{idle[0]}: has no schedule or live: to serve", EXIT_USAGE
             )
-        scheduled = [n for n, f in cfg.flows.items() if f.schedule and (not flow or n in flow)]
+        scheduled = [n for n, f in cfg.flows.items() if _served(f) and (not flow or n in flow)]
         if not scheduled:
-            raise UserError(f"{config.name}: no flow has a schedule", EXIT_USAGE)
+            raise UserError(f"{config.name}: no flow has a schedule or live:", EXIT_USAGE)
         from pipelines.orchestration.deployments import serve_flows
         from pipelines.orchestration.server import ServerStartError
 
@@ -56,6 +60,11 @@ def serve(
         if interrupts.signum is not None:  # the runner took the signal and returned
             raise Interrupted(interrupts.signum)
         out.print("stopped", highlight=False)
+
+
+def _served(flow: FlowConfig) -> bool:
+    """A flow serve runs: on a schedule, or tailed (`live:`), or both."""
+    return flow.schedule is not None or getattr(flow, "live", None) is not None
 
 
 @app.command()

@@ -457,6 +457,33 @@ class _FlowBase(_Strict):
         return tuple(self.remote_node) if isinstance(self.remote_node, list) else self.remote_node
 
 
+class LiveConfig(_Strict):
+    """`live:` of a tag flow: `historian tail` streams its tags' changes to its sinks
+    (pipelines/live), beside the scheduled history that stays the truth."""
+
+    # How often the events received are committed (each commit one write per sink).
+    commit_every: timedelta = timedelta(seconds=5)
+    # Events asked for in one poll (`subscriptionEvents` `limit`); a poll drains the
+    # queue while the node says more remain.
+    poll_limit: int = Field(default=10_000, ge=1, le=1_000_000)
+    # How often the node's queue is polled between commits.
+    poll_every: timedelta = timedelta(seconds=1)
+    # How far behind the newest event a late event is still written by the tail (its
+    # window committed again); an older one opens a gap that history re-reads.
+    late_within: timedelta = timedelta(seconds=30)
+
+    _durations = field_validator("commit_every", "poll_every", "late_within", mode="before")(
+        _duration
+    )
+
+    @field_validator("commit_every", "poll_every")
+    @classmethod
+    def _at_least_100ms(cls, value: timedelta) -> timedelta:
+        if value < timedelta(milliseconds=100):
+            raise ValueError("must be at least 100ms")
+        return value
+
+
 class TagHistoryFlow(_FlowBase):
     """`kind: tag_history` (the default): the samples of the selected tags, in one of the
     node's history modes."""
@@ -474,6 +501,8 @@ class TagHistoryFlow(_FlowBase):
     # How long after its end a window of a tag behind a link still offline or draining
     # stays held (pipelines/core/holds.py) before it is recorded missing.
     hold_max: timedelta = timedelta(hours=6)
+    # `historian tail` may stream this flow (`live: {commit_every: 5s}`); raw mode only.
+    live: LiveConfig | None = None
 
     _interval = field_validator("interval", mode="before")(_duration)
     _hold_max = field_validator("hold_max", mode="before")(_duration)
@@ -509,6 +538,11 @@ class TagHistoryFlow(_FlowBase):
             raise ValueError("interval is only for mode aggregated")
         if self.limit is not None and self.mode != "raw":
             raise ValueError("limit is only for mode raw")
+        if self.live is not None and self.mode != "raw":
+            raise ValueError("live is only for mode raw (events are raw samples)")
+        if self.live is not None and self.live.late_within > self.settle:
+            # The tail writes windows history has not yet reached (`now - settle`) only.
+            raise ValueError("live.late_within must not be longer than settle")
         if isinstance(self.window, timedelta) and self.interval and self.window % self.interval:
             raise ValueError("window must be a multiple of interval")
         return self
@@ -530,6 +564,13 @@ class AlarmHistoryFlow(_FlowBase):
 
     kind: Literal["alarm_history"]
     alarms: AlarmSelectionConfig = Field(default_factory=AlarmSelectionConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_live(cls, value: object) -> object:
+        if isinstance(value, dict) and "live" in value:
+            raise ValueError("live: only tag_history flows can be tailed")
+        return value
 
     @field_validator("alarms", mode="before")
     @classmethod

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -191,3 +191,24 @@ def end_descendants(grace_s: float = 1.0) -> None:
         if _alive(pid):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def end_flow_runs(flow_run_ids: Collection[str], grace_s: float) -> None:
+    """SIGTERM the processes below this one that run these Prefect flow runs (a runner's
+    subprocesses name theirs in `PREFECT__FLOW_RUN_ID`) and wait up to `grace_s` for them
+    to end: `serve` lets its tails stop their own way before Prefect's runner, unwinding,
+    kills its subprocesses outright."""
+    wanted = {f"PREFECT__FLOW_RUN_ID={run_id}".encode() for run_id in flow_run_ids}
+    ours = []
+    for pid in descendants(os.getpid()):
+        try:
+            environ = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if environ & wanted:
+            ours.append(pid)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(_alive(pid) for pid in ours) and time.monotonic() < deadline:
+        time.sleep(0.05)  # no event to wait on for a process that is not our child

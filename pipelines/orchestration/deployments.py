@@ -10,12 +10,15 @@ with this package installed loads the same flow.
 from __future__ import annotations
 
 import signal
+import threading
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
 from pipelines.config.models import ConfigError, load_config
+from pipelines.orchestration.children import end_flow_runs
 from pipelines.orchestration.fleet import (
     ensure_crash_detection,
     ensure_node_limits,
@@ -71,6 +74,8 @@ def build_deployments(
                     **common,
                 )
             )
+        if getattr(flow_config, "live", None) is not None:
+            deployments.append(_tail_deployment(name, tags, common))
         if flow_config.schedule is not None:
             deployments.append(
                 flow.to_deployment(
@@ -84,6 +89,28 @@ def build_deployments(
                 )
             )
     return deployments
+
+
+def _tail_deployment(name: str, tags: list[str], common: dict[str, Any]) -> Any:
+    """`<flow>-tail`: the flow's live tail, a run that lasts until it is cancelled
+    (`pipelines/orchestration/live.py`); no schedule: serve starts one run of it."""
+    from pipelines.orchestration.live import TAIL_SUFFIX, tail_flow_run
+
+    parameters = {key: common["parameters"][key] for key in ("flow_name", "config_path")}
+    return tail_flow_run.to_deployment(
+        name=f"{name}{TAIL_SUFFIX}",
+        tags=[*tags, "tail"],
+        description=f"historian live tail of flow {name} (runs until cancelled)",
+        parameters=parameters,
+        entrypoint_type=common["entrypoint_type"],
+    )
+
+
+def is_tail(deployment: Any) -> bool:
+    """A tail's deployment (`_tail_deployment`), which serve starts a run of itself."""
+    from pipelines.orchestration.live import TAIL_FLOW
+
+    return bool(deployment.flow_name == TAIL_FLOW)
 
 
 def _one_run_at_a_time() -> Any:
@@ -133,7 +160,9 @@ def serve_flows(
     names: list[str] | None = None,
     announce: Callable[[str], None] | None = None,
 ) -> None:
-    """Register every scheduled flow as a deployment and run them on schedule (blocks).
+    """Register every scheduled flow as a deployment and run them on schedule, and every
+    flow with `live:` as a tail deployment with one run that lasts until serve stops
+    (blocks).
 
     The schedules fire on the configured Prefect API, or on a local Prefect server started
     for the command and stopped with it (`pipelines/orchestration/server.py`): Prefect's ephemeral
@@ -148,8 +177,9 @@ def serve_flows(
 
     deployments = build_deployments(config_path, names)
     if not deployments:
-        raise ConfigError(f"{config_path.name}: no flow has a schedule")
-    ours_on_sigterm = signal.getsignal(signal.SIGTERM)
+        raise ConfigError(f"{config_path.name}: no flow has a schedule or live:")
+    tail_runs: list[str] = []
+    ours_on_sigterm = _tails_first(signal.SIGTERM, tail_runs)
 
     class _Runner(Runner):
         def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
@@ -160,11 +190,72 @@ def serve_flows(
 
     with api_for_schedules() as (api_url, ours):
         if announce is not None:
-            announce(serving_line(api_url, ours, [d.name for d in deployments]))
-        runner = _Runner(pause_on_shutdown=True)
+            announce(serving_line(api_url, ours, deployments))
+        runner = _Runner(pause_on_shutdown=True, query_seconds=_poll_s())
+        tails = [cast(uuid.UUID, runner.add_deployment(d)) for d in deployments if is_tail(d)]
         for deployment in deployments:
-            runner.add_deployment(deployment)
-        asyncio.run(_run_quietly(runner.start()))
+            if not is_tail(deployment):
+                runner.add_deployment(deployment)
+        tail_runs.extend(_start_tails(tails))
+        with _on_sigint(_tails_first(signal.SIGINT, tail_runs)):
+            asyncio.run(_run_quietly(runner.start()))
+
+
+# How long serve waits, at a signal, for its tails to commit and cancel their
+# subscriptions before the runner unwinds (and kills what is left).
+TAIL_STOP_S = 1.5
+
+
+def _tails_first(signum: int, tail_runs: list[str]) -> Any:
+    """The signal's handler as it was, preceded by stopping the tails' runs: Prefect's
+    runner, unwinding, kills its subprocesses outright, which would leave each tail's
+    subscription filling on the node."""
+    before = signal.getsignal(signum)
+    if not callable(before):
+        return before
+
+    def handler(number: int, frame: Any) -> None:
+        if tail_runs:
+            end_flow_runs(tail_runs, TAIL_STOP_S)
+            tail_runs.clear()  # once: a second signal goes straight through
+        before(number, frame)
+
+    return handler
+
+
+@contextmanager
+def _on_sigint(handler: Any) -> Iterator[None]:
+    if not callable(handler) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _poll_s() -> float:
+    """How often serve's runner asks the API for runs due: a tail starts, and a schedule
+    fires, within this of its time; at most 2 s (Prefect's default, 10 s, delayed a
+    tail's first commit), less when Prefect's settings ask for less."""
+    from prefect.settings import get_current_settings
+
+    return min(float(get_current_settings().runner.poll_frequency), 2.0)
+
+
+def _start_tails(deployment_ids: list[uuid.UUID]) -> list[str]:
+    """One run of each tail deployment, due now: the runner starts it with the schedules.
+    A run it stops (serve ending) is cancelled; the next serve starts a new one, whose
+    tail finds the stale subscription by its `data` and history re-reads the gap."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Scheduled
+
+    with get_client(sync_client=True) as client:
+        return [
+            str(client.create_flow_run_from_deployment(deployment_id, state=Scheduled()).id)
+            for deployment_id in deployment_ids
+        ]
 
 
 async def _run_quietly(runner: Coroutine[Any, Any, None]) -> None:
@@ -181,9 +272,14 @@ async def _run_quietly(runner: Coroutine[Any, Any, None]) -> None:
     await runner
 
 
-def serving_line(api_url: str, ours: bool, names: list[str]) -> str:
+def serving_line(api_url: str, ours: bool, deployments: list[Any]) -> str:
     """`historian serve`'s one line: what it serves and where the Prefect UI and API are."""
-    what = f"serving {len(names)} scheduled flows ({', '.join(names)})"
+    scheduled = [d.name for d in deployments if not is_tail(d)]
+    tails = [d.name.removesuffix("-tail") for d in deployments if is_tail(d)]
+    parts = [f"{len(scheduled)} scheduled flows ({', '.join(scheduled)})"] if scheduled else []
+    if tails:
+        parts.append(f"{len(tails)} live tails ({', '.join(tails)})")
+    what = f"serving {' and '.join(parts)}"
     if not ours:
         return f"{what} on the Prefect API at {api_url}; Ctrl-C stops"
     ui = api_url.removesuffix("/api")

@@ -179,7 +179,7 @@ class WritePlanner:
             kind=kind,
             chunk_id=scope.chunk_id,
             window=scope.window,
-            members=scope.members,
+            members=scope.completed_members,
             files=sorted(files, key=lambda f: str(f["path"])),
             rows_fetched=table.num_rows,
             rows_committed=plan.rows,

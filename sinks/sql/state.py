@@ -76,7 +76,7 @@ def _take_touching(conn: Connection, layout: Layout, scope: ChunkScope) -> dict[
     """Per member, the chunk's window and the stored windows touching it, which are
     deleted (the merge inserts them again, joined)."""
     progress = layout.table(PROGRESS_TABLE)
-    members = list(dict.fromkeys(scope.members))
+    members = list(dict.fromkeys(scope.completed_members))
     window = scope.window
     touching = (
         f"flow = :f AND {layout.sql.in_list('member', 'm')} "

@@ -156,8 +156,9 @@ class TableProgress:
                 start, end, len(members), int(record["fetched"]), int(record["committed"]), ns,
             ]  # fmt: skip
             resets = rules.get("members", {})
+            held = record.get("held") or {}  # written, not proven complete (ChunkScope.held)
             for member in members:
-                if ns > int(resets.get(member, 0)):
+                if member not in held and ns > int(resets.get(member, 0)):
                     part["completed"].setdefault(member, []).append([start, end])
                     touched.setdefault(flow, set()).add(member)
         for flow, names in touched.items():

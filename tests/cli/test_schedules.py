@@ -398,7 +398,7 @@ def test_a_bad_schedule_fails_config_validation_in_one_line(
 def test_serving_a_flow_without_a_schedule_is_refused(tmp_path: Path) -> None:
     config_with_schedule(tmp_path, None)
     line = one_error_line(run_cli("serve", "--flow", "f", cwd=tmp_path), 2)
-    assert "flows.f: has no schedule to serve" in line
+    assert "flows.f: has no schedule or live: to serve" in line
 
 
 def test_a_sharded_backfill_without_a_pool_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,28 @@ def test_the_ledger_says_what_each_chunk_wrote_in_the_same_step(sink: Sink) -> N
         "a": "complete", "b": "complete", "quiet": "complete", "gone": "missing",
     }  # fmt: skip
     assert set(ledger["chunk_id"]) == {scope(members, hours(0, 1)).chunk_id}
+
+
+def test_held_members_are_written_but_not_complete_until_a_write_proves_them(
+    sink: Sink,
+) -> None:
+    # A live tail's commit (pipelines/live): rows in place, the window not complete.
+    frame = history(["a", "b"], hours(0, 1), step_s=600)
+    live = replace(scope(["a", "b", "node:n1"], hours(0, 1)), held={"a": "live", "b": "live"})
+    assert sink.write(live, frame, len(frame)) == len(frame)
+    assert_holds(sink, "hist", HIST, frame)
+    assert sink.progress("f1").windows_of("a") == []
+    assert sink.progress("f1").windows_of("node:n1") == [hours(0, 1)]
+    ledger = assert_ledger_holds(sink, "hist").set_index("tag")
+    assert dict(ledger["status"]) == {"a": "held", "b": "held"}
+    assert set(ledger["reason"]) == {"live"}
+    # The history run over the window replaces the rows and proves them complete.
+    truth = history(["a", "b"], hours(0, 1), step_s=300)
+    assert sink.write(scope(["a", "b"], hours(0, 1)), truth, len(truth)) == len(truth)
+    assert_holds(sink, "hist", HIST, truth)
+    assert sink.progress("f1").windows_of("a") == [hours(0, 1)]
+    ledger = assert_ledger_holds(sink, "hist")
+    assert set(ledger["status"]) == {"complete"}
 
 
 def test_a_count_mismatch_commits_nothing_and_keeps_earlier_rows(sink: Sink) -> None:

@@ -1,0 +1,1 @@
+"""`historian` commands of the live tail (pipelines/live): `tail`."""
