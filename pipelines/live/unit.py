@@ -36,6 +36,7 @@ from pipelines.config.models import (
 from pipelines.config.nodes import ConnectedNode, NodePool
 from pipelines.core.runner import RunRequest, dataset_attrs, options_key
 from pipelines.core.units import run_flow
+from pipelines.live.coverage import Coverage
 from pipelines.live.gaps import GapHealer
 from pipelines.live.subscription import LiveSubscription
 from pipelines.live.windows import Batch, WindowBuffer
@@ -50,6 +51,9 @@ LIVE = "live"  # the reason the ledger gives for a tail's rows (held, not comple
 LIVE_CHUNK = "live-"  # the tail's chunk ids start so (how a restart finds its last commit)
 # Commits between two compactions of the dataset's small files (each commit adds some).
 COMPACT_EVERY = 120
+# Commits between two readings of the unit's progress (a scheduled run may have proved
+# windows since; the tail's own gap runs are read at once).
+COVERAGE_EVERY = 12
 
 
 def live_lock_key(key: str) -> str:
@@ -101,12 +105,14 @@ class LiveUnit:
         self._nodes, self._sinks, self._gap_sinks, self._run = nodes, sinks, gap_sinks, run
         self.buffer = WindowBuffer(self.live.commit_every, self.live.late_within)
         self.healer = GapHealer(self._run_gap, self._settled, self.key)
+        self.coverage = Coverage()  # what history proved: the tail never writes there
         self._stack = ExitStack()
         self._types: dict[str, str] = {}
         self._identity: tuple[str, ...] = ()
         self._offline: dict[str, datetime] = {}  # remote tag -> when its link went offline
         self._since = UnitCommit()
         self._commits = 0
+        self._since_read = 0  # commits since the unit's progress was last read
         self._last_ok = datetime.now(UTC)
         self._clock = (0, 0.0)  # the node's sys.ts (ms) and time.monotonic() then
         self._newest_ms: int | None = None  # the newest sample's time the node sent
@@ -140,9 +146,9 @@ class LiveUnit:
         if facts.clock is not None:
             self._clock = (facts.clock.node_ms, facts.clock.read_monotonic)
         reset = f"historian state reset {self.name}"
-        check_same_node(
-            [s.progress(self.key) for s in self.sinks], facts.identity, self.node_name, reset
-        )
+        progresses = [s.progress(self.key) for s in self.sinks]
+        check_same_node(progresses, facts.identity, self.node_name, reset)
+        self.coverage.update(p.completed for p in progresses)
         self._identity = (identity_member(facts.identity.key()),)
         self._resolve()
         self._last_ok = self.node_now()
@@ -284,6 +290,7 @@ class LiveUnit:
         """The flow's tags' rows into the windows; late ones' windows to history."""
         ours = rows.filter(pc.is_in(rows.column("tag"), value_set=pa.array(list(self._types))))
         self._since.events += ours.num_rows
+        ours = self.coverage.drop(ours)  # history proved them: it has them
         for window in merge_windows(self.buffer.add(ours)):
             self._since.gaps_opened.append(window)
             self.healer.open(window, "late samples past the tail's windows")
@@ -294,27 +301,36 @@ class LiveUnit:
         """Write every window that received rows since the last commit, to every sink;
         then make sure the node still lists the subscription as ours."""
         done, self._since = self._since, UnitCommit()
-        for batch in self.buffer.take():
-            scope = self.scope(batch)
-            for sink in self.sinks:
-                sink.write(scope, batch.rows, batch.rows.num_rows)
-            done.windows.append(batch.window)
-            done.rows += batch.rows.num_rows
-            newest = pc.max(batch.rows.column("ts")).as_py()
-            done.newest = newest if done.newest is None else max(done.newest, newest)
+        done.gaps_healed = self.healer.take_healed()
+        self._since_read += 1
+        if done.gaps_healed or self._since_read >= COVERAGE_EVERY:
+            self.coverage.update(s.progress(self.key).completed for s in self.sinks)
+            self._since_read = 0
+        for taken in self.buffer.take():
+            for window, rows in self.coverage.clip(taken.window, taken.rows):
+                batch = Batch(window, rows)
+                scope = self.scope(batch, clipped=window != taken.window)
+                for sink in self.sinks:
+                    sink.write(scope, batch.rows, batch.rows.num_rows)
+                done.windows.append(batch.window)
+                done.rows += batch.rows.num_rows
+                newest = pc.max(batch.rows.column("ts")).as_py()
+                done.newest = newest if done.newest is None else max(done.newest, newest)
         self.buffer.forget_old()
         if self.subscription is not None and (why := self.subscription.verify()) is not None:
             self._lost(why)  # the gap opens at the next good poll
-        done.gaps_healed = self.healer.take_healed()
         self._commits += 1 if done.windows else 0
         if done.windows and self._commits % COMPACT_EVERY == 0:
             self.compact()
         return done
 
-    def scope(self, batch: Batch) -> ChunkScope:
-        """A commit's scope: the tags of its rows, held `live`, in its windows."""
+    def scope(self, batch: Batch, *, clipped: bool = False) -> ChunkScope:
+        """A commit's scope: the tags of its rows, held `live`, in its windows (a window
+        clipped to what history has not proved names its first tag in its id: tags of
+        other coverage may share the clipped window)."""
         tags = _tags(batch.rows)
-        ident = chunk_id(self.key, self.dataset, (LIVE,), batch.window, options_key(self.flow))
+        named = (LIVE, tags[0]) if clipped else (LIVE,)
+        ident = chunk_id(self.key, self.dataset, named, batch.window, options_key(self.flow))
         return ChunkScope(
             flow=self.key,
             dataset=self.dataset,
