@@ -166,6 +166,13 @@ class LakeFiles:
         self._infos[entry.path] = (entry.version, info)
         return info
 
+    def current(self, entry: Entry) -> Entry:
+        """`entry` as the disk has it now (one stat; as listed where the store cannot
+        tell, or the file is gone). A held listing is guarded by its directory's version,
+        which a file changed in place (truncated, overwritten by hand) leaves alone: a file
+        about to be read for a merge is checked on its own."""
+        return self.store.entry(entry.path) or entry
+
     def data_files(self, directory: str) -> list[Entry]:
         """The data files of a directory as listed now (no sweeping, no cache)."""
         return [e for e in self.store.listdir(directory) if not e.is_dir and is_data_file(e.name)]

@@ -193,10 +193,11 @@ class WritePlanner:
         """
         kind, owner = scope.kind, (scope.flow, scope.chunk_id)
         hits = []
-        for entry in sorted(listing, key=lambda e: e.name):
-            info = self.files.info(entry, kind)
-            if not may_overlap(info, kind, scope.window, members):
+        for listed in sorted(listing, key=lambda e: e.name):
+            if not may_overlap(self.files.info(listed, kind), kind, scope.window, members):
                 continue
+            entry = self.files.current(listed)
+            info = self.files.info(entry, kind)
             if set(info.owners) == {owner}:
                 hits.append(Hit(entry, info))
                 continue
