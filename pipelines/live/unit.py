@@ -151,7 +151,6 @@ class LiveUnit:
         self.coverage.update(p.completed for p in progresses)
         self._identity = (identity_member(facts.identity.key()),)
         self._resolve()
-        self._last_ok = self.node_now()
         self._stack.callback(self.healer.close)
         self.healer.start()
         subscription = LiveSubscription(
@@ -161,6 +160,10 @@ class LiveUnit:
         self.stale_cancelled = subscription.open()
         self.subscription = subscription
         self._stack.callback(subscription.cancel)  # first on the way out
+        # The subscription's events start when the node made it: a restart's gap reaches
+        # to the node's clock read after that, not before (a second of samples was lost
+        # between the two when the selection took that long to resolve).
+        self._last_ok = self.node_now()
         last = self._last_commit_end()
         if last is not None or self.stale_cancelled:
             since = (last or self._last_ok) - self.live.late_within

@@ -5,9 +5,13 @@ of losing events opens a gap that history heals at once."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from connectors.subscriptions import NodeSubscriptions
 from connectors.timewindow import Window
@@ -15,7 +19,7 @@ from pipelines.config.destinations import SinkSet
 from pipelines.config.nodes import NodePool
 from pipelines.core.runner import RunRequest
 from pipelines.core.units import run_flow
-from pipelines.live.subscription import subscription_data
+from pipelines.live.subscription import LiveSubscription, subscription_data
 from pipelines.live.unit import LiveUnit
 from tests.fixtures import canonical
 from tests.pipelines.live.live_node import FLOW, Tailed, read, tailed
@@ -105,7 +109,26 @@ def test_discarded_events_open_a_gap_that_history_heals_at_once(tmp_path: Path) 
         assert_healed(t, unit, gap, tmp_path)
 
 
-def test_a_stale_subscription_is_cancelled_and_the_restart_is_a_gap(tmp_path: Path) -> None:
+def test_a_stale_subscription_is_cancelled_and_the_restart_is_a_gap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[datetime] = []  # the node's clock (as the unit reads it) once subscribed
+    opened = LiveSubscription.open
+
+    def slow_open(self: LiveSubscription) -> int:
+        """The node's clock moves on 3 s while the unit opens (a slow selection, a
+        loaded machine), as the unit's own clock does; then it subscribes."""
+        unit = unit_of[0]
+        if unit._run == "second":
+            now = t.advance(3_000)
+            unit._clock = (now, time.monotonic())
+        cancelled = opened(self)
+        made.append(unit.node_now())
+        return cancelled
+
+    unit_of: list[LiveUnit] = []
+    monkeypatch.setattr(LiveSubscription, "open", slow_open)
+    monkeypatch.setattr(LiveUnit, "_resolve", _noting(unit_of, LiveUnit._resolve))
     with tailed(tmp_path / "t") as t:
         with t.unit(run="first") as first:
             t.advance(5_000)
@@ -125,10 +148,24 @@ def test_a_stale_subscription_is_cancelled_and_the_restart_is_a_gap(tmp_path: Pa
                 assert listed == [subscription_data(FLOW, "n", "second")]
                 (gap,) = second.healer.pending()
                 assert gap.start <= last_end - second.live.late_within
+                # Events start when the node made the subscription: the gap reaches it.
+                assert gap.end >= made[-1], (gap, made[-1])
                 t.advance(10_000)
                 second.poll()
                 second.commit()
                 assert_healed(t, second, Window(gap.start, last_end), tmp_path)
+
+
+def _noting(
+    units: list[LiveUnit], resolve: Callable[[LiveUnit], None]
+) -> Callable[[LiveUnit], None]:
+    """`LiveUnit._resolve` that first notes its unit (opened before its subscription)."""
+
+    def noted(self: LiveUnit) -> None:
+        units[:] = [self]
+        resolve(self)
+
+    return noted
 
 
 def test_a_subscription_the_node_no_longer_lists_is_made_again_and_healed(
