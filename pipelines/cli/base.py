@@ -163,6 +163,7 @@ class Interrupts:
     def on_signal(self, signum: int, frame: object) -> None:
         if self.signum is None:
             self.signum = signum
+        hush_libraries()
         raise Interrupted(signum)
 
     def _watch(self, reader: socket.socket, writer: socket.socket) -> None:
@@ -175,6 +176,7 @@ class Interrupts:
         self._arrived += 1
         if self.signum is None:
             self.signum = signum
+        hush_libraries()
         if self._arrived > 1:
             self.force()
         timer = threading.Timer(self.grace_s, self.force)
@@ -218,6 +220,30 @@ class Interrupts:
 
 
 interrupts = Interrupts()
+
+HUSHED = ("prefect", "websockets", "uvicorn", "httpx", "httpcore", "asyncio", "anyio")
+
+
+class _Hushed(logging.Filter):
+    """Drops the records of the libraries below a command once it is interrupted."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.partition(".")[0] not in HUSHED
+
+
+_hushed = _Hushed()
+
+
+def hush_libraries() -> None:
+    """Keep what an interrupt makes the libraries say off the terminal: Prefect's runner
+    logs the `Interrupted` that reached a flow run's start, and its event clients the
+    server they lost, each with a traceback, after the one line that matters. The filter
+    goes on every handler, because a library's record reaches its ancestors' handlers."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            if _hushed not in handler.filters:
+                handler.addFilter(_hushed)
 
 
 class UserError(Exception):

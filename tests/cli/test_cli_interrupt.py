@@ -243,3 +243,40 @@ def test_serve_interrupted_during_a_scheduled_run_ends_with_its_server_and_run(
             serve.wait_for("a scheduled run waiting on the node", node.held)
             took = serve.interrupt(signum)
         assert_interrupted(serve, signum, took)
+
+
+CATCHES_AND_LOGS = """
+import logging, sys, threading
+from pipelines.cli.base import Interrupted, interrupts
+logging.getLogger("prefect").addHandler(logging.StreamHandler(sys.stderr))
+interrupts.install()
+try:
+    print("ready", flush=True)
+    threading.Event().wait(60)
+except Interrupted:
+    # What Prefect's runner does with an interrupt that reaches a flow run's start.
+    logging.getLogger("prefect.runner.flow_run_executor").error("could not start", exc_info=True)
+    logging.getLogger("historian.runner").warning("our own line stays")
+    interrupts.finish()
+"""
+
+
+def test_what_a_library_logs_of_the_interrupt_stays_off_the_terminal(tmp_path: Path) -> None:
+    """Prefect catches the `Interrupted` that reaches a served run's start and logs it with
+    its traceback (CI, test_serve_fires_a_fleet_flow...): after the signal, the libraries'
+    records are dropped, the command's own are not, and the one line ends it."""
+    probe = subprocess.Popen(
+        [sys.executable, "-c", CATCHES_AND_LOGS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert probe.stdout is not None
+    assert probe.stdout.readline() == "ready\n"
+    probe.send_signal(signal.SIGINT)
+    _, stderr = probe.communicate(timeout=30)
+    assert probe.returncode == 130, stderr
+    assert LINE in stderr, stderr
+    assert "Traceback" not in stderr, stderr
+    assert "could not start" not in stderr, stderr
+    assert "our own line stays" in stderr, stderr
