@@ -63,15 +63,13 @@ def coalesce(
             remaining[window] -= 1
             if result.rows_fetched >= small_rows:
                 yield result
-            else:
-                pending = waiting.setdefault(window, _Pending())
-                pending.results.append(result)
-                pending.rows += result.rows_fetched
-                if pending.rows >= max_rows:
-                    yield join(waiting.pop(window).results)
+            elif _wait(waiting, result) >= max_rows:
+                yield join(waiting.pop(window).results)
+            # Written by now: not kept while the next one is fetched (nor through a
+            # local naming the pending results: they would outlive their write).
+            del result
             if remaining[window] <= 0 and window in waiting:
                 yield join(waiting.pop(window).results)
-            del result  # written by now: not kept while the next one is fetched
     except Exception:
         for pending in list(waiting.values()):
             yield join(pending.results)
@@ -79,6 +77,14 @@ def coalesce(
         raise
     for pending in waiting.values():
         yield join(pending.results)
+
+
+def _wait(waiting: dict[Window, _Pending], result: ChunkResult) -> int:
+    """Put a small result with the others of its window; the rows they hold now."""
+    pending = waiting.setdefault(result.chunk.window, _Pending())
+    pending.results.append(result)
+    pending.rows += result.rows_fetched
+    return pending.rows
 
 
 def join(results: list[ChunkResult]) -> ChunkResult:
