@@ -143,6 +143,14 @@ class Fetched:
     values_not_of_type: int = 0
 
 
+class Part(NamedTuple):
+    """One piece of a window's rows as it was asked: its members, its window, its rows."""
+
+    members: tuple[str, ...]
+    window: Window
+    fetched: Fetched
+
+
 @dataclass
 class _Ask:
     """One request: the paths to ask (None: the filter query) and over which bounds."""
@@ -204,8 +212,17 @@ class HistoryFetcher:
 
     def fetch(self, members: Sequence[str], window: Window, label: str = "") -> Fetched:
         """Every row of `members` in `window`, exactly once; see the module docstring."""
+        parts = self.fetch_parts(members, window, label)
+        if len(parts) == 1:
+            return parts[0].fetched
+        return joined([part.fetched for part in parts], members)
+
+    def fetch_parts(self, members: Sequence[str], window: Window, label: str = "") -> list[Part]:
+        """`fetch`'s rows in the pieces they were asked in: one part when the answer fit
+        `max_answer_bytes`, else one per piece of the split (tags or time in halves), so
+        that a caller can write them one at a time and never copy the window's rows whole."""
         try:
-            return self._fetch_whole(members, window, label)
+            return [Part(tuple(members), window, self._fetch_whole(members, window, label))]
         except AnswerTooLarge as exc:
             # Without its traceback: kept here, it would keep this frame and the frames
             # below it (one answer's bytes among them) alive until a cyclic collection.
@@ -226,7 +243,7 @@ class HistoryFetcher:
             stamping=self.stamping,
             types=self.types,
         )
-        return joined([by_paths.fetch(part, half, label) for part, half in pieces], members)
+        return [part for tags, half in pieces for part in by_paths.fetch_parts(tags, half, label)]
 
     def _fetch_whole(self, members: Sequence[str], window: Window, label: str) -> Fetched:
         """`fetch` in as many requests as continuation needs, each answer whole."""
@@ -470,8 +487,16 @@ class AlarmFetcher:
 
     def fetch(self, window: Window, label: str = "") -> Fetched:
         """The window's events, in one answer or, over `max_answer_bytes`, in halves."""
+        parts = self.fetch_parts(window, label)
+        if len(parts) == 1:
+            return parts[0].fetched
+        # Halves hold disjoint stamps, each sorted: one after the other, still sorted.
+        return joined([part.fetched for part in parts], ())
+
+    def fetch_parts(self, window: Window, label: str = "") -> list[Part]:
+        """`fetch`'s events in the pieces of time they were asked in (`HistoryFetcher.fetch_parts`)."""
         try:
-            return self._fetch_whole(window, label)
+            return [Part((self.path,), window, self._fetch_whole(window, label))]
         except AnswerTooLarge as exc:
             # Without its traceback: kept here, it would keep this frame and the frames
             # below it (one answer's bytes among them) alive until a cyclic collection.
@@ -480,8 +505,7 @@ class AlarmFetcher:
         if not pieces:
             raise too_large.cut_to(f"alarms over {window.end - window.start}") from None
         self.notice.split(too_large)
-        # Halves hold disjoint stamps, each sorted: one after the other, still sorted.
-        return joined([self.fetch(half, label) for _, half in pieces], ())
+        return [part for _, half in pieces for part in self.fetch_parts(half, label)]
 
     def _fetch_whole(self, window: Window, label: str) -> Fetched:
         out = Fetched(ALARM_HISTORY_SCHEMA.empty_table())

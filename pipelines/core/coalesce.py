@@ -61,8 +61,8 @@ def coalesce(
         for result in results:
             window = result.chunk.window
             remaining[window] -= 1
-            if result.rows_fetched >= small_rows:
-                yield result
+            if result.rows_fetched >= small_rows or result.pieces:
+                yield result  # a chunk fetched in pieces is written a piece at a time
             elif _wait(waiting, result) >= max_rows:
                 yield join(waiting.pop(window).results)
             # Written by now: not kept while the next one is fetched (nor through a

@@ -33,7 +33,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import partial
 from itertools import pairwise
@@ -60,7 +60,6 @@ from connectors.fetch import (
     HistoryClient,
     HistoryFetcher,
     SplitNotice,
-    joined,
 )
 from connectors.normalise.history import history_table
 from connectors.normalise.stamps import BucketStamping
@@ -70,7 +69,7 @@ from connectors.schema import frame_from_table
 from connectors.settings import NodeSettings
 from connectors.timewindow import Window
 from connectors.version import NodeVersion, adapt_alarm_filter
-from pipelines.planning import Chunk, short_duration, window_text
+from pipelines.planning import Chunk, short_duration, sub_chunk, window_text
 from pipelines.state import missing_member
 from sinks.base import SinkUnavailable
 
@@ -284,6 +283,10 @@ class ChunkResult:
     # another process tells the run what it learned); `raw_answer_cap`: per answer.
     raw_cap: int | None = None
     raw_answer_cap: int | None = None
+    # A chunk fetched in pieces (an answer over `max_answer_bytes`, a window cut after
+    # timeouts): each piece's rows as a result of its own (`planning.sub_chunk`), written
+    # one at a time and let go (`FlowRun.write`); `rows` is then empty.
+    pieces: list[ChunkResult] = field(default_factory=list)
 
     @property
     def chunks(self) -> int:
@@ -293,13 +296,18 @@ class ChunkResult:
     @property
     def frame(self) -> pd.DataFrame:
         """The rows as a DataFrame with Arrow-backed dtypes (made once, on first use)."""
+        if self.pieces:
+            return frame_from_table(self.table)
         if isinstance(self.rows, pa.Table):
             self.rows = frame_from_table(self.rows)
         return self.rows
 
     @property
     def table(self) -> pa.Table:
-        """The rows as an Arrow table."""
+        """The rows as an Arrow table (a chunk fetched in pieces: theirs, one after the
+        other; the writer takes the pieces instead)."""
+        if self.pieces:
+            return pa.concat_tables([piece.table for piece in self.pieces])
         if isinstance(self.rows, pa.Table):
             return self.rows
         return pa.Table.from_pandas(self.rows, preserve_index=False)
@@ -361,20 +369,35 @@ class HistoryEngine:
         began = time.perf_counter()
         fetcher = self.path_fetcher if chunk.by_paths else self.fetcher
         parts = [
-            fetcher.fetch(chunk.members, w, chunk.label) for w in pieces_of(chunk.window, pieces)
+            part
+            for window in pieces_of(chunk.window, pieces)
+            for part in fetcher.fetch_parts(chunk.members, window, chunk.label)
         ]
-        fetched = parts[0] if len(parts) == 1 else joined(parts, chunk.members)
-        done = chunk
-        if fetched.missing:
-            done = self._without(chunk, fetched.missing)
-        result = _result(done, fetched, history_table(fetched.table), began)
+        missing = {tag for part in parts for tag in part.fetched.missing}
+        if missing:
+            self._say_missing(chunk, tuple(tag for tag in chunk.members if tag in missing))
+        if len(parts) == 1:
+            result = self._piece(chunk, parts[0].fetched, began)
+        else:
+            result = in_pieces(
+                chunk,
+                [self._piece(sub_chunk(chunk, *part[:2]), part.fetched, began) for part in parts],
+            )
+            del parts
         result.raw_cap = self.raw_cap.known
         result.raw_answer_cap = self.raw_cap.per_answer
         return result
 
-    def _without(self, chunk: Chunk, missing: tuple[str, ...]) -> Chunk:
-        """The chunk whose scope leaves `missing` out (recorded as missing there), or,
-        for explicitly named tags, UnknownTag naming the first of them and the chunk."""
+    def _piece(self, chunk: Chunk, fetched: Fetched, began: float) -> ChunkResult:
+        """The result of one part's rows; a tag the node left out is recorded missing."""
+        done = _without(chunk, fetched.missing) if fetched.missing else chunk
+        table = history_table(fetched.table)
+        fetched.table = table.schema.empty_table()  # the part's rows live on in the result only
+        return _result(done, fetched, table, began, rows_fetched=table.num_rows)
+
+    def _say_missing(self, chunk: Chunk, missing: tuple[str, ...]) -> None:
+        """For explicitly named tags, UnknownTag naming the first tag left out and the
+        chunk; else a warning: those tags are recorded as missing for the window."""
         operation = HISTORY_FILTER if self.filter_query is not None else HISTORY_MANY
         asked = self.fetcher.reasks + 1
         if self.missing_is_fatal:
@@ -393,9 +416,6 @@ class HistoryEngine:
             asked,
             missing[0],
         )
-        gone = set(missing)
-        present = tuple(member for member in chunk.members if member not in gone)
-        return replace(chunk, members=present + tuple(missing_member(tag) for tag in missing))
 
     def stream(self, chunks: Iterable[Chunk]) -> Iterator[ChunkResult]:
         """Fetch chunks concurrently, at most `max_in_flight` at once; yield as they finish."""
@@ -445,9 +465,24 @@ class AlarmEngine:
 
     def _fetch_once(self, chunk: Chunk, pieces: int = 1) -> ChunkResult:
         began = time.perf_counter()
-        parts = [self.fetcher.fetch(w, chunk.label) for w in pieces_of(chunk.window, pieces)]
-        fetched = parts[0] if len(parts) == 1 else joined(parts, ())
-        return _result(chunk, fetched, fetched.table, began)
+        parts = [
+            part
+            for window in pieces_of(chunk.window, pieces)
+            for part in self.fetcher.fetch_parts(window, chunk.label)
+        ]
+        if len(parts) == 1:
+            return _result(chunk, parts[0].fetched, parts[0].fetched.table, began)
+        results = [
+            _result(
+                sub_chunk(chunk, chunk.members, part.window),
+                part.fetched,
+                part.fetched.table,
+                began,
+            )
+            for part in parts
+        ]
+        del parts
+        return in_pieces(chunk, results)
 
     def stream(self, chunks: Iterable[Chunk]) -> Iterator[ChunkResult]:
         yield from stream_bounded(self.fetch_chunk, chunks, self.max_in_flight)
@@ -538,12 +573,43 @@ def _process_notice(node: str) -> SplitNotice:
         return _NOTICES.setdefault(node, SplitNotice(node))
 
 
-def _result(chunk: Chunk, fetched: Fetched, rows: pa.Table, began: float) -> ChunkResult:
+def _without(chunk: Chunk, missing: tuple[str, ...]) -> Chunk:
+    """The chunk whose scope leaves `missing` out, recorded as missing there."""
+    gone = set(missing)
+    present = tuple(member for member in chunk.members if member not in gone)
+    return replace(chunk, members=present + tuple(missing_member(tag) for tag in missing))
+
+
+def in_pieces(chunk: Chunk, pieces: list[ChunkResult]) -> ChunkResult:
+    """One result for a chunk fetched in pieces: theirs, kept apart, costs added up."""
+    return ChunkResult(
+        chunk=chunk,
+        rows=pieces[0].table.schema.empty_table(),
+        rows_fetched=sum(piece.rows_fetched for piece in pieces),
+        requests=sum(piece.requests for piece in pieces),
+        bytes_received=sum(piece.bytes_received for piece in pieces),
+        seconds=max(piece.seconds for piece in pieces),
+        continuations=sum(piece.continuations for piece in pieces),
+        missing=tuple(dict.fromkeys(tag for piece in pieces for tag in piece.missing)),
+        rows_out_of_range=sum(piece.rows_out_of_range for piece in pieces),
+        values_not_of_type=sum(piece.values_not_of_type for piece in pieces),
+        pieces=pieces,
+    )
+
+
+def _result(
+    chunk: Chunk,
+    fetched: Fetched,
+    rows: pa.Table,
+    began: float,
+    *,
+    rows_fetched: int | None = None,
+) -> ChunkResult:
     """A chunk's result from what the fetcher got (`began`: perf_counter at the start)."""
     return ChunkResult(
         chunk=chunk,
         rows=rows,
-        rows_fetched=fetched.table.num_rows,
+        rows_fetched=fetched.table.num_rows if rows_fetched is None else rows_fetched,
         requests=fetched.requests,
         bytes_received=fetched.bytes_received,
         seconds=time.perf_counter() - began,

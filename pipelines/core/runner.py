@@ -768,6 +768,9 @@ class FlowRun:
 
     def write(self, result: ChunkResult) -> ChunkOutcome:
         """Write a fetched chunk to every sink; each write is atomic and idempotent."""
+        return write_pieces(result, self._write_one) if result.pieces else self._write_one(result)
+
+    def _write_one(self, result: ChunkResult) -> ChunkOutcome:
         committed: dict[str, int] = {}
         result, held = self.holds.take_out(result, SCOPE_COLUMN[self.kind])
         scope = self.scope(result.chunk)
@@ -879,6 +882,45 @@ class FlowRun:
             self.summary.watermark_after = _min_watermark(
                 progresses, self.plan_.members, self.flow_config.start
             )
+
+
+def write_pieces(result: ChunkResult, write: Callable[[ChunkResult], ChunkOutcome]) -> ChunkOutcome:
+    """Write a chunk fetched in pieces a piece at a time, each its own write of its own
+    scope (progress merges them into the chunk's window; a run stopped between two is
+    fetched whole again by the next, which replaces them), each piece let go once
+    written: the window's rows are never copied whole."""
+    outcomes = []
+    while result.pieces:
+        outcomes.append(write(result.pieces.pop(0)))
+    return merged(result.chunk, outcomes)
+
+
+def merged(chunk: Chunk, outcomes: list[ChunkOutcome]) -> ChunkOutcome:
+    """The outcome of a chunk written in pieces: theirs added up, under the chunk's id."""
+    committed: Counter[str] = Counter()
+    rows_per_tag: Counter[str] = Counter()
+    bad_per_tag: Counter[str] = Counter()
+    for outcome in outcomes:
+        committed.update(outcome.rows_committed)
+        rows_per_tag.update(outcome.rows_per_tag)
+        bad_per_tag.update(outcome.bad_quality_per_tag)
+    return ChunkOutcome(
+        chunk_id=chunk.chunk_id,
+        label=chunk.label,
+        window=chunk.window,
+        members=len(chunk.members),
+        rows_fetched=sum(outcome.rows_fetched for outcome in outcomes),
+        rows_committed=dict(committed),
+        requests=sum(outcome.requests for outcome in outcomes),
+        bytes_received=sum(outcome.bytes_received for outcome in outcomes),
+        seconds=max(outcome.seconds for outcome in outcomes),
+        rows_per_tag=rows_per_tag,
+        bad_quality_per_tag=bad_per_tag,
+        missing=tuple(dict.fromkeys(tag for o in outcomes for tag in o.missing)),
+        rows_out_of_range=sum(outcome.rows_out_of_range for outcome in outcomes),
+        held=tuple(dict.fromkeys(tag for o in outcomes for tag in o.held)),
+        values_not_of_type=sum(outcome.values_not_of_type for outcome in outcomes),
+    )
 
 
 WorkItem = tuple[FlowRun, ChunkResult]
