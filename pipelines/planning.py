@@ -398,14 +398,13 @@ def sub_chunk(chunk: Chunk, members: Sequence[str], window: Window) -> Chunk:
     """A piece of `chunk` that was fetched apart (an answer too large, a window cut after
     timeouts), to be written on its own: its own scope and a stable id (the same piece of
     the same chunk has the same id in every run)."""
-    digest = hashlib.blake2b(digest_size=10)
-    digest.update(orjson.dumps([chunk.chunk_id, list(members), window.start_ms, window.end_ms]))
     noun = kind_of(chunk.kind).member_noun
     return replace(
         chunk,
         members=tuple(members),
         window=window,
-        chunk_id=digest.hexdigest(),
+        # The parent's id stands for the options it was planned with.
+        chunk_id=chunk_id(chunk.unit_key, chunk.dataset, members, window, chunk.chunk_id),
         label=chunk_label(members, window, noun=noun),
     )
 
