@@ -25,7 +25,7 @@ import pandas as pd
 import pytest
 
 from connectors.simulator import SimConfig, SimulatedNode, run_server
-from tests.cli.held_node import FIRST_CHUNK, HeldNode, held_node
+from tests.cli.held_node import HeldNode, held_node
 from tests.cli.test_cli import HISTORIAN, small_flow
 from tests.fixtures import write_config
 
@@ -37,6 +37,9 @@ READY_S = 300  # for a Prefect server to start and a run to reach the node, on a
 MARK = "HISTORIAN_TEST_MARK"
 END = (datetime.now(UTC) - timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
 START = END - timedelta(hours=2)
+WINDOW = timedelta(minutes=30)
+# The node answers the first window whole, then holds: its chunk commits, the next waits.
+FIRST_WINDOW_END = START + WINDOW
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +179,8 @@ def lake_rows(tmp_path: Path) -> pd.DataFrame:
 
 
 def flow_config(tmp_path: Path, node: HeldNode, **extra: Any) -> None:
-    flow = small_flow(window="30m", start=START.isoformat(), **extra)
+    minutes = WINDOW // timedelta(minutes=1)
+    flow = small_flow(window=f"{minutes}m", start=START.isoformat(), **extra)
     write_config(
         tmp_path, node={"url": node.url, "max_connections": 1}, flows={"f": flow}, sinks=["lake"]
     )
@@ -205,7 +209,7 @@ def test_an_interrupted_run_ends_in_bounded_time_keeps_its_chunks_and_the_next_c
     if path == "prefect":
         pytest.importorskip("prefect")
     env = environment(tmp_path)
-    with held_node(sim_url, answer=FIRST_CHUNK) as node:
+    with held_node(sim_url, until=FIRST_WINDOW_END) as node:
         flow_config(tmp_path, node)
         with command(RUNS[path], tmp_path, env) as run:
             run.wait_for("a chunk committed", run.committed)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from connectors.simulator import SimConfig, SimulatedNode, run_server
-from tests.cli.held_node import FIRST_CHUNK, held_node
+from tests.cli.held_node import held_node
 from tests.cli.test_cli import historian, small_flow
-from tests.cli.test_cli_interrupt import RUNS, command, environment, flow_config
+from tests.cli.test_cli_interrupt import FIRST_WINDOW_END, RUNS, command, environment, flow_config
 from tests.fixtures import write_config
 
 
@@ -43,7 +43,7 @@ def test_runs_lists_an_ok_a_failed_and_an_interrupted_run(tmp_path: Path, sim_ur
         ok = historian(*RUNS["default"], cwd=tmp_path)
         assert ok.returncode == 0, ok.stderr
         (tmp_path / "lake").rename(tmp_path / "lake-ok")  # the next run starts afresh
-    with held_node(sim_url, answer=FIRST_CHUNK) as node:
+    with held_node(sim_url, until=FIRST_WINDOW_END) as node:
         flow_config(tmp_path, node)
         with command(RUNS["default"], tmp_path, env) as run:
             run.wait_for("a chunk committed", run.committed)
