@@ -41,6 +41,7 @@ from pipelines.config.destinations import SinkSet
 from pipelines.config.models import Config
 from pipelines.config.nodes import NodePool
 from pipelines.core.engine import ChunkResult
+from pipelines.core.memory import freeze_imports
 from pipelines.core.runner import (
     THREADS,
     FlowRun,
@@ -105,6 +106,7 @@ def run_flow(
     sink failures come out as `RunFailed` carrying the partial summary; the original
     error is its `__cause__`.
     """
+    freeze_imports()
     request = request or RunRequest()
     chosen = selected_nodes(config, name, request)
     guard = threading.Lock() if len(chosen) > 1 else None

@@ -50,3 +50,32 @@ print(first, max(faults_of_one_buffer() for _ in range(5)))
     first, again = (int(n) for n in result.stdout.split())
     assert first >= 2000, result.stdout  # the first fills its pages once
     assert again < 100, result.stdout  # the next ones find them in the heap
+
+
+def test_a_runs_start_freezes_what_the_imports_made_once_and_later_cycles_are_collected() -> None:
+    """In a fresh process, as `historian run` is: the first run's start freezes what exists
+    (a full collection then walks none of it), a later start freezes nothing more, and a
+    cycle made after it is still collected."""
+    code = """
+import gc
+from pipelines.core.memory import freeze_imports
+assert gc.get_freeze_count() == 0
+freeze_imports()
+first = gc.get_freeze_count()
+made = [[] for _ in range(10_000)]
+freeze_imports()
+later = gc.get_freeze_count()
+class Node:
+    pass
+one, two = Node(), Node()
+one.other, two.other = two, one
+del one, two
+print(first, later, gc.collect())
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    first, later, collected = (int(word) for word in result.stdout.split())
+    assert first > 1_000, "the imports' objects are frozen"
+    assert later == first, "a second start does not freeze the objects made since"
+    assert collected >= 2, "a cycle made after the freeze is collected"
