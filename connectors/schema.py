@@ -8,6 +8,7 @@ under the keys of `HISTORY_ATTRS` and in Parquet schema metadata.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeAlias
 
 import numpy as np
@@ -134,6 +135,20 @@ Rows: TypeAlias = pa.Table | pd.DataFrame
 def as_table(rows: Rows) -> pa.Table:
     """The rows as an Arrow table: the table itself, or the DataFrame's columns."""
     return rows if isinstance(rows, pa.Table) else pa.Table.from_pandas(rows, preserve_index=False)
+
+
+def last_per_key(rows: Rows, keys: Sequence[str]) -> pa.Table:
+    """The rows as a table with only the last row of each key kept, in their order (what
+    pandas' `drop_duplicates(keep="last")` keeps, without a DataFrame made for it)."""
+    table = as_table(rows)
+    if table.num_rows < 2:
+        return table
+    numbered = table.select(list(keys)).append_column(
+        "__row", pa.array(np.arange(table.num_rows, dtype=np.int64))
+    )
+    last = numbered.group_by(list(keys), use_threads=False).aggregate([("__row", "max")])
+    kept = last["__row_max"]
+    return table.take(pc.take(kept, pc.sort_indices(kept)))
 
 
 def table_from_frame(rows: Rows, kind: str, *, keep_dictionaries: bool = False) -> pa.Table:

@@ -190,8 +190,10 @@ class Sink(Protocol):
         DataFrame of the same columns. Returns rows committed; raises CountMismatch when it
         differs from `rows_fetched`."""
 
-    def write_metadata(self, frame: pd.DataFrame) -> int:
-        """Upsert tag metadata (the tag dimension) keyed by (node, tag)."""
+    def write_metadata(self, rows: Rows) -> int:
+        """Upsert tag metadata (the tag dimension) keyed by (node, tag): an Arrow table of
+        the kind's columns (what a run passes) or a DataFrame of them; the last row of a
+        repeated key wins."""
 
     def progress(self, flow: str) -> Progress:
         """Merged completed windows per member for a progress key (`ChunkScope.flow`)."""

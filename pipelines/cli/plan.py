@@ -31,8 +31,7 @@ from pipelines.cli.base import (
 from pipelines.cli.flows import describe_selection, stored_progress
 
 if TYPE_CHECKING:
-    import pandas as pd
-
+    from connectors.schema import Rows
     from connectors.timewindow import Window
     from pipelines.config.models import Config, FlowConfig
     from pipelines.core.runner import FlowRun, Plan
@@ -55,7 +54,7 @@ class _ReadOnlySink:
     def progress(self, flow: str) -> Progress:
         return self._progress
 
-    def write_metadata(self, frame: pd.DataFrame) -> int:
+    def write_metadata(self, rows: Rows) -> int:
         return 0  # a plan writes nothing
 
     def describe(self) -> str:

@@ -33,7 +33,6 @@ from typing import Protocol
 
 import numpy as np
 import orjson
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -526,10 +525,9 @@ class FlowRun:
         self._read_holds(flow, resolved.details_answers())
         first = self.shard is None or self.shard.writes_metadata()
         if flow.metadata and first and resolved.metadata.num_rows:
-            frame = resolved.metadata.to_pandas(types_mapper=pd.ArrowDtype)
             with self._sink_guard:
                 for sink in self.sinks:
-                    sink.write_metadata(frame)
+                    sink.write_metadata(resolved.metadata)
         self._use(
             FetchJob(
                 node.settings,

@@ -102,7 +102,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import orjson
-import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as pads
 
@@ -366,11 +365,11 @@ class ParquetLake(FileSink):
 
     # -- metadata -------------------------------------------------------------------------
 
-    def write_metadata(self, frame: pd.DataFrame) -> int:
+    def write_metadata(self, rows: Rows) -> int:
         """Upsert the tag dimension by (node, tag) in `<root>/tag_metadata/`."""
         kind = tables.KIND_TAG_METADATA
-        frame = frame.drop_duplicates(subset=list(tables.TAG_METADATA_KEY), keep="last")
-        table = table_of(frame, kind, f"lake '{self.name}': write tag metadata")
+        unique = tables.last_per_key(rows, tables.TAG_METADATA_KEY)
+        table = table_of(unique, kind, f"lake '{self.name}': write tag metadata")
         journal = self.parts.journal  # opened first: opening recovers under the lock
         with self._errors("write tag metadata"), self._dataset_lock(METADATA_DATASET):
             journal.recover(METADATA_DATASET)

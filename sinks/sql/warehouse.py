@@ -59,6 +59,7 @@ from connectors.schema import (
     SCHEMAS,
     Rows,
     frame_from_table,
+    last_per_key,
 )
 from connectors.timewindow import Window
 from sinks.base import (
@@ -435,10 +436,10 @@ class SqlWarehouse:
             ids = self._series.ids(pairs)
         return narrow(table, ids[rows_pair])
 
-    def write_metadata(self, frame: pd.DataFrame) -> int:
-        if frame.empty:
+    def write_metadata(self, rows: Rows) -> int:
+        if not len(rows):
             return 0
-        unique = frame.drop_duplicates(subset=list(KEYS[KIND_TAG_METADATA]), keep="last")
+        unique = last_per_key(rows, KEYS[KIND_TAG_METADATA])
         table = typed_table(unique, KIND_TAG_METADATA)
         target = self.layout.table(METADATA_TABLE)
         key = KEYS[KIND_TAG_METADATA]

@@ -331,11 +331,11 @@ class DeltaLake(TableSink):
             removed, added = metrics.get("numFilesRemoved", 0), metrics.get("numFilesAdded", 0)
             return max(0, int(removed) - int(added))
 
-    def write_metadata(self, frame: pd.DataFrame) -> int:
+    def write_metadata(self, rows: Rows) -> int:
         """Upsert the tag dimension by (node, tag) in `<url>/tag_metadata`, one merge."""
         from deltalake import write_deltalake
 
-        table = self._metadata_rows(frame)
+        table = self._metadata_rows(rows)
         if table.num_rows == 0:
             return 0
         with self._errors("write tag metadata"), self._dataset_lock(METADATA_DATASET):

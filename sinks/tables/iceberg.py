@@ -440,10 +440,10 @@ class IcebergLake(TableSink):
                 merged += len(counts) - 1
             return merged
 
-    def write_metadata(self, frame: pd.DataFrame) -> int:
+    def write_metadata(self, rows: Rows) -> int:
         """Upsert the tag dimension by (node, tag) in `<namespace>.tag_metadata`."""
         kind = tables.KIND_TAG_METADATA
-        table = self._metadata_rows(frame).cast(iceberg_schema(kind))
+        table = self._metadata_rows(rows).cast(iceberg_schema(kind))
         if table.num_rows == 0:
             return 0
         with self._errors("write tag metadata"), self._dataset_lock(METADATA_DATASET):

@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import pandas as pd
 import pyarrow as pa
 
 from connectors import schema as tables
@@ -149,11 +148,11 @@ class TableSink(FileSink):
             )
         return chunk_rows(rows, scope, rows_fetched, f"{self.label} '{self.name}'")
 
-    def _metadata_rows(self, frame: pd.DataFrame) -> pa.Table:
+    def _metadata_rows(self, rows: Rows) -> pa.Table:
         """Tag metadata as a plain table, the last row of each (node, tag) kept."""
-        frame = frame.drop_duplicates(subset=list(tables.TAG_METADATA_KEY), keep="last")
+        unique = tables.last_per_key(rows, tables.TAG_METADATA_KEY)
         where = f"{self.label} '{self.name}': write tag metadata"
-        return plain(typed_table(frame, tables.KIND_TAG_METADATA, where))
+        return plain(typed_table(unique, tables.KIND_TAG_METADATA, where))
 
     def _check_settings(self, scope: ChunkScope, facts: dict[str, Any]) -> None:
         """SinkError when the dataset's stored kind and attrs differ from the chunk's."""
