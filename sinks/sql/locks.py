@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 import threading
 from abc import ABC, abstractmethod
@@ -28,6 +29,10 @@ _PLAIN_FLOW = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 # Locks of in-memory DuckDB databases: the database lives and dies with this process.
 _MEMORY_LOCKS: set[str] = set()
 _MEMORY_GUARD = threading.Lock()
+# Write transactions on one DuckDB file take turns within this process: DuckDB's optimistic
+# concurrency aborts the second of two writers touching the same rows ("Conflict on tuple
+# deletion"), and one process may hold two sinks on a file (a live tail and its gap runs).
+_WRITERS: dict[str, threading.RLock] = {}
 _Lock = TypeVar("_Lock", bound="SessionLock")
 
 
@@ -240,6 +245,16 @@ def file_lock(path: str, flow: str) -> contextlib.AbstractContextManager[None]:
     The same primitive as the lake's flow lock: the kernel frees it when the holder dies.
     """
     return flow_flock(path, flow)
+
+
+def writer_turn(database: str | None) -> contextlib.AbstractContextManager[object]:
+    """The turn of this process's write transactions on DuckDB file `database` (none to
+    take for a database that is not a file of this process's)."""
+    if database is None:
+        return contextlib.nullcontext()
+    key = os.path.realpath(database)
+    with _MEMORY_GUARD:
+        return _WRITERS.setdefault(key, threading.RLock())
 
 
 @contextlib.contextmanager

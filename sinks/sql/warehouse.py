@@ -88,6 +88,7 @@ from sinks.sql.locks import (
     file_lock,
     lock_file_path,
     memory_lock,
+    writer_turn,
 )
 from sinks.sql.probe import probe_file, probe_postgres
 from sinks.sql.rows import narrow, plain, series_pairs, typed_table
@@ -202,6 +203,13 @@ class SqlWarehouse:
                 ) from None
             raise SinkError(f"sink {self.name}: {doing}: {reason}") from None
 
+    @contextlib.contextmanager
+    def _begin(self, doing: str) -> Iterator[Connection]:
+        """One write transaction, its errors made one line; on a DuckDB file, in this
+        process's turn (`writer_turn`)."""
+        with self._errors(doing), writer_turn(self._database_file), self.engine.begin() as conn:
+            yield conn
+
     def _retrying(self, action: Callable[[], T], *, flow: str | None = None) -> T:
         """Run `action` (one transaction, or idempotent ones in turn) again while the
         database is away (`SinkUnavailable`), with backoff, for up to `retry_s` seconds;
@@ -284,7 +292,7 @@ class SqlWarehouse:
                 pool_pre_ping=self.dialect != "duckdb",
             )
             try:
-                with engine.begin() as conn:
+                with writer_turn(database), engine.begin() as conn:
                     self._ddl_lock(conn)
                     self.layout.ensure_state(conn)
                     ensure_ledger(conn, self.layout)
@@ -379,7 +387,7 @@ class SqlWarehouse:
         storage = self._ensure_dataset(scope.dataset, scope.kind)
         self._register(scope)
         table = self._narrow(table) if storage.narrow else plain(table)
-        with self._errors(f"write chunk {scope.chunk_id}"), self.engine.begin() as conn:
+        with self._begin(f"write chunk {scope.chunk_id}") as conn:
             self._check_lock(conn, scope.flow)
             committed = replace_chunk(
                 conn, self.layout, scope, table, storage, rows_fetched, self.name
@@ -405,7 +413,7 @@ class SqlWarehouse:
             storage = self._ready.get(dataset)
             if storage is not None:
                 return storage
-            with self._errors(f"prepare table {dataset}"), self.engine.begin() as conn:
+            with self._begin(f"prepare table {dataset}") as conn:
                 self._ddl_lock(conn)
                 storage = self.layout.ensure_dataset(conn, dataset, kind)
             self._ready[dataset] = storage
@@ -420,7 +428,7 @@ class SqlWarehouse:
         with self._prepare:
             if key in self._registered:
                 return
-            with self._errors(f"register dataset {scope.dataset}"), self.engine.begin() as conn:
+            with self._begin(f"register dataset {scope.dataset}") as conn:
                 check_facts(conn, self.layout, scope, self.name)
             self._registered.add(key)
 
@@ -431,7 +439,7 @@ class SqlWarehouse:
         with self._prepare:
             new = self._series.unknown(pairs)
             if new:
-                with self._errors("register tags"), self.engine.begin() as conn:
+                with self._begin("register tags") as conn:
                     self._series.learn(conn, new)
             ids = self._series.ids(pairs)
         return narrow(table, ids[rows_pair])
@@ -445,7 +453,7 @@ class SqlWarehouse:
         key = KEYS[KIND_TAG_METADATA]
 
         def upsert() -> int:
-            with self._errors("write tag metadata"), self.engine.begin() as conn:
+            with self._begin("write tag metadata") as conn:
                 if self.dialect == "postgresql":
                     return upsert_postgres(conn, target, table, key)
                 if self.dialect == "mysql":
@@ -479,13 +487,13 @@ class SqlWarehouse:
             return reader(conn, self.layout, *args, **kwargs)
 
     def reset(self, flow: str, member: str | None = None) -> int:
-        with self._errors("reset"), self.engine.begin() as conn:
+        with self._begin("reset") as conn:
             return state.reset(conn, self.layout, flow, member)
 
     def forget_after(self, flow: str, moment: datetime) -> int:
         """Cut the flow's progress at `moment` and drop the chunk records of windows ending
         after it, in one transaction; returns the chunk records dropped."""
-        with self._errors("forget progress"), self.engine.begin() as conn:
+        with self._begin("forget progress") as conn:
             return state.forget_after(conn, self.layout, flow, moment)
 
     def verify(
@@ -494,7 +502,7 @@ class SqlWarehouse:
         """Every committed chunk's rows against what the tables hold (`sinks.verify.sql`);
         repairing forgets the damaged windows in one transaction."""
         verifier = SqlVerifier(self.layout, str(self.dialect))
-        with self._errors(f"verify flow {flow!r}"), self.engine.begin() as conn:
+        with self._begin(f"verify flow {flow!r}") as conn:
             found = verifier.verify(conn, flow, node, window)
             if repair and found.damages:
                 found.forgotten = verifier.forget(conn, flow, found.damages)

@@ -33,6 +33,7 @@ from connectors import schema
 from pipelines.core.runner import ChunkOutcome, FlowRun, RunSummary, write_all
 from sinks.base import ChunkScope, CountMismatch, FlowLocked, SinkError, SinkUnavailable
 from sinks.sql import mysql as sql_mysql
+from sinks.sql import warehouse as warehouse_module
 from sinks.sql.locks import SessionLock, advisory_lock
 from sinks.sql.mysql import NamedLock
 from sinks.sql.pg_copy import encode_binary_copy
@@ -953,8 +954,48 @@ def test_pg_a_later_chunk_committed_first_leaves_a_gap_until_the_earlier_one(
     assert pg_sink.progress("f1").windows_of("a") == [hours(0, 2)]
 
 
-def test_duckdb_takes_one_chunk_write_at_a_time(tmp_path: Path) -> None:
-    assert SqlWarehouse(f"duckdb:///{tmp_path}/w.duckdb").write_concurrency == 1
+def test_two_sinks_on_one_duckdb_file_take_turns_instead_of_conflicting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live tail and its gap runs hold two sinks on one file in one process: a write
+    while the other's transaction has deleted the same rows waits for it (DuckDB would
+    abort it: 'Conflict on tuple deletion') and then replaces them."""
+    url = f"duckdb:///{tmp_path}/w.duckdb"
+    tags, window = ["a", "b"], hours(0, 1)
+    asking = threading.Event()
+    turns = 0
+
+    class Announced:  # the real turn, which says when a second writer asks for it
+        def __init__(self, turn: Any) -> None:
+            self.turn = turn
+
+        def __enter__(self) -> None:
+            nonlocal turns
+            turns += 1
+            if turns > 1:
+                asking.set()
+            self.turn.__enter__()
+
+        def __exit__(self, *exc: object) -> None:
+            self.turn.__exit__(*exc)
+
+    real = warehouse_module.writer_turn
+    tail, gaps = SqlWarehouse(url, name="tail"), SqlWarehouse(url, name="gaps")
+    with contextlib.ExitStack() as stack:
+        for sink in (tail, gaps):
+            sink.open()
+            stack.callback(sink.close)
+        tail.write(scope(tags, window), history(tags, window), 12)
+        table = tail.layout.table("hist")
+        monkeypatch.setattr(warehouse_module, "writer_turn", lambda db: Announced(real(db)))
+        with ThreadPoolExecutor(1) as pool:
+            with tail._begin("hold the rows") as conn:
+                conn.execute(sa.text(f"DELETE FROM {table}"))
+                written = pool.submit(gaps.write, scope(tags, window), history(tags, window), 12)
+                assert asking.wait(30), "the second write never asked for its turn"
+                assert not written.done()
+            assert written.result(timeout=30) == 12
+        assert_same(gaps.read("hist", HIST), history(tags, window), HIST)
 
 
 @pytest.mark.postgres
