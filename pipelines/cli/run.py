@@ -187,8 +187,9 @@ class _Bars:
         self._progress.update(
             task, advance=outcome.chunks, rows=summary.rows, rate=summary.rows / elapsed
         )
-        log_chunk(outcome, summary)
+        # Counted before the line says so: an interrupt that follows the line records it.
         self._done[(summary.flow, key)] = (summary.rows, summary.chunks_done)
+        log_chunk(outcome, summary)
         if self._ticker is not None:
             self._ticker.on_chunk(key, outcome.chunks, summary.rows)
 
