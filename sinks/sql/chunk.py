@@ -79,8 +79,10 @@ def delete_scope(conn: Connection, layout: Layout, scope: ChunkScope, storage: S
         params["members"] = list(scope.members)
         where += (
             " AND series_id = ANY(ARRAY(SELECT series_id FROM "
-            f"{layout.table(SERIES_TABLE)} WHERE node = :n AND tag = ANY(:members)))"
+            f"{layout.table(SERIES_TABLE)} WHERE node = :n AND "
+            f"{layout.sql.in_list('tag', 'members')}))"
         )
+        lists = ("members",)
     conn.execute(layout.sql.text(f"DELETE FROM {storage.target} WHERE {where}", *lists), params)
 
 

@@ -14,6 +14,7 @@ tested against MariaDB). Adding one (SQL Server, say) is a subclass here, its en
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import sqlalchemy as sa
@@ -26,6 +27,44 @@ def quote(name: str) -> str:
     """A quoted SQL identifier (any text, quotes doubled). MySQL sessions run with
     ANSI_QUOTES, so one spelling serves every dialect."""
     return '"' + name.replace('"', '""') + '"'
+
+
+class ArrayLiteral(str):
+    """A PostgreSQL text[] literal, bound as text[] (`_ArrayLiteralDumper`)."""
+
+
+try:  # psycopg is PostgreSQL's driver; the other dialects never bind an ArrayLiteral
+    import psycopg
+    from psycopg.adapt import Dumper
+
+    class _ArrayLiteralDumper(Dumper):
+        oid = psycopg.postgres.types["text"].array_oid
+
+        def dump(self, obj: Any) -> bytes:
+            return str(obj).encode()
+
+    psycopg.adapters.register_dumper(ArrayLiteral, _ArrayLiteralDumper)
+except ImportError:  # pragma: no cover - a DuckDB- or MariaDB-only install
+    pass
+
+
+class TextArray(sa.types.TypeDecorator[Any]):
+    """A list of texts bound as one text[] parameter written as its literal (`{"a","b"}`,
+    each element quoted, backslash and quote escaped: exact for any text). psycopg dumps
+    a Python list element by element in Python (a chunk's 100 tag paths, seven lists a
+    write: ~2 ms of a small chunk's CPU); the literal is built by `str.replace` and `join`
+    in C. Bound with text[]'s type, the server reads it once: a text parameter cast in
+    the statement would be parsed again for every row compared (40 s for 10,000 tags)."""
+
+    impl = sa.types.NullType  # no cast in the statement: the dumper says text[]
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: sa.Dialect) -> str | None:
+        if value is None:
+            return None
+        texts = list(value)
+        quoted = (v.replace("\\", "\\\\").replace('"', '\\"') for v in texts)
+        return ArrayLiteral('{"' + '","'.join(quoted) + '"}' if texts else "{}")
 
 
 class Dialect:
@@ -61,12 +100,12 @@ class Dialect:
         return "public"
 
     def in_list(self, column: str, param: str) -> str:
-        """`column` equals one of the values of list parameter `param`."""
+        """`column` equals one of the values of list parameter `param` (text values)."""
         return f"{column} = ANY(:{param})"
 
     def text(self, sql: str, *lists: str) -> sa.TextClause:
         """A statement whose `lists` parameters are lists (see `in_list`)."""
-        return sa.text(sql)
+        return sa.text(sql).bindparams(*(sa.bindparam(name, type_=TextArray()) for name in lists))
 
     def upsert(self, key: Sequence[str], updates: Sequence[str]) -> str:
         """The clause after an INSERT that updates `updates` of a row whose key exists."""
@@ -138,6 +177,12 @@ class DuckDB(Dialect):
 
     def epoch_ms(self, column: str) -> str:
         return f"epoch_ms({quote(column)})"
+
+    def in_list(self, column: str, param: str) -> str:
+        return f"{column} = ANY(:{param})"  # the list is bound as it is, in C
+
+    def text(self, sql: str, *lists: str) -> sa.TextClause:
+        return sa.text(sql)
 
     def text_type(self, key: bool) -> str:
         return "TEXT"

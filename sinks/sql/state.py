@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -111,6 +112,21 @@ def _insert_windows(
                 "VALUES (:f, :m, :s, :e)"
             ),
             [{"f": flow, "m": m, "s": w.start, "e": w.end} for m, w in rows],
+        )
+        return
+    if layout.dialect == "postgresql":  # one JSON text: psycopg dumps lists in Python
+        conn.execute(
+            sa.text(
+                f"INSERT INTO {progress} (flow, member, window_start, window_end) "
+                "SELECT :f, r.m, r.s, r.e FROM json_to_recordset(CAST(:rows AS json)) "
+                "AS r (m TEXT, s TIMESTAMPTZ, e TIMESTAMPTZ)"
+            ),
+            {
+                "f": flow,
+                "rows": orjson.dumps(
+                    [{"m": m, "s": w.start, "e": w.end} for m, w in rows]
+                ).decode(),
+            },
         )
         return
     conn.execute(

@@ -28,12 +28,15 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from connectors import schema
 from pipelines.core.runner import ChunkOutcome, FlowRun, RunSummary, write_all
 from sinks.base import ChunkScope, CountMismatch, FlowLocked, SinkError, SinkUnavailable
 from sinks.sql import mysql as sql_mysql
 from sinks.sql import warehouse as warehouse_module
+from sinks.sql.dialects import dialect_of
 from sinks.sql.locks import SessionLock, advisory_lock
 from sinks.sql.mysql import NamedLock
 from sinks.sql.pg_copy import encode_binary_copy
@@ -952,6 +955,40 @@ def test_pg_a_later_chunk_committed_first_leaves_a_gap_until_the_earlier_one(
     assert pg_sink.progress("f1").windows_of("a") == [later]
     pg_sink.write(scope(tags, earlier), history(tags, earlier), 6)
     assert pg_sink.progress("f1").windows_of("a") == [hours(0, 2)]
+
+
+@pytest.fixture(scope="module")
+def pg_engine(pg_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(pg_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.mark.postgres
+@settings(max_examples=200, deadline=None)
+@given(texts=st.lists(st.text(st.characters(exclude_characters="\x00", codec="utf-8"))))
+def test_pg_list_parameters_reach_the_server_exactly(
+    pg_engine: sa.Engine, texts: list[str]
+) -> None:
+    """Tag paths go to PostgreSQL as one array literal (`TextArray`), not psycopg's list
+    dumping: quotes, backslashes, commas, braces, 'NULL' and any Unicode arrive as sent."""
+    dialect = dialect_of(pg_engine.url, "pg")[0]
+    with pg_engine.connect() as conn:
+        sent = dialect.text("SELECT CAST(:m AS TEXT[])", "m")
+        assert conn.execute(sent, {"m": texts}).scalar() == texts
+        matched = dialect.text(
+            f"SELECT count(*) FROM unnest(CAST(:all AS TEXT[])) AS t (x) WHERE "
+            f"{dialect.in_list('x', 'm')}",
+            "all",
+            "m",
+        )
+        assert conn.execute(matched, {"all": texts, "m": texts[:1]}).scalar() == (
+            texts.count(texts[0]) if texts else 0
+        )
+
+
+def test_duckdb_takes_one_chunk_write_at_a_time(tmp_path: Path) -> None:
+    assert SqlWarehouse(f"duckdb:///{tmp_path}/w.duckdb").write_concurrency == 1
 
 
 def test_two_sinks_on_one_duckdb_file_take_turns_instead_of_conflicting(
