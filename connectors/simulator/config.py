@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from connectors.simulator.profiles import behaviours_of
+from connectors.simulator.tagtree import REMOTE_LAG_MS
 
 MAX_PERIOD_MS = 86_400_000
 # The node's own raw cap under the `raw_cap_small` behaviour.
@@ -34,6 +35,9 @@ class SimConfig:
     # Every tag sampled every `period_ms` on a regular grid; None: mixed periods (1 s .. 60 s)
     # and a third of the tags irregular, as a real node's tags are.
     period_ms: int | None = None
+    # How late the tags over the link (about one in nine) reach the node: a test on the
+    # wall clock makes it short, so their samples arrive within its run.
+    remote_lag_ms: int = REMOTE_LAG_MS
     # How this node reads what the spec leaves open: a profile spec (profiles.py), such as
     # `default`, `repeated-names` or `node-1.21.5+raw-cap`.
     profile: str = "default"
@@ -61,6 +65,10 @@ class SimConfig:
             )
         if self.cache_limit_bytes < 0:
             raise ValueError("cache_limit_bytes must not be negative")
+        if not 1 <= self.remote_lag_ms <= MAX_PERIOD_MS:
+            raise ValueError(
+                f"remote_lag_ms must be between 1 and {MAX_PERIOD_MS}, not {self.remote_lag_ms}"
+            )
 
     def clock_offset_ms(self) -> int:
         """How far the node's clock is from the caller's (negative: behind)."""

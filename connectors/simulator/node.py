@@ -78,6 +78,33 @@ POSTS = frozenset(
 )
 
 
+def _trees(config: SimConfig) -> dict[str, TagTree]:
+    """The node's own tag tree and those of the remote nodes it reaches, from `config`."""
+    repeated = "repeated_names" in config.behaviours
+    paths = list(config.tag_paths) if config.tag_paths is not None else None
+    own = paths or tag_paths(config.tags, hostile=config.hostile_names, repeated_names=repeated)
+    local = build_tags(
+        config.seed,
+        config.tags,
+        config.hostile_names,
+        config.period_ms,
+        paths=own,
+        remote_lag_ms=config.remote_lag_ms,
+    )
+    trees = {config.node_name: TagTree(config.node_name, local)}
+    for offset, name in enumerate(REMOTE_NODES, start=1):
+        specs = build_tags(
+            config.seed + 1000 * offset,
+            config.tags,
+            False,
+            config.period_ms,
+            paths=paths or tag_paths(config.tags, repeated_names=repeated),
+            remote_lag_ms=config.remote_lag_ms,
+        )
+        trees[name] = TagTree(name, specs)
+    return trees
+
+
 class SimulatedNode:
     """A deterministic node (tags, history, alarms, admin resources), all in memory.
 
@@ -89,25 +116,7 @@ class SimulatedNode:
         self.config = config or SimConfig()
         self._lock = threading.RLock()
         self._clock_ms: int | None = None
-        config = self.config
-        period = config.period_ms
-        repeated = "repeated_names" in config.behaviours
-        paths = list(config.tag_paths) if config.tag_paths is not None else None
-        local = build_tags(
-            config.seed,
-            config.tags,
-            config.hostile_names,
-            period,
-            paths=paths
-            or tag_paths(config.tags, hostile=config.hostile_names, repeated_names=repeated),
-        )
-        self._trees = {config.node_name: TagTree(config.node_name, local)}
-        for offset, name in enumerate(REMOTE_NODES, start=1):
-            remote_paths = paths or tag_paths(config.tags, repeated_names=repeated)
-            specs = build_tags(
-                config.seed + 1000 * offset, config.tags, False, period, paths=remote_paths
-            )
-            self._trees[name] = TagTree(name, specs)
+        self._trees = _trees(self.config)
         self._late: dict[tuple[str, str], list[tuple[int, Any, int]]] = {}
         self._late_log: list[tuple[str, int, Any]] = []  # (path, ts, value), as added
         self._births: dict[str, int] = {}  # tags `add_tag` added: when
@@ -135,6 +144,7 @@ class SimulatedNode:
             clock=self.now_ms,
             full_model=lambda: self.tags.model(limit=None),
         )
+        local = self._trees[self.config.node_name].specs
         self.alarms = AlarmService(self, build_alarms(local, self.config.seed))
         self.admin = Admin(self)
         self._handlers: dict[str, Handler] = {
@@ -202,7 +212,14 @@ class SimulatedNode:
             self.subscriptions.catch_up()
             index = max((spec.index for spec in tree.specs), default=-1) + 1
             period = period_ms or self.config.period_ms or 1000
-            spec = build_tag(self.config.seed, index, path, period, tag_type=tag_type)
+            spec = build_tag(
+                self.config.seed,
+                index,
+                path,
+                period,
+                tag_type=tag_type,
+                remote_lag_ms=self.config.remote_lag_ms,
+            )
             self._births[path] = self.now_ms() + 1  # after every event queued so far
             tree.add(spec)
             self._tree_changed()

@@ -13,6 +13,9 @@ import numpy as np
 
 MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
+# How late a tag over the link reaches the node: history and events show its samples this
+# long after their stamps (`SimConfig.remote_lag_ms` sets another).
+REMOTE_LAG_MS = 120_000
 PERIODS_MS = (1000, 1000, 2000, 5000, 5000, 10_000, 15_000, 30_000, 60_000)
 GROUPS = (
     "/Plant A/Line 1",
@@ -134,19 +137,31 @@ def build_tags(
     period_ms: int | None = None,
     *,
     paths: list[str] | None = None,
+    remote_lag_ms: int = REMOTE_LAG_MS,
 ) -> list[TagSpec]:
     """`count` tags from `seed` (`paths`: these paths instead of `tag_paths(count, ...)`).
     `period_ms`: every tag regular at that period (gaps, quality stretches, duplicates and
-    late links stay as they are); None: mixed periods."""
+    late links stay as they are); None: mixed periods. The tags over the link arrive
+    `remote_lag_ms` late."""
     if paths is None:
         paths = tag_paths(count, hostile=hostile)
-    return [build_tag(seed, i, path, period_ms) for i, path in enumerate(paths)]
+    return [
+        build_tag(seed, i, path, period_ms, remote_lag_ms=remote_lag_ms)
+        for i, path in enumerate(paths)
+    ]
 
 
 def build_tag(
-    seed: int, index: int, path: str, period_ms: int | None, *, tag_type: str | None = None
+    seed: int,
+    index: int,
+    path: str,
+    period_ms: int | None,
+    *,
+    tag_type: str | None = None,
+    remote_lag_ms: int = REMOTE_LAG_MS,
 ) -> TagSpec:
-    """Tag `index` of the tree of `seed` at `path` (`tag_type`: of this type instead)."""
+    """Tag `index` of the tree of `seed` at `path` (`tag_type`: of this type instead; one
+    in nine over the link, `remote_lag_ms` late)."""
     h = mix1(index, seed * 7919 + 17)
     kind = tag_type or _tag_type(index, h)
     period = PERIODS_MS[(h >> 8) % len(PERIODS_MS)] if period_ms is None else period_ms
@@ -158,7 +173,7 @@ def build_tag(
         period_ms=period,
         irregular=period_ms is None and (h >> 16) % 3 == 0,
         duplicates=(h >> 20) % 7 == 0,
-        remote_lag_ms=120_000 if (h >> 24) % 9 == 0 else 0,
+        remote_lag_ms=remote_lag_ms if (h >> 24) % 9 == 0 else 0,
         amplitude=float(5 + (h >> 28) % 50),
         offset=float((h >> 34) % 200),
         wave_ms=int(600_000 + (h >> 40) % 3_000_000),
