@@ -204,3 +204,10 @@ def local_tags(node: Any, count: int | None = None) -> list[str]:
     a lagging tag's events arrive later than any tail window, and history has them)."""
     specs = [spec for spec in node.tree().specs if not spec.remote_lag_ms]
     return [spec.path for spec in specs][:count]
+
+
+def linked_tags(node: Any, count: int | None = None) -> list[str]:
+    """The node's tags over its link (`remote` in details): late by the link's lag, and
+    kept on the remote side while the link is down."""
+    specs = [spec for spec in node.tree().specs if spec.remote_lag_ms]
+    return [spec.path for spec in specs][:count]

@@ -220,12 +220,17 @@ class LiveUnit:
         self.healer.open(whole, why)
 
     def _run_gap(self, window: Window) -> datetime | None:
-        """History over exactly `window`, through the core (this node only)."""
+        """History over exactly `window`, through the core (this node only); where it
+        ended proved: at the first window it held (a link still draining has not
+        delivered it), so the rest is run again, not taken as healed."""
         request = RunRequest(start=window.start, end=window.end, nodes=(self.node_name,))
         summary = run_flow(
             self.config, self.name, nodes=self._nodes, sinks=self._gap_sinks, request=request
         )
-        return summary.span.end if summary.span is not None else None
+        if summary.span is None:
+            return None
+        held = [w.start for windows in summary.held.values() for w in windows]
+        return min([summary.span.end, *held])
 
     # -- polling ---------------------------------------------------------------------
 

@@ -4,10 +4,10 @@ the simulator on loopback, into the lake and the real PostgreSQL.
 One test of latency (a sample's row readable in the sink within 5 s of its node time,
 found by polling the sink), and one per way a tail loses events (the node discarding them
 under a slow poller, the tail SIGKILLed and restarted, its subscription cancelled on the
-node): each waits until the tail says history has re-read
-every gap it opened, stops it with Ctrl-C, and compares the sink with a backfill of the
-span the tail covered, row for row: 0 missing, 0 extra, 0 duplicated. (A link flap's
-gap is the tail's unit test's, on a driven clock, and the soak's: bench/soak_tail.py.)
+node, a remote link going offline and draining its store-and-forward buffer): each waits
+until the tail says history has re-read every gap it opened, stops it with Ctrl-C, and
+compares the sink with a backfill of the span the tail covered, row for row: 0 missing,
+0 extra, 0 duplicated.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from tests.fixtures import load, write_config
 from tests.live_harness import (
     backfill_rows,
     exactness,
+    linked_tags,
     local_tags,
     marked,
     sink_frame,
@@ -113,7 +114,8 @@ class LiveRun:
 
     def span(self) -> Window:
         """What the tails covered, from the sink's record of their commits: from the end
-        of the first window (the subscription began inside it) to the start of the last
+        of the first window (the subscription began inside it, or a link's lag before,
+        which a tag over the link delivers its samples after) to the start of the last
         (samples after the stop never reached the tail), and never past `now - settle`
         (the node had not delivered a lagging tag's newer samples to anyone)."""
         cfg = load(self.config)
@@ -126,7 +128,9 @@ class LiveRun:
         assert records, "the tail committed"
         settled = datetime.now(UTC) - cfg.flows[FLOW].settle
         end = min(max(r.window.start for r in records), settled)
-        span = Window(min(r.window.end for r in records), end)
+        by_path = self.node.tree().by_path
+        lag = timedelta(milliseconds=max(by_path[tag].remote_lag_ms for tag in self.tags))
+        span = Window(min(r.window.end for r in records) + lag, end)
         assert span.end - span.start > timedelta(seconds=5), span
         return span
 
@@ -167,14 +171,20 @@ def live_run(
     profile: str | None = None,
     live: dict[str, Any] | None = None,
     settle: str = "3s",
+    linked: int = 0,
+    link_lag_ms: int | None = None,
 ) -> Iterator[LiveRun]:
-    """A node sampling every tag every second, a flow tailing its first local tags, on
-    loopback; every tail stopped and checked gone."""
+    """A node sampling every tag every second, a flow tailing its first local tags (and
+    `linked` of its tags over the link, `link_lag_ms` late), on loopback; every tail
+    stopped and checked gone."""
     simulated: dict[str, Any] = {"seed": 13, "tags": tags, "period_ms": 1000}
     if profile:
         simulated["profile"] = profile
+    if link_lag_ms is not None:
+        simulated["remote_lag_ms"] = link_lag_ms
     node = SimulatedNode(SimConfig(**simulated))
-    chosen = local_tags(node, 6)
+    chosen = local_tags(node, 6) + linked_tags(node, linked)
+    assert len(chosen) == 6 + linked, "the node has the tags asked for"
     with run_server(node, http_port=0, https_port=None) as server:
         spec = {
             "node": "n",
@@ -306,4 +316,27 @@ def test_a_subscription_cancelled_on_the_node_is_replaced_and_its_gap_reread(
             "a new subscription",
         )
         run.healed_and_stopped()
+        run.assert_exact()
+
+
+@pytest.mark.slow
+def test_a_remote_link_that_went_offline_and_drained_is_reread_by_history(
+    tmp_path: Path, sink: tuple[str, tuple[str, str] | None]
+) -> None:
+    name, pg = sink
+    # Two tags over the link (2 s late, as it delivers them) beside the local ones. The
+    # link goes offline for 6 s, its samples kept on the remote side, then drains them
+    # over 4 s, stamped in the past: the tail hears the remote tags' status events (off,
+    # then on) and gives the outage to history, which holds it while the link drains.
+    with live_run(tmp_path, name, pg, tags=24, linked=2, link_lag_ms=2_000, settle="5s") as run:
+        run.start()
+        run.wait_committed(3)
+        went = run.node.now_ms()
+        run.node.link.set_outage(went, offline_s=6, drain_s=4)
+        run.healed_and_stopped()
+        gaps = [_window(gap) for c in run.commits() for gap in c["gaps_opened"]]
+        outage = Window.from_ms(went, went + 6_000)
+        assert any(g.start <= outage.start and g.end >= outage.end for g in gaps), (
+            f"a gap over the outage {outage}: {gaps}"
+        )
         run.assert_exact()
