@@ -220,9 +220,10 @@ class LiveUnit:
         self.healer.open(whole, why)
 
     def _run_gap(self, window: Window) -> datetime | None:
-        """History over exactly `window`, through the core (this node only); where it
-        ended proved: at the first window it held (a link still draining has not
-        delivered it), so the rest is run again, not taken as healed."""
+        """History over exactly `window`, through the core (this node only). Returns how
+        far the run proved the window: to its end, or to the start of the first window
+        it held (a link still draining has not delivered that yet), so the healer runs
+        the rest again instead of taking it as re-read."""
         request = RunRequest(start=window.start, end=window.end, nodes=(self.node_name,))
         summary = run_flow(
             self.config, self.name, nodes=self._nodes, sinks=self._gap_sinks, request=request
