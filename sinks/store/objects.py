@@ -16,19 +16,20 @@ import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
-from typing import Any
+from functools import cached_property, partial
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-import fsspec
 import orjson
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from fsspec.implementations.local import LocalFileSystem
 
 from sinks.base import UnreadableFile
 from sinks.store.layout import join
+
+if TYPE_CHECKING:
+    import fsspec
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,20 @@ def redacted_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+def _plain_local_path(url: str) -> bool:
+    """Whether `url` is a plain POSIX path, no protocol (what fsspec's `split_protocol`
+    reads as protocol None): such a lake never needs fsspec, whose import costs a one-off
+    run ~70 ms of CPU (an hourly run's whole budget is ~1 s)."""
+    return os.sep == "/" and "://" not in url and "::" not in url and not url.startswith("data:")
+
+
 def on_object_storage(url: str) -> bool:
     """Whether `url` names object storage (any fsspec protocol but the local file
     system's): there, flow locks are leases and listings are never cached."""
+    if _plain_local_path(url):
+        return False
+    import fsspec
+
     protocol, _ = fsspec.core.split_protocol(url)
     return protocol not in (None, "file", "local")
 
@@ -77,17 +89,34 @@ class LakeStore:
     """File operations rooted at the lake's URL."""
 
     def __init__(self, url: str, storage_options: Mapping[str, object] | None = None) -> None:
+        self.url = url
+        self.pafs: pafs.FileSystem
+        if _plain_local_path(url):  # the OS directly (fsspec's local paths, made absolute)
+            self.local = True
+            self.root: str = os.path.abspath(os.path.expanduser(url) if url[:1] == "~" else url)
+            self.pafs = pafs.LocalFileSystem()
+            return
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
+
         options = dict(storage_options or {})
         if on_object_storage(url):
             options.setdefault("use_listings_cache", False)
         fs, root = fsspec.core.url_to_fs(url, **options)
-        self.fs: fsspec.AbstractFileSystem = fs
+        self.fs = fs
         self.local = isinstance(fs, LocalFileSystem)
-        self.root: str = os.path.abspath(root) if self.local else str(root).rstrip("/")
-        self.url = url
-        self.pafs: pafs.FileSystem = (
+        self.root = os.path.abspath(root) if self.local else str(root).rstrip("/")
+        self.pafs = (
             pafs.LocalFileSystem() if self.local else pafs.PyFileSystem(pafs.FSSpecHandler(fs))
         )
+
+    @cached_property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """fsspec's filesystem of a plain local lake, made on first use (object storage
+        sets its own in `__init__`)."""
+        from fsspec.implementations.local import LocalFileSystem
+
+        return LocalFileSystem()
 
     def path(self, *parts: str) -> str:
         return join(self.root, *parts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -193,3 +194,32 @@ def test_files_a_writer_placed_join_the_held_listing_without_listing_again(
     # A change the writer did not announce is still seen by the directory's version.
     put(directory / "part-c.parquet", history(["/c"], 0, 3), [("f", "c")])
     assert len(files.listing(str(directory), KIND, print)) == 3
+
+
+def test_a_local_lake_never_imports_fsspec_and_matches_its_paths(tmp_path: Path) -> None:
+    """A plain path is the OS's (fsspec's import is ~70 ms of a one-off run); its root is
+    the one fsspec gives, and the store works from it without fsspec."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, os, pyarrow as pa\n"
+        "from sinks.store.objects import LakeStore, on_object_storage\n"
+        f"store = LakeStore({str(tmp_path / 'lake')!r})\n"
+        "part = store.path('d', 'p')\n"
+        "store.makedirs(part)\n"
+        "store.write_parquet(pa.table({'x': [1, 2]}), store.path('d', 'p', 'a.parquet'))\n"
+        "store.write_atomic(store.path('d', 'p', 'b.json'), b'{}')\n"
+        "assert sorted(e.name for e in store.listdir(part)) == ['a.parquet', 'b.json']\n"
+        "assert store.read_table(store.path('d', 'p', 'a.parquet')).num_rows == 2\n"
+        "assert not on_object_storage(store.url) and store.local\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'fsspec'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    import fsspec
+
+    for url in (str(tmp_path / "lake"), "rel/../lake", "~/lake", "./lake"):
+        _, root = fsspec.core.url_to_fs(url)
+        assert LakeStore(url).root == os.path.abspath(root), url
