@@ -8,17 +8,20 @@ test_client_faults.py.
 
 from __future__ import annotations
 
+import socket
+import ssl
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
 from connectors import models
 from connectors.admin import NodeAdmin
-from connectors.client import NodeClient
+from connectors.client import NodeClient, _no_tls, _trusting_none
 from connectors.errors import (
     AuthenticationError,
     TLSVerificationError,
@@ -229,6 +232,27 @@ def test_https_without_the_ca_is_a_tls_error_naming_ca_bundle(
     ):
         client.system_status()
     assert node.requests_served == served  # refused before any request, and not retried
+
+
+def test_a_plain_http_client_trusts_no_certificate_and_still_checks_one(server: Any) -> None:
+    """A plain-HTTP node loads no CAs (a one-off run's ~50-90 ms); its context fails any
+    TLS handshake, even with a certificate the node's own CA signed, never lets it pass."""
+    settings = NodeSettings(url=server.http_url, name="plain")
+    assert _no_tls(settings, None)
+    assert not _no_tls(settings, "https://proxy:3129")
+    assert not _no_tls(NodeSettings(url=server.https_url, name="tls"), None)
+    assert not _no_tls(NodeSettings(url=server.http_url, name="off", verify=False), None)
+    context = _trusting_none()
+    assert context.get_ca_certs() == []
+    assert context.verify_mode == ssl.CERT_REQUIRED
+    host, port = httpx.URL(server.https_url).host, httpx.URL(server.https_url).port
+    with (
+        socket.create_connection((host, port), timeout=5) as raw,
+        pytest.raises(ssl.SSLCertVerificationError),
+    ):
+        context.wrap_socket(raw, server_hostname=host)
+    with NodeClient(settings) as client:
+        assert NodeAdmin(client).system_error_count() == 0
 
 
 def test_https_with_verification_off_works_and_warns_once(
