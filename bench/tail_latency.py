@@ -17,7 +17,9 @@ sample was stamped while the tail ran (after a warm-up), and the commits' own la
 
 keepup: the same with `--keepup-tags` (10,000) into the lake, no reader: events per second
 the node produced (tags x 1 Hz) against rows per second committed, the node's backlog
-(`tag?cmd=subscriptions` `events`, pending) sampled every 2 s, and the events it discarded.
+(`tag?cmd=subscriptions` `events`, pending) sampled every 2 s, and the events it discarded;
+this process's resident memory (the tail runs in it) sampled alongside, its peak
+(`ru_maxrss`), and the files the lake holds at the end (the tail compacts its commits).
 The machine's load is printed with the figures.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -276,6 +279,7 @@ def keepup_part(args: argparse.Namespace, mark: str, root: Path) -> dict[str, An
         tailed = Tailed()
         thread = run_tail(cfg, path, stop, tailed)
         backlog: list[tuple[float, int, int]] = []
+        rss: list[tuple[float, int]] = []
         ends = time.monotonic() + args.keepup_seconds
         while time.monotonic() < ends and thread.is_alive():
             try:
@@ -283,6 +287,7 @@ def keepup_part(args: argparse.Namespace, mark: str, root: Path) -> dict[str, An
                 backlog.append((time.time() - tailed.began, pending, discarded))
             except OSError:
                 pass
+            rss.append((time.time() - tailed.began, resident_bytes()))
             time.sleep(2.0)
         stop.set()
         thread.join(timeout=120)
@@ -290,7 +295,31 @@ def keepup_part(args: argparse.Namespace, mark: str, root: Path) -> dict[str, An
         sim.stop()
     if tailed.error is not None:
         raise SystemExit(f"keepup: the tail failed: {tailed.error}")
-    return _keepup_figures(args, tailed, backlog)
+    figures = _keepup_figures(args, tailed, backlog)
+    _memory_figures(figures, rss, root / "keepup")
+    return figures
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (Linux `/proc/self/statm`)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _memory_figures(figures: dict[str, Any], rss: list[tuple[float, int]], lake: Path) -> None:
+    mib = 1024 * 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    files = sum(1 for _ in lake.rglob("*.parquet"))
+    figures.update(peak_rss=peak, rss=rss, files=files)
+    later = [b for t, b in rss if t > 60]
+    print(
+        f"memory: peak RSS {peak / mib:,.0f} MiB; after the first minute "
+        f"{min(later, default=0) / mib:,.0f}-{max(later, default=0) / mib:,.0f} MiB; "
+        f"{files:,} Parquet files in the lake at the end",
+        flush=True,
+    )
+    shown = ", ".join(f"{t:.0f}s:{b / mib:,.0f}" for t, b in rss[:: max(1, len(rss) // 12)])
+    print(f"RSS (MiB) over time: {shown}", flush=True)
 
 
 def _keepup_figures(
