@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from connectors.simulator import SimConfig, SimulatedNode
 from pipelines.config.destinations import SinkSet
 from pipelines.config.models import Config, load_config
+from pipelines.core.memory import bound_memory
 from pipelines.live.tail import TailCommit, tail_flow
 from pipelines.orchestration.server import free_port
 from tests.live_harness import HISTORIAN, MARK, local_tags, marked
@@ -362,6 +363,7 @@ def main(argv: list[str] | None = None, out: Callable[[str], None] = print) -> N
     parser.add_argument("--keepup-tags", type=int, default=10_000)
     parser.add_argument("--keepup-seconds", type=float, default=90.0)
     args = parser.parse_args(argv)
+    bound_memory()  # as the `historian` command does at start (its allocator settings)
     mark = uuid.uuid4().hex
     load_before = os.getloadavg()
     out(f"{datetime.now(UTC):%Y-%m-%d %H:%M}Z, {os.cpu_count()} cores, load {load_before}")
