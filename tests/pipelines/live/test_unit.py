@@ -254,7 +254,9 @@ def test_a_remote_link_that_went_offline_and_came_back_is_a_gap_history_heals(
         t.advance(130_000)
         unit.poll()
         assert unit.commit().gaps_opened == []
-        went = t.now_ms()
+        # A millisecond on: the node's queue was filled up to now, and a change at that
+        # instant would fall before the next fill (a node sends it, this one skips it).
+        went = t.now_ms() + 1
         t.node.link.set_outage(went, offline_s=20, drain_s=5)
         t.advance(10_000)
         unit.poll()
@@ -263,6 +265,7 @@ def test_a_remote_link_that_went_offline_and_came_back_is_a_gap_history_heals(
         commit = unit.commit()
         back = [g for g in commit.gaps_opened if g.start <= Window.from_ms(went, went + 1).start]
         assert back, commit.gaps_opened
+        assert back[0].start_ms <= went - 2_000, "from the offline event, late_within before"
         t.advance(5_000)
         unit.poll()
         assert_healed(t, unit, back[0], tmp_path)
