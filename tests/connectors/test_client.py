@@ -21,7 +21,7 @@ import pytest
 
 from connectors import models
 from connectors.admin import NodeAdmin
-from connectors.client import NodeClient, _no_tls, _trusting_none
+from connectors.client import NodeClient, _no_tls
 from connectors.errors import (
     AuthenticationError,
     TLSVerificationError,
@@ -234,25 +234,35 @@ def test_https_without_the_ca_is_a_tls_error_naming_ca_bundle(
     assert node.requests_served == served  # refused before any request, and not retried
 
 
-def test_a_plain_http_client_trusts_no_certificate_and_still_checks_one(server: Any) -> None:
-    """A plain-HTTP node loads no CAs (a one-off run's ~50-90 ms); its context fails any
-    TLS handshake, even with a certificate the node's own CA signed, never lets it pass."""
+def _pool_context(client: NodeClient) -> ssl.SSLContext:
+    """The TLS context the client's connection pool would open connections with (httpx's
+    pool, which `connectors.deadline` already reaches into)."""
+    return client._http._transport._pool._ssl_context  # type: ignore[attr-defined,no-any-return]
+
+
+def test_a_plain_http_client_loads_no_ca_and_fails_any_tls_handshake(server: Any) -> None:
+    """A plain-HTTP node loads no CAs (a one-off run's ~50-90 ms): the context its pool
+    holds trusts no certificate, so a TLS handshake fails rather than passing unverified;
+    an HTTPS node's still loads the system's CAs."""
     settings = NodeSettings(url=server.http_url, name="plain")
-    assert _no_tls(settings, None)
     assert not _no_tls(settings, "https://proxy:3129")
-    assert not _no_tls(NodeSettings(url=server.https_url, name="tls"), None)
     assert not _no_tls(NodeSettings(url=server.http_url, name="off", verify=False), None)
-    context = _trusting_none()
-    assert context.get_ca_certs() == []
-    assert context.verify_mode == ssl.CERT_REQUIRED
-    host, port = httpx.URL(server.https_url).host, httpx.URL(server.https_url).port
     with (
-        socket.create_connection((host, port), timeout=5) as raw,
+        NodeClient(settings) as client,
+        NodeClient(NodeSettings(url=server.https_url, name="tls")) as tls,
+    ):
+        context = _pool_context(client)
+        assert context.get_ca_certs() == []
+        assert context.verify_mode == ssl.CERT_REQUIRED
+        assert context.check_hostname
+        assert _pool_context(tls).get_ca_certs(), "an HTTPS node checks against the CAs"
+        assert NodeAdmin(client).system_error_count() == 0
+    url = httpx.URL(server.https_url)
+    with (
+        socket.create_connection((url.host, url.port), timeout=5) as raw,
         pytest.raises(ssl.SSLCertVerificationError),
     ):
-        context.wrap_socket(raw, server_hostname=host)
-    with NodeClient(settings) as client:
-        assert NodeAdmin(client).system_error_count() == 0
+        context.wrap_socket(raw, server_hostname=url.host)
 
 
 def test_https_with_verification_off_works_and_warns_once(
