@@ -93,7 +93,7 @@ class LakeStore:
         self.pafs: pafs.FileSystem
         if _plain_local_path(url):  # the OS directly (fsspec's local paths, made absolute)
             self.local = True
-            self.root: str = os.path.abspath(os.path.expanduser(url) if url[:1] == "~" else url)
+            self.root: str = os.path.abspath(os.path.expanduser(url))
             self.pafs = pafs.LocalFileSystem()
             return
         import fsspec
