@@ -19,7 +19,8 @@ keepup: the same with `--keepup-tags` (10,000) into the lake, no reader: events 
 the node produced (tags x 1 Hz) against rows per second committed, the node's backlog
 (`tag?cmd=subscriptions` `events`, pending) sampled every 2 s, and the events it discarded;
 this process's resident memory (the tail runs in it) sampled alongside, its peak
-(`ru_maxrss`), and the files the lake holds at the end (the tail compacts its commits).
+(`ru_maxrss`), and the Parquet files the lake holds at the end by folder (the dataset's,
+which the tail compacts, and its ledger's, `<dataset>.coverage`).
 The machine's load is printed with the figures.
 """
 
@@ -297,7 +298,7 @@ def keepup_part(args: argparse.Namespace, mark: str, root: Path) -> dict[str, An
     if tailed.error is not None:
         raise SystemExit(f"keepup: the tail failed: {tailed.error}")
     figures = _keepup_figures(args, tailed, backlog)
-    _memory_figures(figures, rss, root / "keepup")
+    _memory_figures(figures, rss, root / "keepup" / "lake")
     return figures
 
 
@@ -310,13 +311,14 @@ def resident_bytes() -> int:
 def _memory_figures(figures: dict[str, Any], rss: list[tuple[float, int]], lake: Path) -> None:
     mib = 1024 * 1024
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    files = sum(1 for _ in lake.rglob("*.parquet"))
+    files = {top.name: sum(1 for _ in top.rglob("*.parquet")) for top in lake.iterdir()}
     figures.update(peak_rss=peak, rss=rss, files=files)
     later = [b for t, b in rss if t > 60]
     print(
         f"memory: peak RSS {peak / mib:,.0f} MiB; after the first minute "
         f"{min(later, default=0) / mib:,.0f}-{max(later, default=0) / mib:,.0f} MiB; "
-        f"{files:,} Parquet files in the lake at the end",
+        f"Parquet files in the lake at the end: {sum(files.values()):,} "
+        f"({', '.join(f'{name} {count:,}' for name, count in sorted(files.items()))})",
         flush=True,
     )
     shown = ", ".join(f"{t:.0f}s:{b / mib:,.0f}" for t, b in rss[:: max(1, len(rss) // 12)])
